@@ -1,0 +1,71 @@
+"""Load a Hugging Face checkpoint: a local directory, a single .gguf file, or a hub id."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from trt_llm.build.families import Family, family_for
+
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+@dataclass
+class Checkpoint:
+    model: object  # a transformers PreTrainedModel
+    tokenizer: object
+    generation_config: object
+    family: Family
+    source: str
+
+
+def _location(model: str) -> tuple[str, dict]:
+    """from_pretrained's first argument and extra keywords for `model`."""
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise CheckpointError(f"model: GGUF file {model!r} does not exist")
+        return str(path.parent), {"gguf_file": path.name}
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise CheckpointError(f"model: {model!r} is not a Hugging Face model directory (no config.json)")
+        return str(path), {}
+    return model, {}  # a hub id; from_pretrained resolves it (or says why it cannot)
+
+
+def load_checkpoint(model: str, dtype: str, trust_remote_code: bool = False) -> Checkpoint:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    location, extra = _location(model)
+    try:
+        config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code, **extra)
+    except OSError as error:
+        raise CheckpointError(f"model: cannot load {model!r}: {error}") from error
+    family = family_for(config)  # refuse an unsupported architecture before loading any weights
+    # Weights load in fp32 and are cast by the graph builder: GGUF dequantisation and the rotary
+    # tables are computed in fp32 either way.
+    hf_model = AutoModelForCausalLM.from_pretrained(
+        location, dtype=torch.float32, trust_remote_code=trust_remote_code, **extra
+    ).eval()
+    tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code, **extra)
+    try:
+        generation_config = GenerationConfig.from_pretrained(location, **extra)
+    except OSError:
+        generation_config = hf_model.generation_config
+    return Checkpoint(hf_model, tokenizer, generation_config, family, model)
+
+
+def eos_token_ids(checkpoint: Checkpoint) -> list[int]:
+    """End-of-sequence ids as `generate` uses them: the generation config's, else the tokenizer's."""
+    eos = checkpoint.generation_config.eos_token_id
+    if eos is None:
+        eos = checkpoint.tokenizer.eos_token_id
+    if eos is None:
+        return []
+    return sorted({int(e) for e in ([eos] if isinstance(eos, int) else eos)})

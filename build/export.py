@@ -1,0 +1,89 @@
+"""Export the decoder graph to ONNX with our attention op as a custom node plus its function body."""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+from torch.export import Dim
+
+from trt_llm.build.decoder import DecoderGraph, input_names, output_names
+from trt_llm.plugins import attention
+
+ONNX_OPSET = 18
+log = logging.getLogger(__name__)
+
+
+def _example_inputs(graph: DecoderGraph, dtype: torch.dtype) -> tuple:
+    # Distinct sizes per dimension, so the tracer cannot mistake one dynamic dimension for another.
+    d = graph.dims
+    batch, seq, kept, capacity = 2, 5, 3, 16
+    # One tensor object per cache: the tracer would merge inputs that are the same object.
+    caches = [torch.zeros(batch, d.kv_heads, capacity, d.head_dim, dtype=dtype) for _ in range(2 * d.num_layers)]
+    return (
+        torch.zeros(batch, seq, d.hidden_size, dtype=dtype),
+        torch.arange(seq, dtype=torch.int32).repeat(batch, 1),
+        torch.zeros(batch, dtype=torch.int32),
+        torch.full((batch,), seq, dtype=torch.int32),
+        torch.zeros(batch, kept, dtype=torch.int32),
+        *caches,
+    )
+
+
+def _dynamic_shapes(num_layers: int) -> tuple:
+    batch, seq, kept, capacity = Dim("batch"), Dim("seq"), Dim("kept"), Dim("capacity")
+    cache = {0: batch, 2: capacity}
+    return (
+        {0: batch, 1: seq}, {0: batch, 1: seq}, {0: batch}, {0: batch}, {0: batch, 1: kept},
+        # *caches is one positional entry holding a tuple
+        tuple([cache] * (2 * num_layers)),
+    )
+
+
+def export_decoder(graph: DecoderGraph, path: Path, dtype: torch.dtype) -> Path:
+    """Write `path` (+ `path.data` external weights); returns the path."""
+    graph.eval()
+    layers = graph.dims.num_layers
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            graph,
+            _example_inputs(graph, dtype),
+            dynamo=True,
+            opset_version=ONNX_OPSET,
+            input_names=input_names(layers),
+            output_names=output_names(layers),
+            dynamic_shapes=_dynamic_shapes(layers),
+            custom_translation_table={torch.ops.trt_llm.attention.default: attention.onnx_translation},
+            optimize=True,
+            verbose=False,
+        )
+    model = program.model_proto
+    _finish_custom_nodes(model)
+    save_model(model, path)
+    return path
+
+
+def _finish_custom_nodes(model: onnx.ModelProto) -> None:
+    """Attach the op's function body and drop exporter-internal attributes from its nodes."""
+    for node in model.graph.node:
+        if node.domain == attention.DOMAIN:
+            keep = [a for a in node.attribute if not a.name.startswith("_")]
+            del node.attribute[:]
+            node.attribute.extend(keep)
+    if not any(f.name == attention.OP_NAME and f.domain == attention.DOMAIN for f in model.functions):
+        model.functions.append(attention.function_proto())
+
+
+def save_model(model: onnx.ModelProto, path: Path) -> None:
+    """Save with all weights in one external file beside the graph (graphs over 2 GB need it)."""
+    path = Path(path)
+    data_name = path.name + ".data"
+    if (path.parent / data_name).exists():
+        os.remove(path.parent / data_name)
+    onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data_name, size_threshold=1024)

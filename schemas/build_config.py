@@ -1,0 +1,91 @@
+"""The YAML config of ``trt-llm-build``.
+
+Unlike the input file, unknown keys are errors here: a misspelt build option silently falling back
+to its default would produce a wrong engine, and a build is expensive to redo.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
+
+from ._errors import format_errors, json_type
+
+MAX_BATCH_SIZE = 64
+RANGES = {"max_batch_size": f"[1, {MAX_BATCH_SIZE}]"}
+
+
+class BuildConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str = Field(min_length=1, description="Local HF directory, a .gguf file, or a hub id.")
+    output_dir: str = Field(min_length=1, description="Where the engine is written.")
+    backend: Literal["cpu", "tensorrt", "tensorrt-rtx"] = "cpu"
+    dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
+    max_batch_size: int = Field(4, ge=1, le=MAX_BATCH_SIZE)
+    max_input_len: int = Field(1024, ge=1, description="Longest prompt, in tokens.")
+    max_kv_cache_capacity: int = Field(4096, ge=1, description="Prompt + generated tokens per sequence; "
+                                       ">= max_input_len.")
+    trust_remote_code: bool = False
+
+    @field_validator("max_kv_cache_capacity")
+    @classmethod
+    def _kv_holds_prompt(cls, v: int, info: ValidationInfo) -> int:
+        # A field validator (not a model validator) so the error is located at this key.
+        max_input = info.data.get("max_input_len")
+        if isinstance(max_input, int) and v < max_input:
+            raise PydanticCustomError("kv_too_small", "{v} is smaller than max_input_len ({n}); the KV "
+                                      "cache must hold at least one full prompt", {"v": v, "n": max_input})
+        return v
+
+
+class ConfigError(ValueError):
+    """A build config that cannot be used; the message names the file and each bad key."""
+
+
+def parse_build_config(data: Any, source: str = "<config>") -> BuildConfig:
+    """Validate already-loaded YAML data (paths are taken as given)."""
+    if data is None:
+        raise ConfigError(f"{source}: empty; at least 'model' and 'output_dir' are required")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of keys to values, got {json_type(data)}")
+    try:
+        return BuildConfig.model_validate(data)
+    except ValidationError as e:
+        lines = format_errors(e, ranges=RANGES, allowed_keys=BuildConfig.model_fields)
+        raise ConfigError(f"{source}: invalid build config:\n  " + "\n  ".join(lines)) from None
+
+
+def load_build_config(path: str | Path) -> BuildConfig:
+    """Read and validate a YAML build config; relative paths are taken from the config's folder.
+
+    ``model`` is resolved against the config folder only when it exists there, since it may also be
+    a hub id ("HuggingFaceTB/SmolLM2-135M"); ``output_dir`` is always resolved there.
+    """
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read file: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    config = parse_build_config(data, str(path))
+
+    base = path.resolve().parent
+    model = Path(config.model).expanduser()
+    if not model.is_absolute() and (base / model).exists():
+        model = base / model
+    output_dir = Path(config.output_dir).expanduser()
+    if not output_dir.is_absolute():
+        output_dir = base / output_dir
+    # str(Path("org/name")) keeps a hub id intact; only "~" expansion could alter a non-path.
+    return config.model_copy(update={"model": str(model), "output_dir": str(output_dir)})
+
+
+__all__ = ["BuildConfig", "ConfigError", "load_build_config", "parse_build_config"]

@@ -1,0 +1,342 @@
+"""The input file of ``trt-llm-run`` (see docs: input JSON format) and a loader that loses nothing.
+
+The models carry every limit as a pydantic constraint, so the generated JSON Schema states them
+too. ``load_input_file`` validates each request on its own: one bad request becomes a
+``RequestError`` in its slot and the others still run; only whole-file problems raise.
+
+Models are ``strict``: JSON ``"0.7"`` is not a number and ``1.0`` is not an integer (the reference
+executor's JSON library rejects them too). Unknown keys are ignored but reported as warnings.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field,
+                      Tag, ValidationError, WithJsonSchema)
+from pydantic_core import PydanticCustomError
+
+from ._errors import did_you_mean, format_errors, json_type
+
+# The reference's limits (see reference-behaviour.md, "Limits and errors").
+MAX_BATCH_SIZE = 16
+MAX_MESSAGES = 64
+MAX_CONTENT_ITEMS = 16
+MAX_TEXT_BYTES = 128 * 1024
+MAX_NUM_LOGPROBS = 50
+MAX_LOGIT_BIAS_ENTRIES = 1024
+MAX_LOGIT_BIAS = 100.0
+INT32_MAX = 2**31 - 1
+
+# Two-sided limits, so a message can say "51 is outside [0, 50]" whichever side was crossed.
+RANGES = {
+    "batch_size": f"[1, {MAX_BATCH_SIZE}]",
+    "num_logprobs": f"[0, {MAX_NUM_LOGPROBS}]",
+    "logit_bias": f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
+    "top_p": "(0, 1]",
+}
+
+_STRICT_IGNORE = ConfigDict(strict=True, extra="ignore")
+
+
+# --- field types -------------------------------------------------------------------------------
+
+def _check_text(text: str) -> str:
+    """One text is limited in UTF-8 bytes (not characters), and must be encodable at all."""
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as e:  # a lone surrogate from a "\ud800" JSON escape
+        raise PydanticCustomError("text_encoding", "not valid Unicode text (unpaired surrogate at "
+                                  "position {pos})", {"pos": e.start}) from None
+    if size > MAX_TEXT_BYTES:
+        raise PydanticCustomError("text_too_long", "{actual} bytes, at most {limit} allowed",
+                                  {"actual": size, "limit": MAX_TEXT_BYTES})
+    return text
+
+
+# The byte limit cannot be said in JSON Schema; maxLength (characters) is a necessary condition.
+Text = Annotated[str, AfterValidator(_check_text),
+                 Field(json_schema_extra={"maxLength": MAX_TEXT_BYTES},
+                       description=f"At most {MAX_TEXT_BYTES} bytes of UTF-8.")]
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+
+
+def _token_id(key: Any) -> int:
+    # JSON object keys are always strings; accept plain decimal ones only ("12", not "1e3",
+    # " 12", "-1" or "١٢"), and real ints for callers building dicts in Python.
+    if isinstance(key, str) and key.isascii() and key.isdigit():
+        key = int(key)
+    if isinstance(key, int) and not isinstance(key, bool) and 0 <= key <= INT32_MAX:
+        return key
+    raise PydanticCustomError("token_id", "key is not a token id (expected a decimal integer in "
+                              "[0, {max}])", {"max": INT32_MAX})
+
+
+TokenId = Annotated[int, BeforeValidator(_token_id),
+                    WithJsonSchema({"type": "string", "pattern": "^[0-9]{1,10}$"})]
+Bias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS, allow_inf_nan=False)]
+LogitBias = Annotated[dict[TokenId, Bias], Field(
+    max_length=MAX_LOGIT_BIAS_ENTRIES,
+    json_schema_extra={"additionalProperties": False},  # only token-id keys (patternProperties)
+    description="Sparse map from token id (decimal string) to an additive logit bias.")]
+NumLogprobs = Annotated[int, Field(ge=0, le=MAX_NUM_LOGPROBS)]
+
+
+# --- messages ----------------------------------------------------------------------------------
+
+class TextContent(BaseModel):
+    model_config = _STRICT_IGNORE
+    type: Literal["text"]
+    text: Text
+
+
+class ImageContent(BaseModel):
+    model_config = _STRICT_IGNORE
+    type: Literal["image"]
+    image: NonEmptyStr = Field(description="Path to an image file (absolute or relative).")
+
+
+class AudioContent(BaseModel):
+    model_config = _STRICT_IGNORE
+    type: Literal["audio"]
+    audio: NonEmptyStr = Field(description="Path to a .wav / .mp3 / .flac file.")
+
+
+class VideoContent(BaseModel):
+    """Accepted by the schema (it is in the format) but rejected per request: not supported yet."""
+    model_config = _STRICT_IGNORE
+    type: Literal["video"]
+    video: NonEmptyStr
+
+
+ContentItem = Annotated[Union[TextContent, ImageContent, AudioContent, VideoContent],
+                        Field(discriminator="type")]
+CONTENT_TYPES = ("text", "image", "audio", "video")
+
+
+def _str_or_list(value: Any) -> str | None:
+    # A callable discriminator instead of a plain union: with a plain union pydantic reports the
+    # failure of *both* branches; this way only the branch matching the JSON type is checked.
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, list):
+        return "parts"
+    return None
+
+
+Content = Annotated[
+    Union[Annotated[Text, Tag("str")],
+          Annotated[list[ContentItem], Field(max_length=MAX_CONTENT_ITEMS), Tag("parts")]],
+    Discriminator(_str_or_list, custom_error_type="content_type",
+                  custom_error_message="expected a string or an array of content items")]
+
+StopStr = Annotated[NonEmptyStr, AfterValidator(_check_text)]
+Stop = Annotated[
+    Union[Annotated[StopStr, Tag("str")], Annotated[list[StopStr], Tag("parts")]],
+    Discriminator(_str_or_list, custom_error_type="stop_type",
+                  custom_error_message="expected a string or an array of strings")]
+
+
+class Message(BaseModel):
+    model_config = _STRICT_IGNORE
+    role: Literal["system", "user", "assistant"]
+    content: Content
+
+    def parts(self) -> list[TextContent | ImageContent | AudioContent | VideoContent]:
+        """Content as a list of items; a plain string is one text item."""
+        if isinstance(self.content, str):
+            return [TextContent(type="text", text=self.content)]
+        return list(self.content)
+
+
+# --- requests and the file ---------------------------------------------------------------------
+
+class Request(BaseModel):
+    model_config = _STRICT_IGNORE
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
+    lora_name: str | None = Field(None, description="A key of available_lora_weights.")
+    save_system_prompt_kv_cache: bool = False
+    disable_spec_decode: bool = False
+    logit_bias: LogitBias | None = Field(None, description="Overrides the top-level logit_bias.")
+    num_logprobs: NumLogprobs | None = Field(None, description="Overrides the top-level num_logprobs.")
+    stop: Stop | None = Field(None, description="String(s) that end generation; excluded from the output.")
+
+    def resolved_logit_bias(self, settings: InputSettings) -> dict[int, float]:
+        """The request's map if it has one (even an empty one), else the file's default."""
+        if self.logit_bias is not None:
+            return dict(self.logit_bias)
+        return dict(settings.logit_bias or {})
+
+    def resolved_num_logprobs(self, settings: InputSettings) -> int:
+        return settings.num_logprobs if self.num_logprobs is None else self.num_logprobs
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class InputSettings(BaseModel):
+    """The top-level fields of an input file (everything but ``requests``)."""
+    model_config = _STRICT_IGNORE
+    batch_size: int = Field(1, ge=1, le=MAX_BATCH_SIZE, description="Requests per batch.")
+    temperature: float = Field(1.0, ge=0, allow_inf_nan=False, description="0 = greedy.")
+    top_p: float = Field(0.8, gt=0, le=1, allow_inf_nan=False)
+    top_k: int = Field(50, ge=0, description="0 = off.")
+    logit_bias: LogitBias | None = None
+    max_generate_length: int = Field(256, ge=1)
+    num_logprobs: NumLogprobs = 0
+    apply_chat_template: bool = True
+    add_generation_prompt: bool = True
+    enable_thinking: bool = False
+    available_lora_weights: dict[str, NonEmptyStr] = Field(
+        default_factory=dict, description="LoRA adapter name -> file path.")
+    seed: int | None = Field(None, ge=0, le=2**64 - 1, description="Sampling seed; none = random.")
+
+
+class InputFile(InputSettings):
+    """The whole file, for the JSON Schema and for strict all-or-nothing validation."""
+    requests: list[Request] = Field(min_length=1)
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+class InputFileError(ValueError):
+    """The file as a whole cannot be used (unreadable, not JSON, bad top-level field, ...)."""
+
+
+@dataclass(frozen=True)
+class RequestError:
+    """A request that failed validation; ``message`` starts with ``requests[<index>]``."""
+    index: int
+    message: str
+    raw: Any = field(default=None, repr=False, compare=False)  # the request as given
+
+    def raw_messages(self) -> list[Any]:
+        """The request's ``messages`` as given, for echoing into the output file."""
+        msgs = self.raw.get("messages") if isinstance(self.raw, dict) else None
+        return msgs if isinstance(msgs, list) else []
+
+
+@dataclass
+class LoadedInput:
+    source: str
+    settings: InputSettings
+    requests: list[Request | RequestError]  # one slot per request of the file, in file order
+    warnings: list[str]
+    raw_requests: list[Any]  # as given (for echoing ``messages`` into the output file)
+
+    @property
+    def errors(self) -> list[RequestError]:
+        return [r for r in self.requests if isinstance(r, RequestError)]
+
+
+def load_input_file(path: str | Path) -> LoadedInput:
+    source = str(path)
+    try:
+        text = Path(path).read_bytes().decode("utf-8-sig")  # tolerate a BOM
+    except OSError as e:
+        raise InputFileError(f"{source}: cannot read file: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise InputFileError(f"{source}: not UTF-8 text (byte {e.start})") from None
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        raise InputFileError(f"{source}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except ValueError as e:  # NaN / Infinity, or an integer too long for Python to parse
+        raise InputFileError(f"{source}: not valid JSON: {e}") from None
+    except RecursionError:
+        raise InputFileError(f"{source}: not valid JSON: nested too deeply") from None
+    return parse_input_dict(data, source)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_input_dict(data: Any, source: str = "<input>") -> LoadedInput:
+    """Validate decoded JSON. Raises InputFileError only for whole-file problems."""
+    if not isinstance(data, dict):
+        raise InputFileError(f"{source}: the top level must be a JSON object, got {json_type(data)}")
+    if "requests" not in data:
+        raise InputFileError(f"{source}: no 'requests' array")
+    raw_requests = data["requests"]
+    if not isinstance(raw_requests, list):
+        raise InputFileError(f"{source}: 'requests' must be an array, got {json_type(raw_requests)}")
+    if not raw_requests:
+        raise InputFileError(f"{source}: 'requests' is empty; at least one request is required")
+
+    warnings = _unknown_keys(data, InputFile, "top level")
+    try:
+        settings = InputSettings.model_validate({k: v for k, v in data.items() if k != "requests"})
+    except ValidationError as e:
+        raise InputFileError(f"{source}: " + "; ".join(format_errors(e, ranges=RANGES))) from None
+
+    requests: list[Request | RequestError] = []
+    for i, raw in enumerate(raw_requests):
+        warnings += _request_warnings(raw, i)
+        requests.append(_validate_request(raw, i, settings))
+    return LoadedInput(source, settings, requests, warnings, list(raw_requests))
+
+
+def _validate_request(raw: Any, i: int, settings: InputSettings) -> Request | RequestError:
+    prefix = f"requests[{i}]"
+    try:
+        req = Request.model_validate(raw)
+    except ValidationError as e:
+        return RequestError(i, "; ".join(format_errors(e, prefix, RANGES)), raw)
+    # Checks that need the file's settings, or that the format allows but we cannot run.
+    problems = []
+    if req.lora_name is not None and req.lora_name not in settings.available_lora_weights:
+        known = ", ".join(sorted(settings.available_lora_weights)) or "none"
+        problems.append(f"{prefix}.lora_name: {req.lora_name!r} is not in available_lora_weights (known: {known})")
+    for m, msg in enumerate(req.messages):
+        if isinstance(msg.content, list):
+            for c, item in enumerate(msg.content):
+                if isinstance(item, VideoContent):
+                    problems.append(f"{prefix}.messages[{m}].content[{c}]: video input is not supported yet")
+    return RequestError(i, "; ".join(problems), raw) if problems else req
+
+
+# --- unknown-key warnings ----------------------------------------------------------------------
+
+_CONTENT_MODELS = {"text": TextContent, "image": ImageContent, "audio": AudioContent, "video": VideoContent}
+
+
+def _unknown_keys(obj: Any, model: type[BaseModel], where: str, hint_from: type[BaseModel] | None = None) -> list[str]:
+    if not isinstance(obj, dict):
+        return []  # a type error, reported by validation
+    known = model.model_fields
+    out = []
+    for key in obj:
+        if key in known:
+            continue
+        hint = did_you_mean(str(key), known)
+        if not hint and hint_from is not None and key in hint_from.model_fields:
+            hint = f" ({key!r} is a top-level setting)"
+        out.append(f"{where}: unknown key {str(key)!r} ignored{hint}")
+    return out
+
+
+def _request_warnings(raw: Any, i: int) -> list[str]:
+    where = f"requests[{i}]"
+    out = _unknown_keys(raw, Request, where, hint_from=InputSettings)
+    messages = raw.get("messages") if isinstance(raw, dict) else None
+    for m, msg in enumerate(messages if isinstance(messages, list) else []):
+        out += _unknown_keys(msg, Message, f"{where}.messages[{m}]")
+        content = msg.get("content") if isinstance(msg, dict) else None
+        for c, item in enumerate(content if isinstance(content, list) else []):
+            kind = item.get("type") if isinstance(item, dict) else None
+            if isinstance(kind, str) and kind in _CONTENT_MODELS:
+                out += _unknown_keys(item, _CONTENT_MODELS[kind], f"{where}.messages[{m}].content[{c}]")
+    return out
+
+
+__all__ = [
+    "TextContent", "ImageContent", "AudioContent", "VideoContent", "ContentItem", "Message",
+    "Request", "InputSettings", "InputFile", "InputFileError", "RequestError", "LoadedInput",
+    "load_input_file", "parse_input_dict", "RANGES", "CONTENT_TYPES",
+]

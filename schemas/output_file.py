@@ -1,0 +1,66 @@
+"""The output file of ``trt-llm-run``: one response per request of the input file, in input order.
+
+Serialize with ``OutputFile.to_json()``: it drops fields that are ``None`` (``logprobs`` when no
+logprobs were asked for, ``error`` on success, ``time_to_first_token_ms`` when not measured), as the
+reference does for ``logprobs``. ``messages`` is echoed as given (raw JSON), so ``None`` inside it
+is kept.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+FinishReason = Literal["end-of-sequence", "max-length", "stop-words", "error"]
+Byte = Annotated[int, Field(ge=0, le=255)]
+
+
+class LogprobCandidate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    token_id: int = Field(ge=0)
+    token: str = Field(description="The token decoded as UTF-8, invalid bytes as U+FFFD (lossy).")
+    bytes: list[Byte] = Field(description="The raw token bytes (concatenate across tokens for exact text).")
+    logprob: float = Field(description="log(softmax(logits)) at temperature 1.")
+
+
+class Response(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    request_idx: int = Field(ge=0, description="Index of the request in the input file.")
+    batch_idx: int = Field(ge=0, description="Position of the request inside its batch.")
+    output_text: str
+    finish_reason: FinishReason
+    error: str | None = Field(None, description="Why the request failed; only with finish_reason 'error'.")
+    logprobs: list[list[LogprobCandidate]] | None = Field(
+        None, description="Per generated token, the top num_logprobs candidates; only when K > 0.")
+    messages: list[Any] = Field(default_factory=list, description="The request's messages, as given.")
+    formatted_system_prompt: str = ""
+    formatted_complete_request: str = ""
+    prompt_tokens: int = Field(0, ge=0)
+    generated_tokens: int = Field(0, ge=0)
+    reused_tokens: int = Field(0, ge=0, description="Prompt tokens taken from a saved KV cache.")
+    output_token_ids: list[int] = Field(default_factory=list)
+    time_to_first_token_ms: float | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _error_has_reason(self) -> Response:
+        # A failed request must say why; the user otherwise only sees an empty output_text.
+        if self.finish_reason == "error" and not self.error:
+            raise ValueError("finish_reason 'error' needs an 'error' message")
+        return self
+
+
+class OutputFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    input_file: str
+    responses: list[Response]
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """The file's text. ``None`` fields are omitted (see module doc); non-ASCII is kept as is,
+        so write it with ``encoding="utf-8"``."""
+        data = self.model_dump(mode="json", exclude_none=True)
+        return json.dumps(data, indent=indent, ensure_ascii=False) + "\n"
+
+
+__all__ = ["FinishReason", "LogprobCandidate", "Response", "OutputFile"]

@@ -1,0 +1,63 @@
+"""Shared fixtures: the offline assets of tests/assets.py, built once per session."""
+
+import os
+import sys
+from pathlib import Path
+
+# Tests must never reach the Hugging Face hub; fail fast instead of hanging on the network.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# `from assets import ...` works from any test file, also in sub-folders and under
+# --import-mode=importlib (which does not put test folders on sys.path).
+_TESTS_DIR = str(Path(__file__).resolve().parent)
+if _TESTS_DIR not in sys.path:
+    sys.path.insert(0, _TESTS_DIR)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import assets  # noqa: E402
+
+# The test machines have 2 shared cores; more threads only add contention.
+torch.set_num_threads(1)
+
+
+def _cache_root() -> Path:
+    """Survives across sessions: the SmolLM2 conversion takes ~40 s."""
+    return Path(os.environ.get("TRT_LLM_TEST_CACHE", "~/.cache/trt-llm-tests")).expanduser()
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    """A folder with only the tiny ChatML tokenizer."""
+    return assets.make_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """Factory: tiny_model(family, **overrides) -> Path, each distinct call built once."""
+    built = {}
+
+    def make(family: str, **overrides) -> Path:
+        key = repr((family, sorted(overrides.items())))  # overrides may hold dicts
+        if key not in built:
+            built[key] = assets.make_tiny_model(family, tmp_path_factory.mktemp(f"tiny-{family}"), **overrides)
+        return built[key]
+
+    return make
+
+
+@pytest.fixture(scope="session", params=assets.FAMILIES)
+def tiny_model_dir(request, tiny_model) -> Path:
+    """A tiny random model of each family in turn (a test using it runs once per family)."""
+    return tiny_model(request.param)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as a plain fp32 HF folder, converted once and cached on disk."""
+    try:
+        return assets.smollm2_hf_dir(_cache_root())
+    except assets.AssetUnavailable as exc:
+        pytest.skip(f"SmolLM2 unavailable: {exc}")
