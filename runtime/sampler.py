@@ -91,7 +91,7 @@ class Sampler:
         which requires B == len(params)).
         """
         rows = self._check_rows(logits, rows)
-        logits = self.apply_bias(logits, rows)
+        logits = self._biased(logits, rows)
         if self._all_greedy or all(self._greedy[r] for r in rows):
             return logits.argmax(dim=-1)  # the common cheap case: one kernel
         if any(self._greedy[r] for r in rows):
@@ -119,7 +119,9 @@ class Sampler:
     def apply_bias(self, logits: torch.Tensor, rows: Sequence[int] | None = None) -> torch.Tensor:
         """``logits`` plus each row's logit bias; the input itself is never modified
         (returned as is when no active row has a bias)."""
-        rows = self._check_rows(logits, rows)
+        return self._biased(logits, self._check_rows(logits, rows))
+
+    def _biased(self, logits: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
         biased = [(i, self._bias[r]) for i, r in enumerate(rows) if self._bias[r] is not None]
         if not biased:
             return logits
@@ -198,7 +200,7 @@ def _filter(
         # topk instead of a full sort: O(V) for small k, and sorted descending,
         # which is what top-p needs next.
         x, ids = torch.topk(x, top_k, dim=-1)
-    probs = torch.softmax(x * temperature, dim=-1)
+    probs = torch.softmax(x, dim=-1)
     if top_p < 1.0:  # 1.0 means off (as in generate), not "keep all but fp dust"
         if ids is None:
             probs, ids = torch.sort(probs, dim=-1, descending=True)

@@ -1,0 +1,123 @@
+"""`trt-llm-build CONFIG.yaml`: checkpoint -> ONNX -> engine directory."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from trt_llm.schemas.build_config import BuildConfig, ConfigError, load_build_config
+
+SUPPORTED_DTYPES = {"cpu": ("fp32", "fp16")}
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def build_engine(config: BuildConfig, progress: bool = True) -> Path:
+    """Build the engine directory described by `config`; returns its path."""
+    import torch
+
+    from trt_llm.build import engine_dir as writer
+    from trt_llm.build.checkpoint import TORCH_DTYPES, load_checkpoint
+    from trt_llm.build.cpu_backend import compile_cpu
+    from trt_llm.build.decoder import DecoderGraph
+    from trt_llm.build.export import export_decoder
+
+    if config.backend not in SUPPORTED_DTYPES:
+        raise BuildError(
+            f"backend: {config.backend!r} engines cannot be built by this version yet; "
+            f"available: {', '.join(SUPPORTED_DTYPES)}")
+    if config.dtype not in SUPPORTED_DTYPES[config.backend]:
+        raise BuildError(
+            f"dtype: {config.dtype!r} is not supported by the {config.backend} backend; "
+            f"choose one of {', '.join(SUPPORTED_DTYPES[config.backend])}")
+
+    out = Path(config.output_dir)
+    # Build into a sibling folder and swap it in at the end: a failed build never leaves a
+    # half-written engine directory where a good one was.
+    staging = out.with_name(out.name + ".building")
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "llm").mkdir(parents=True)
+    dtype = TORCH_DTYPES[config.dtype]
+    steps = tqdm(total=5, desc="build", unit="step", disable=not progress, file=sys.stderr,
+                 bar_format="{desc}: {n_fmt}/{total_fmt} {postfix} [{elapsed}]")
+    timings = {}
+
+    def step(name):
+        steps.set_postfix_str(name)
+        timings[name] = time.perf_counter()
+
+    def done(name):
+        timings[name] = round(time.perf_counter() - timings[name], 2)
+        steps.update(1)
+
+    try:
+        step("loading checkpoint")
+        checkpoint = load_checkpoint(config.model, config.dtype, config.trust_remote_code)
+        done("loading checkpoint")
+
+        step("writing tokenizer and embedding")
+        writer.write_tokenizer(checkpoint, staging / "tokenizer")
+        writer.write_embedding(checkpoint, staging / "llm" / "embedding.safetensors", dtype)
+        checkpoint.model.config.to_json_file(staging / "llm" / "config.json")
+        done("writing tokenizer and embedding")
+
+        step("exporting to ONNX")
+        graph = DecoderGraph(checkpoint.model, checkpoint.family, config.max_kv_cache_capacity, dtype)
+        dims = graph.dims.to_dict()
+        graph_path = export_decoder(graph, staging / "llm" / "model.onnx", dtype)
+        del graph
+        done("exporting to ONNX")
+
+        step(f"compiling for {config.backend}")
+        engine_path = compile_cpu(graph_path)
+        done(f"compiling for {config.backend}")
+
+        step("writing manifest")
+        components = {"llm": {"graph": "llm/model.onnx", "engine": f"llm/{engine_path.name}",
+                              "embedding": "llm/embedding.safetensors", "config": "llm/config.json"},
+                      "tokenizer": {"dir": "tokenizer"}}
+        writer.write_manifest(staging, build_config=config.model_dump(), checkpoint=checkpoint,
+                              dims=dims, components=components)
+        done("writing manifest")
+    except BaseException:
+        steps.close()
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    steps.close()
+    if out.exists():
+        shutil.rmtree(out)
+    staging.rename(out)
+    logging.getLogger(__name__).info("step timings (s): %s", timings)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="trt-llm-build", description="Build an engine directory from a Hugging Face checkpoint.")
+    parser.add_argument("config", help="build config (YAML)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    from trt_llm.build.checkpoint import CheckpointError
+    from trt_llm.build.families import UnsupportedArchitecture
+
+    try:
+        config = load_build_config(args.config)
+        out = build_engine(config, progress=not args.quiet)
+    except (ConfigError, CheckpointError, UnsupportedArchitecture, BuildError) as error:
+        print(f"trt-llm-build: error: {error}", file=sys.stderr)
+        return 2
+    print(f"engine directory written: {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

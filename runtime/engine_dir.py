@@ -1,0 +1,65 @@
+"""Read an engine directory's manifest and refuse, clearly, one this runtime cannot serve."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+FORMAT_VERSION = 1
+RUNNABLE_BACKENDS = ("cpu",)
+
+
+class EngineDirError(ValueError):
+    pass
+
+
+@dataclass
+class EngineDir:
+    path: Path
+    manifest: dict
+
+    @classmethod
+    def open(cls, path: str | Path) -> "EngineDir":
+        path = Path(path)
+        manifest_path = path / "manifest.json"
+        if not manifest_path.is_file():
+            raise EngineDirError(f"engine directory {str(path)!r}: no manifest.json (build one with trt-llm-build)")
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise EngineDirError(f"{manifest_path}: unreadable manifest: {error}") from error
+        version = manifest.get("format_version")
+        if version != FORMAT_VERSION:
+            raise EngineDirError(
+                f"{manifest_path}: engine format version {version!r}, this runtime reads version "
+                f"{FORMAT_VERSION}; rebuild the engine with this version of trt-llm-build")
+        backend = manifest.get("backend")
+        if backend not in RUNNABLE_BACKENDS:
+            raise EngineDirError(
+                f"{manifest_path}: backend {backend!r} cannot run here; this runtime runs "
+                f"{', '.join(RUNNABLE_BACKENDS)}")
+        engine = cls(path, manifest)
+        for name in ("engine", "embedding"):
+            if not engine.component_path("llm", name).is_file():
+                raise EngineDirError(f"{path}: missing {manifest['components']['llm'][name]}")
+        return engine
+
+    def component_path(self, component: str, key: str) -> Path:
+        return self.path / self.manifest["components"][component][key]
+
+    @property
+    def dims(self) -> dict:
+        return self.manifest["model"]["dims"]
+
+    @property
+    def limits(self) -> dict:
+        return self.manifest["limits"]
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        return list(self.manifest["model"]["eos_token_ids"])
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.path / self.manifest["components"]["tokenizer"]["dir"]

@@ -1,0 +1,92 @@
+"""Vanilla decoding of one batch: a ragged prefill, then one token per active row per step."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from trt_llm.runtime.kv_cache import KVCache
+from trt_llm.runtime.sampler import Sampler
+
+END_OF_SEQUENCE = "end-of-sequence"
+MAX_LENGTH = "max-length"
+
+
+@dataclass
+class Sequence:
+    """One request's token state while its batch runs."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int  # already clamped to the KV capacity
+    generated: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    first_token_time: float | None = None
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.generated)
+
+
+class Model:
+    """What the decode loop needs from an engine directory: the engine, the embedding, the dims."""
+
+    def __init__(self, engine, embedding: np.ndarray, dims: dict, eos_token_ids: list[int]):
+        self.engine = engine
+        self.embedding = embedding
+        self.dims = dims
+        self.eos = set(eos_token_ids)
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        d = self.dims
+        return KVCache(d["num_layers"], batch, d["kv_heads"], capacity, d["head_dim"], self.embedding.dtype)
+
+
+def generate(model: Model, sequences: list[Sequence], sampler: Sampler) -> None:
+    """Run `sequences` (one batch) to completion, filling in `generated` and `finish_reason`."""
+    # Size the cache for this batch's longest need, not the engine's maximum: less memory, and the
+    # attention only ever spans what is used.
+    capacity = max(len(s.prompt_ids) + s.max_new_tokens for s in sequences)
+    cache = model.new_cache(len(sequences), capacity)
+    vocab = model.dims["vocab_size"]
+    active = list(range(len(sequences)))  # original row of each cache row, ascending
+
+    # Prefill: right-padded prompts, logits only at each prompt's last token.
+    lengths = np.array([len(s.prompt_ids) for s in sequences], dtype=np.int32)
+    width = int(lengths.max())
+    token_ids = np.zeros((len(sequences), width), dtype=np.int64)
+    for row, s in enumerate(sequences):
+        token_ids[row, : len(s.prompt_ids)] = s.prompt_ids
+    positions = np.broadcast_to(np.arange(width, dtype=np.int32), token_ids.shape)
+    logits = np.empty((len(sequences), 1, vocab), dtype=np.float32)
+    model.engine.run(model.embedding[token_ids], positions, np.zeros(len(sequences), np.int32),
+                     lengths, (lengths - 1)[:, None], cache, logits)
+
+    while True:
+        tokens = sampler.sample(torch.from_numpy(logits[:, 0]), active).tolist()
+        now = time.perf_counter()
+        still = []
+        for row, token in zip(active, tokens):
+            s = sequences[row]
+            s.generated.append(token)
+            if s.first_token_time is None:
+                s.first_token_time = now
+            if token in model.eos:
+                s.finish_reason = END_OF_SEQUENCE
+            elif len(s.generated) >= s.max_new_tokens:
+                s.finish_reason = MAX_LENGTH
+            else:
+                still.append(row)
+        if not still:
+            return
+        if still != active:
+            cache.keep_rows([active.index(r) for r in still], [sequences[r].length - 1 for r in still])
+            active = still
+            logits = np.empty((len(active), 1, vocab), dtype=np.float32)
+        # Decode step: the last sampled token of each active row, at its position.
+        last = np.array([sequences[r].generated[-1] for r in active], dtype=np.int64)
+        past = np.array([sequences[r].length - 1 for r in active], dtype=np.int32)
+        model.engine.run(model.embedding[last][:, None], past[:, None], past,
+                         np.ones(len(active), np.int32), np.zeros((len(active), 1), np.int32), cache, logits)

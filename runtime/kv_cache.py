@@ -1,0 +1,34 @@
+"""The KV cache of one batch: per layer a key and a value buffer [B, Hkv, L, D], updated in place.
+
+The engine binds each buffer as both its `past_*` input and its `present_*` output, so the attention
+op writes the new tokens' keys and values straight into it. When a row finishes, the rows behind it
+move up (only their used slots are copied), so the next step runs on a smaller batch: a finished row
+costs nothing more.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class KVCache:
+    def __init__(self, num_layers: int, batch: int, kv_heads: int, capacity: int, head_dim: int,
+                 dtype=np.float32):
+        shape = (batch, kv_heads, capacity, head_dim)
+        # Zero-filled: slots past a row's length are masked out, but must hold finite numbers.
+        self.keys = [np.zeros(shape, dtype) for _ in range(num_layers)]
+        self.values = [np.zeros(shape, dtype) for _ in range(num_layers)]
+        self.batch = batch
+        self.capacity = capacity
+
+    def keep_rows(self, rows: list[int], used: list[int]) -> None:
+        """Compact to `rows` (ascending), in that order; `used[i]` = slots in use by rows[i]."""
+        for target, (source, length) in enumerate(zip(rows, used)):
+            if target != source:
+                for buffer in (*self.keys, *self.values):
+                    buffer[target, :, :length] = buffer[source, :, :length]
+        self.batch = len(rows)
+
+    def views(self):
+        """(key, value) per layer for the active rows: contiguous views that share memory."""
+        return [(k[: self.batch], v[: self.batch]) for k, v in zip(self.keys, self.values)]

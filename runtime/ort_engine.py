@@ -1,0 +1,49 @@
+"""OrtEngine: the decoder graph on ONNX Runtime, as a named-tensor function with an in-place cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from trt_llm.runtime.kv_cache import KVCache
+
+
+class OrtEngine:
+    def __init__(self, engine_path: Path, num_layers: int, threads: int = 0):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.intra_op_num_threads = threads  # 0 = ONNX Runtime's choice (all physical cores)
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        self._ort = ort
+        self.session = ort.InferenceSession(str(engine_path), options, providers=["CPUExecutionProvider"])
+        self.num_layers = num_layers
+        self._binding = self.session.io_binding()
+
+    def run(self, inputs_embeds: np.ndarray, position_ids: np.ndarray, past_lengths: np.ndarray,
+            query_lengths: np.ndarray, logits_indices: np.ndarray, cache: KVCache,
+            logits_out: np.ndarray) -> np.ndarray:
+        """One forward pass; writes the new tokens into `cache` and the logits into `logits_out`.
+
+        logits_out: float32 [B, K, V], preallocated by the caller and reused across steps.
+        """
+        binding = self._binding
+        binding.clear_binding_inputs()
+        binding.clear_binding_outputs()
+        for name, array in (("inputs_embeds", inputs_embeds), ("position_ids", position_ids),
+                            ("past_lengths", past_lengths), ("query_lengths", query_lengths),
+                            ("logits_indices", logits_indices)):
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        for i, (key, value) in enumerate(cache.views()):
+            # The same memory as past input and present output: the attention op updates it in place.
+            for kind, buffer in (("key", key), ("value", value)):
+                binding.bind_input(f"past_{kind}_{i}", "cpu", 0, buffer.dtype, buffer.shape,
+                                   buffer.ctypes.data)
+                binding.bind_output(f"present_{kind}_{i}", "cpu", 0, buffer.dtype, buffer.shape,
+                                    buffer.ctypes.data)
+        binding.bind_output("logits", "cpu", 0, logits_out.dtype, logits_out.shape, logits_out.ctypes.data)
+        self.session.run_with_iobinding(binding)
+        return logits_out
