@@ -1,0 +1,88 @@
+"""`trt-llm-run INPUT.json --engine-dir DIR [-o OUTPUT.json]`.
+
+Exit status: 0 all requests succeeded; 1 some request failed (its response says why); 2 the input
+file or the engine directory is unusable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+EXIT_OK, EXIT_REQUEST_FAILED, EXIT_UNUSABLE = 0, 1, 2
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write to a temporary file beside `path`, then rename: readers never see half a file."""
+    path = Path(path)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return number
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="trt-llm-run", description="Run the requests of an input file on an engine.")
+    parser.add_argument("input", help="input JSON file")
+    parser.add_argument("--engine-dir", required=True, help="engine directory from trt-llm-build")
+    parser.add_argument("-o", "--output", help="output JSON file (default: standard output)")
+    parser.add_argument("--batch-size", type=_positive, help="overrides the file's batch_size")
+    parser.add_argument("--max-generate-length", type=_positive, help="overrides the file's max_generate_length")
+    parser.add_argument("--seed", type=int, help="overrides the file's seed")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all physical cores)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="trt-llm-run: %(levelname)s: %(message)s")
+    log = logging.getLogger("trt-llm-run")
+
+    from trt_llm.runtime.engine_dir import EngineDir, EngineDirError
+    from trt_llm.runtime.runner import Runner, RunError
+    from trt_llm.schemas.input_file import InputFileError, InputSettings, load_input_file
+
+    try:
+        loaded = load_input_file(args.input)
+        overrides = {key: value for key, value in (("batch_size", args.batch_size),
+                     ("max_generate_length", args.max_generate_length), ("seed", args.seed)) if value is not None}
+        settings = InputSettings.model_validate({**loaded.settings.model_dump(), **overrides})
+        for warning in loaded.warnings:
+            log.warning("%s", warning)
+        runner = Runner(EngineDir.open(args.engine_dir), threads=args.threads)
+        output = runner.run(loaded, settings)
+    except (InputFileError, EngineDirError, RunError) as error:
+        log.error("%s", error)
+        return EXIT_UNUSABLE
+    except ValueError as error:  # an override out of range (pydantic)
+        log.error("%s", error)
+        return EXIT_UNUSABLE
+    text = output.to_json()
+    if args.output:
+        write_atomically(Path(args.output), text)
+    else:
+        sys.stdout.write(text)
+    failed = sum(r.finish_reason == "error" for r in output.responses)
+    if failed:
+        log.error("%d of %d requests failed", failed, len(output.responses))
+        return EXIT_REQUEST_FAILED
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

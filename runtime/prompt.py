@@ -1,0 +1,94 @@
+"""Turn a request's messages into prompt text and token ids, with the tokenizer's own chat template."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trt_llm.schemas.input_file import Message
+
+
+class PromptError(ValueError):
+    pass
+
+
+@dataclass
+class Prompt:
+    text: str  # the whole templated prompt (formatted_complete_request)
+    system_text: str  # its leading system part (formatted_system_prompt)
+    token_ids: list[int]
+
+
+def _plain_messages(messages: list[Message]) -> list[dict]:
+    """Messages with text-only content, as text chat templates expect."""
+    plain = []
+    for m_index, message in enumerate(messages):
+        texts = []
+        for c_index, part in enumerate(message.parts()):
+            if part.type == "text":
+                texts.append(part.text)
+            elif part.type == "video":
+                raise PromptError(f"messages[{m_index}].content[{c_index}]: video input is not supported yet")
+            else:
+                raise PromptError(
+                    f"messages[{m_index}].content[{c_index}]: this engine has no {part.type} encoder "
+                    f"({'vision' if part.type == 'image' else 'audio'} inputs need an engine built with one)")
+        plain.append({"role": message.role, "content": "".join(texts)})
+    return plain
+
+
+class PromptFormatter:
+    def __init__(self, tokenizer, apply_chat_template: bool, add_generation_prompt: bool,
+                 enable_thinking: bool):
+        self.tokenizer = tokenizer
+        self.apply_chat_template = apply_chat_template and tokenizer.chat_template is not None
+        self.template_kwargs = {"add_generation_prompt": add_generation_prompt,
+                                "enable_thinking": enable_thinking}
+        self._special = sorted(set(tokenizer.all_special_tokens) | {
+            t.content for t in tokenizer.added_tokens_decoder.values() if t.special}, key=len)
+
+    def format(self, messages: list[Message]) -> Prompt:
+        plain = _plain_messages(messages)
+        if not self.apply_chat_template:
+            # Raw mode feeds the content itself; the tokenizer adds its BOS if it has one.
+            text = "\n".join(m["content"] for m in plain)
+            return Prompt(text, "", self.tokenizer(text, add_special_tokens=True)["input_ids"])
+        text = self._render(plain, **self.template_kwargs)
+        # The template wrote every special token itself (BOS included): add none.
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return Prompt(text, self._system_part(plain), ids)
+
+    def _render(self, messages: list[dict], **kwargs) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+
+    def _system_part(self, messages: list[dict]) -> str:
+        """The templated system block, including a default one the template inserts by itself.
+
+        Rendering the same system messages followed by a user turn and by an assistant turn gives
+        two texts that agree up to where the next turn's header starts; cutting that common prefix
+        back to its last special token (the header's opening token) leaves the system block.
+        """
+        system = [m for m in messages[:1] if m["role"] == "system"]
+        probe = "\x00probe"
+        try:
+            as_user = self._render(system + [{"role": "user", "content": probe}], add_generation_prompt=False)
+            as_assistant = self._render(system + [{"role": "assistant", "content": probe}],
+                                        add_generation_prompt=False)
+        except Exception:  # templates may insist on alternation or a first user turn
+            return ""
+        common = 0
+        for a, b in zip(as_user, as_assistant):
+            if a != b:
+                break
+            common += 1
+        return self._strip_turn_opener(as_user[:common])
+
+    def _strip_turn_opener(self, text: str) -> str:
+        """Drop the next turn's opening special token, whole or cut short, from the end of `text`."""
+        for token in reversed(self._special):  # longest first
+            if token and text.endswith(token):
+                return text[: -len(token)]
+        for size in range(min(len(text), max(map(len, self._special), default=0)), 0, -1):
+            tail = text[-size:]
+            if any(token.startswith(tail) for token in self._special):
+                return text[:-size]
+        return text

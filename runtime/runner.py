@@ -1,0 +1,147 @@
+"""Run a loaded input file on an engine directory: batches in file order, one response per request.
+
+A request that cannot run fails alone, with finish_reason "error" and its reason; its batch-mates
+and the other batches still run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from trt_llm.runtime.engine_dir import EngineDir
+from trt_llm.runtime.generate import Model, Sequence, generate
+from trt_llm.runtime.prompt import Prompt, PromptError, PromptFormatter
+from trt_llm.runtime.sampler import Sampler, SamplingParams
+from trt_llm.schemas.input_file import InputSettings, LoadedInput, Request, RequestError
+from trt_llm.schemas.output_file import OutputFile, Response
+
+log = logging.getLogger(__name__)
+
+
+class RunError(ValueError):
+    """The run as a whole cannot go on (settings the engine cannot serve)."""
+
+
+@dataclass
+class Prepared:
+    index: int
+    request: Request
+    prompt: Prompt
+    sequence: Sequence
+    params: SamplingParams
+
+
+def request_seed(seed: int | None, index: int) -> int | None:
+    # One stream per request, derived from the file's seed and the request's index, so a request's
+    # samples do not depend on its batch-mates or on the batch size.
+    return None if seed is None else (seed * 1_000_003 + index) % (2**63)
+
+
+class Runner:
+    def __init__(self, engine_dir: EngineDir, threads: int = 0):
+        from safetensors.numpy import load_file
+        from transformers import AutoTokenizer
+
+        from trt_llm.runtime.ort_engine import OrtEngine
+
+        self.engine_dir = engine_dir
+        dims = engine_dir.dims
+        embedding = load_file(str(engine_dir.component_path("llm", "embedding")))["embedding"]
+        engine = OrtEngine(engine_dir.component_path("llm", "engine"), dims["num_layers"], threads)
+        self.model = Model(engine, embedding, dims, engine_dir.eos_token_ids)
+        self.tokenizer = AutoTokenizer.from_pretrained(engine_dir.tokenizer_dir)
+        self.limits = engine_dir.limits
+
+    def run(self, loaded: LoadedInput, settings: InputSettings) -> OutputFile:
+        if settings.batch_size > self.limits["max_batch_size"]:
+            raise RunError(f"batch_size {settings.batch_size} exceeds the engine's max_batch_size "
+                           f"{self.limits['max_batch_size']}")
+        formatter = PromptFormatter(self.tokenizer, settings.apply_chat_template,
+                                    settings.add_generation_prompt, settings.enable_thinking)
+        responses: list[Response] = []
+        slots = loaded.requests
+        for batch_start in range(0, len(slots), settings.batch_size):
+            batch = slots[batch_start: batch_start + settings.batch_size]
+            responses += self._run_batch(batch, batch_start, loaded, settings, formatter)
+        return OutputFile(input_file=loaded.source, responses=responses)
+
+    def _run_batch(self, batch, batch_start, loaded, settings, formatter) -> list[Response]:
+        started = time.perf_counter()
+        results: dict[int, Response] = {}
+        prepared: list[Prepared] = []
+        for batch_idx, slot in enumerate(batch):
+            index = batch_start + batch_idx
+            if isinstance(slot, RequestError):
+                results[index] = _error(index, batch_idx, slot.message, slot.raw_messages())
+                continue
+            try:
+                prepared.append(self._prepare(index, slot, settings, formatter))
+            except (PromptError, ValueError) as error:
+                results[index] = _error(index, batch_idx, str(error), loaded.raw_requests[index].get("messages", []))
+
+        if prepared:
+            try:
+                sampler = Sampler([p.params for p in prepared],
+                                  [request_seed(settings.seed, p.index) for p in prepared])
+                generate(self.model, [p.sequence for p in prepared], sampler)
+            except Exception as error:  # the engine failed: this batch's requests fail, the run goes on
+                log.exception("batch starting at request %d failed", batch_start)
+                for p in prepared:
+                    results[p.index] = _error(p.index, p.index - batch_start, f"batch failed: {error}",
+                                              loaded.raw_requests[p.index]["messages"])
+            else:
+                for p in prepared:
+                    results[p.index] = self._response(p, p.index - batch_start, started,
+                                                      loaded.raw_requests[p.index]["messages"])
+        return [results[i] for i in sorted(results)]
+
+    def _prepare(self, index: int, request: Request, settings: InputSettings,
+                 formatter: PromptFormatter) -> Prepared:
+        where = f"requests[{index}]"
+        if request.lora_name is not None:
+            raise ValueError(f"{where}.lora_name: this engine was built without LoRA support")
+        try:
+            prompt = formatter.format(request.messages)
+        except PromptError as error:
+            raise PromptError(f"{where}.{error}") from None
+        prompt_len, max_input = len(prompt.token_ids), self.limits["max_input_len"]
+        if prompt_len > max_input:
+            raise ValueError(f"{where}: prompt is {prompt_len} tokens, longer than the engine's "
+                             f"max_input_len {max_input}")
+        if prompt_len == 0:
+            raise ValueError(f"{where}: the prompt is empty after formatting")
+        capacity = self.limits["max_kv_cache_capacity"]
+        max_new = min(settings.max_generate_length, capacity - prompt_len)
+        if max_new < settings.max_generate_length:
+            log.warning("%s: max_generate_length %d clamped to %d by the KV cache capacity %d "
+                        "(prompt %d tokens)", where, settings.max_generate_length, max_new, capacity, prompt_len)
+        bias = request.resolved_logit_bias(settings)
+        vocab = self.model.dims["vocab_size"]
+        outside = [token for token in bias if token >= vocab]
+        if outside:
+            raise ValueError(f"{where}.logit_bias: token id {outside[0]} is outside the vocabulary "
+                             f"(size {vocab})")
+        params = SamplingParams(settings.temperature, settings.top_k, settings.top_p, bias or None)
+        return Prepared(index, request, prompt, Sequence(prompt.token_ids, max_new), params)
+
+    def _response(self, p: Prepared, batch_idx: int, started: float, messages) -> Response:
+        s = p.sequence
+        text_ids = s.generated[:-1] if s.finish_reason == "end-of-sequence" else s.generated
+        return Response(
+            request_idx=p.index, batch_idx=batch_idx,
+            output_text=self.tokenizer.decode(text_ids, skip_special_tokens=True),
+            finish_reason=s.finish_reason, messages=messages,
+            formatted_system_prompt=p.prompt.system_text, formatted_complete_request=p.prompt.text,
+            prompt_tokens=len(s.prompt_ids), generated_tokens=len(s.generated),
+            output_token_ids=s.generated,
+            time_to_first_token_ms=round((s.first_token_time - started) * 1000, 3),
+        )
+
+
+def _error(index: int, batch_idx: int, message: str, messages) -> Response:
+    log.error("%s", message)
+    return Response(request_idx=index, batch_idx=batch_idx, output_text="", finish_reason="error",
+                    error=message, messages=messages if isinstance(messages, list) else [])
+
