@@ -63,12 +63,12 @@ def export_decoder(graph: DecoderGraph, path: Path, dtype: torch.dtype) -> Path:
             verbose=False,
         )
     model = program.model_proto
-    _finish_custom_nodes(model)
+    finish_custom_nodes(model)
     save_model(model, path)
     return path
 
 
-def _finish_custom_nodes(model: onnx.ModelProto) -> None:
+def finish_custom_nodes(model: onnx.ModelProto) -> None:
     """Attach the op's function body and drop exporter-internal attributes from its nodes."""
     for node in model.graph.node:
         if node.domain == attention.DOMAIN:

@@ -61,3 +61,28 @@ def smollm2_dir() -> Path:
         return assets.smollm2_hf_dir(_cache_root())
     except assets.AssetUnavailable as exc:
         pytest.skip(f"SmolLM2 unavailable: {exc}")
+
+
+@pytest.fixture(scope="session")
+def build_engine_for(tmp_path_factory):
+    """Factory: build_engine_for(model_dir, **config) -> engine directory, each built once."""
+    from trt_llm.build.cli import build_engine
+    from trt_llm.schemas.build_config import BuildConfig
+
+    built = {}
+
+    def make(model_dir, **config) -> Path:
+        key = repr((str(model_dir), sorted(config.items())))
+        if key not in built:
+            out = tmp_path_factory.mktemp("engine") / "engine"
+            settings = {"max_batch_size": 4, "max_input_len": 256, "max_kv_cache_capacity": 512, **config}
+            built[key] = build_engine(BuildConfig(model=str(model_dir), output_dir=str(out), **settings),
+                                      progress=False)
+        return built[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine(smollm2_dir, build_engine_for) -> Path:
+    return build_engine_for(smollm2_dir, max_input_len=1024, max_kv_cache_capacity=2048)

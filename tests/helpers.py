@@ -1,0 +1,46 @@
+"""Small helpers shared by the end-to-end tests."""
+
+import json
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from trt_llm.runtime.engine_dir import EngineDir
+from trt_llm.runtime.runner import Runner
+from trt_llm.schemas.input_file import parse_input_dict
+
+PROMPTS = [
+    "Hello there! Tell me a long story about a dragon who loved the sea.",
+    "What is 2+2?",
+    "List the planets of the solar system in order, with one fact about each.",
+    "Hi",
+]
+
+
+def chat_request(text: str, **extra) -> dict:
+    return {"messages": [{"role": "user", "content": text}], **extra}
+
+
+def run_input(engine_dir, data: dict, threads: int = 1):
+    """Run an input-file dict on an engine; returns the OutputFile."""
+    loaded = parse_input_dict(json.loads(json.dumps(data)), source="<test>")
+    assert not loaded.errors, loaded.errors
+    return Runner(EngineDir.open(engine_dir), threads=threads).run(loaded, loaded.settings)
+
+
+def hf_greedy(model_dir, prompt_ids: list[int], max_new_tokens: int, logits_processor=None) -> list[int]:
+    """transformers `generate`, greedy, on one request alone: the oracle."""
+    model = _load(str(model_dir))
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False,
+                             logits_processor=logits_processor)
+    return out[0, len(prompt_ids):].tolist()
+
+
+_MODELS = {}
+
+
+def _load(model_dir: str):
+    if model_dir not in _MODELS:
+        _MODELS[model_dir] = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return _MODELS[model_dir]
