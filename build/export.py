@@ -16,6 +16,8 @@ from trt_llm.plugins import attention
 
 ONNX_OPSET = 18
 log = logging.getLogger(__name__)
+# The exporter warns about every torchvision op it cannot register; we export no vision ops here.
+logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
 
 
 def _example_inputs(graph: DecoderGraph, dtype: torch.dtype) -> tuple:
