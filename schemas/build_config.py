@@ -6,6 +6,8 @@ to its default would produce a wrong engine, and a build is expensive to redo.
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -60,6 +62,15 @@ def parse_build_config(data: Any, source: str = "<config>") -> BuildConfig:
         raise ConfigError(f"{source}: invalid build config:\n  " + "\n  ".join(lines)) from None
 
 
+def _expand_vars(key: str, value: str, path: Path) -> str:
+    """$VAR / ${VAR} in paths, so one config serves machines whose files live in different places."""
+    expanded = os.path.expandvars(value)
+    unset = re.search(r"\$\{?(\w+)", expanded)
+    if unset:
+        raise ConfigError(f"{path}: {key}: environment variable {unset.group(1)} is not set")
+    return expanded
+
+
 def load_build_config(path: str | Path) -> BuildConfig:
     """Read and validate a YAML build config; relative paths are taken from the config's folder.
 
@@ -76,6 +87,8 @@ def load_build_config(path: str | Path) -> BuildConfig:
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     config = parse_build_config(data, str(path))
+    config = config.model_copy(update={key: _expand_vars(key, getattr(config, key), path)
+                                       for key in ("model", "output_dir")})
 
     base = path.resolve().parent
     model = Path(config.model).expanduser()

@@ -38,3 +38,12 @@ def test_smollm2_matches_transformers(smollm2_dir, smollm2_engine):
                "Explain what a neural network is to a ten year old.", "Hi"]
     lengths = assert_batch_matches_transformers(smollm2_engine, smollm2_dir, prompts, max_new=48)
     assert max(lengths) >= 32
+
+
+def test_fp16_engine_follows_fp32(tiny_model, build_engine_for):
+    """fp16 weights and cache on the cpu backend: the same greedy path as fp32 on a tiny model."""
+    model_dir = tiny_model("qwen3")
+    data = {"temperature": 0.0, "max_generate_length": 16, "requests": [chat_request(PROMPTS[0])]}
+    fp32 = run_input(build_engine_for(model_dir), data).responses[0]
+    fp16 = run_input(build_engine_for(model_dir, dtype="fp16"), data).responses[0]
+    assert fp16.output_token_ids[:8] == fp32.output_token_ids[:8]

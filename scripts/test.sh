@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Installs everything, then runs the whole test suite (tiny models + the real SmolLM2-135M).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+python -m pytest -q "$@"
