@@ -9,10 +9,11 @@ import numpy as np
 import torch
 
 from trt_llm.runtime.kv_cache import KVCache
-from trt_llm.runtime.sampler import Sampler
+from trt_llm.runtime.sampler import Sampler, log_softmax_topn, token_logprob
 
 END_OF_SEQUENCE = "end-of-sequence"
 MAX_LENGTH = "max-length"
+STOP_WORDS = "stop-words"
 
 
 @dataclass
@@ -21,9 +22,13 @@ class Sequence:
 
     prompt_ids: list[int]
     max_new_tokens: int  # already clamped to the KV capacity
+    detokenizer: object | None = None  # an IncrementalDetokenizer when stop strings are watched
     generated: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     first_token_time: float | None = None
+    # With log-probabilities on: per step, the top-K (ids, logprobs) and the sampled token's logprob.
+    top_logprobs: list[tuple[list[int], list[float]]] = field(default_factory=list)
+    token_logprobs: list[float] = field(default_factory=list)
 
     @property
     def length(self) -> int:
@@ -44,8 +49,12 @@ class Model:
         return KVCache(d["num_layers"], batch, d["kv_heads"], capacity, d["head_dim"], self.embedding.dtype)
 
 
-def generate(model: Model, sequences: list[Sequence], sampler: Sampler) -> None:
-    """Run `sequences` (one batch) to completion, filling in `generated` and `finish_reason`."""
+def generate(model: Model, sequences: list[Sequence], sampler: Sampler, num_logprobs: int = 0) -> None:
+    """Run `sequences` (one batch) to completion, filling in `generated` and `finish_reason`.
+
+    num_logprobs: K > 0 records, per step, the K most likely tokens and the sampled token with their
+    log-softmax at temperature 1 over the model's own logits (before logit bias).
+    """
     # Size the cache for this batch's longest need, not the engine's maximum: less memory, and the
     # attention only ever spans what is used.
     capacity = max(len(s.prompt_ids) + s.max_new_tokens for s in sequences)
@@ -65,7 +74,11 @@ def generate(model: Model, sequences: list[Sequence], sampler: Sampler) -> None:
                      lengths, (lengths - 1)[:, None], cache, logits)
 
     while True:
-        tokens = sampler.sample(torch.from_numpy(logits[:, 0]), active).tolist()
+        step_logits = torch.from_numpy(logits[:, 0])
+        sampled = sampler.sample(step_logits, active)
+        tokens = sampled.tolist()
+        if num_logprobs:
+            _record_logprobs([sequences[r] for r in active], step_logits, sampled, num_logprobs)
         now = time.perf_counter()
         still = []
         for row, token in zip(active, tokens):
@@ -75,6 +88,8 @@ def generate(model: Model, sequences: list[Sequence], sampler: Sampler) -> None:
                 s.first_token_time = now
             if token in model.eos:
                 s.finish_reason = END_OF_SEQUENCE
+            elif s.detokenizer is not None and s.detokenizer.add(token):
+                s.finish_reason = STOP_WORDS
             elif len(s.generated) >= s.max_new_tokens:
                 s.finish_reason = MAX_LENGTH
             else:
@@ -90,3 +105,11 @@ def generate(model: Model, sequences: list[Sequence], sampler: Sampler) -> None:
         past = np.array([sequences[r].length - 1 for r in active], dtype=np.int32)
         model.engine.run(model.embedding[last][:, None], past[:, None], past,
                          np.ones(len(active), np.int32), np.zeros((len(active), 1), np.int32), cache, logits)
+
+
+def _record_logprobs(rows: list[Sequence], logits: torch.Tensor, sampled: torch.Tensor, k: int) -> None:
+    values, ids = log_softmax_topn(logits, k)
+    chosen = token_logprob(logits, sampled)
+    for s, row_ids, row_values, value in zip(rows, ids.tolist(), values.tolist(), chosen.tolist()):
+        s.top_logprobs.append((row_ids, row_values))
+        s.token_logprobs.append(value)

@@ -22,6 +22,7 @@ class OrtEngine:
         self.session = ort.InferenceSession(str(engine_path), options, providers=["CPUExecutionProvider"])
         self.num_layers = num_layers
         self._binding = self.session.io_binding()
+        self._bound = None  # what the cache/logits bindings point at now
 
     def run(self, inputs_embeds: np.ndarray, position_ids: np.ndarray, past_lengths: np.ndarray,
             query_lengths: np.ndarray, logits_indices: np.ndarray, cache: KVCache,
@@ -31,19 +32,24 @@ class OrtEngine:
         logits_out: float32 [B, K, V], preallocated by the caller and reused across steps.
         """
         binding = self._binding
-        binding.clear_binding_inputs()
-        binding.clear_binding_outputs()
         for name, array in (("inputs_embeds", inputs_embeds), ("position_ids", position_ids),
                             ("past_lengths", past_lengths), ("query_lengths", query_lengths),
                             ("logits_indices", logits_indices)):
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
-        for i, (key, value) in enumerate(cache.views()):
-            # The same memory as past input and present output: the attention op updates it in place.
-            for kind, buffer in (("key", key), ("value", value)):
-                binding.bind_input(f"past_{kind}_{i}", "cpu", 0, buffer.dtype, buffer.shape,
-                                   buffer.ctypes.data)
-                binding.bind_output(f"present_{kind}_{i}", "cpu", 0, buffer.dtype, buffer.shape,
-                                    buffer.ctypes.data)
-        binding.bind_output("logits", "cpu", 0, logits_out.dtype, logits_out.shape, logits_out.ctypes.data)
+        # The cache and logits bindings only change when the batch does: re-binding 2 x layers
+        # buffers every decode step would cost more than the small inputs above.
+        key = (cache.batch, cache.capacity, *(b.ctypes.data for b in (*cache.keys, *cache.values)),
+               logits_out.ctypes.data, logits_out.shape)
+        if key != self._bound:
+            for i, (key_buffer, value_buffer) in enumerate(cache.views()):
+                # The same memory as past input and present output: the op updates it in place.
+                for kind, buffer in (("key", key_buffer), ("value", value_buffer)):
+                    binding.bind_input(f"past_{kind}_{i}", "cpu", 0, buffer.dtype, buffer.shape,
+                                       buffer.ctypes.data)
+                    binding.bind_output(f"present_{kind}_{i}", "cpu", 0, buffer.dtype, buffer.shape,
+                                        buffer.ctypes.data)
+            binding.bind_output("logits", "cpu", 0, logits_out.dtype, logits_out.shape,
+                                logits_out.ctypes.data)
+            self._bound = key
         self.session.run_with_iobinding(binding)
         return logits_out

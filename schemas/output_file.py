@@ -34,6 +34,10 @@ class Response(BaseModel):
     error: str | None = Field(None, description="Why the request failed; only with finish_reason 'error'.")
     logprobs: list[list[LogprobCandidate]] | None = Field(
         None, description="Per generated token, the top num_logprobs candidates; only when K > 0.")
+    sampled_tokens: list[LogprobCandidate] | None = Field(
+        None, description="Beyond the reference: the token sampled at each step with its bytes and "
+        "logprob, so the text can be rebuilt byte-exactly even where it is outside the top K; "
+        "only when K > 0.")
     messages: list[Any] = Field(default_factory=list, description="The request's messages, as given.")
     formatted_system_prompt: str = ""
     formatted_complete_request: str = ""

@@ -40,10 +40,36 @@ def test_smollm2_matches_transformers(smollm2_dir, smollm2_engine):
     assert max(lengths) >= 32
 
 
-def test_fp16_engine_follows_fp32(tiny_model, build_engine_for):
-    """fp16 weights and cache on the cpu backend: the same greedy path as fp32 on a tiny model."""
+def prefill_logits(engine_dir, token_ids):
+    """The first step's logits, straight from the engine."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from trt_llm.runtime.engine_dir import EngineDir
+    from trt_llm.runtime.kv_cache import KVCache
+    from trt_llm.runtime.ort_engine import OrtEngine
+
+    engine = EngineDir.open(engine_dir)
+    dims = engine.dims
+    embedding = load_file(str(engine.component_path("llm", "embedding")))["embedding"]
+    session = OrtEngine(engine.component_path("llm", "engine"), dims["num_layers"], threads=1)
+    cache = KVCache(dims["num_layers"], 1, dims["kv_heads"], len(token_ids) + 1, dims["head_dim"], embedding.dtype)
+    n = len(token_ids)
+    logits = np.empty((1, 1, dims["vocab_size"]), np.float32)
+    session.run(embedding[np.array(token_ids)][None], np.arange(n, dtype=np.int32)[None],
+                np.zeros(1, np.int32), np.array([n], np.int32), np.array([[n - 1]], np.int32), cache, logits)
+    return logits[0, 0]
+
+
+def test_fp16_engine_close_to_fp32(tiny_model, build_engine_for):
+    """fp16 weights and cache on the cpu backend give the fp32 logits up to fp16 rounding.
+
+    (Greedy tokens are not compared: this random model has near-ties that fp16 may flip.)"""
+    import numpy as np
+
     model_dir = tiny_model("qwen3")
-    data = {"temperature": 0.0, "max_generate_length": 16, "requests": [chat_request(PROMPTS[0])]}
-    fp32 = run_input(build_engine_for(model_dir), data).responses[0]
-    fp16 = run_input(build_engine_for(model_dir, dtype="fp16"), data).responses[0]
-    assert fp16.output_token_ids[:8] == fp32.output_token_ids[:8]
+    token_ids = AutoTokenizer.from_pretrained(model_dir)(PROMPTS[0] * 3)["input_ids"]
+    fp32 = prefill_logits(build_engine_for(model_dir), token_ids)
+    fp16 = prefill_logits(build_engine_for(model_dir, dtype="fp16"), token_ids)
+    assert np.abs(fp16 - fp32).max() < 0.03 * np.abs(fp32).max()
+    assert int(fp16.argmax()) in np.argsort(-fp32)[:2].tolist()
