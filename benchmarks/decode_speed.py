@@ -196,19 +196,39 @@ def onnx_weight_bytes(engine_path: Path) -> int:
     return total
 
 
-def read_bandwidth(threads: int, mbytes: int = 512, repeats: int = 7) -> float:
-    """Best-of read bandwidth in bytes/s: x.sum() over an fp32 tensor much larger than the caches."""
+def read_bandwidth(threads: int, mbytes: int = 512, repeats: int = 7) -> dict:
+    """Read bandwidth in bytes/s over an fp32 tensor larger than the caches, best of `repeats`:
+    x.sum(), and a matrix-vector product (the decode step's access pattern) over the same bytes."""
     import torch
 
     torch.set_num_threads(threads)
-    x = torch.ones(mbytes * 2**20 // 4, dtype=torch.float32)
-    x.sum()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t)
-    return x.numel() * 4 / best
+    x = torch.ones(mbytes * 2**20 // 4 // 576, 576, dtype=torch.float32)
+    v = torch.ones(576, dtype=torch.float32)
+    out = {}
+    for name, fn in (("sum", x.sum), ("gemv", lambda: torch.mv(x, v))):
+        fn()
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t)
+        out[name] = x.numel() * 4 / best
+    del x
+    return out
+
+
+def checkpoint_weight_bytes(model_dir: Path) -> int:
+    """Fallback without our engine: the HF checkpoint's tensors (a tied LM head counted once)."""
+    import numpy as np
+    from safetensors import safe_open
+
+    total = 0
+    for file in model_dir.glob("*.safetensors"):
+        with safe_open(str(file), "np") as f:
+            for key in f.keys():
+                t = f.get_slice(key)
+                total += int(np.prod(t.get_shape(), dtype=np.int64)) * 4
+    return total
 
 
 class LoadMeter:
@@ -429,11 +449,9 @@ def main(argv=None) -> int:
                    for p in USER_PROMPTS]
     log(f"prompt lengths (tokens): {[len(p) for p in prompts]}")
 
-    runners = {}
-    if "ours" in args.engines:
-        runners["trt-llm"] = Ours(our_engine(args, model_dir), args.threads)
-    if "transformers" in args.engines:
-        runners["transformers"] = Transformers(model_dir, args.threads)
+    # Build (or find) everything first, then measure the bandwidth while no engine is loaded.
+    engine_dir = our_engine(args, model_dir) if "ours" in args.engines else None
+    genai_dir = None
     if "genai" in args.engines:
         try:
             import onnxruntime_genai  # noqa: F401
@@ -442,7 +460,28 @@ def main(argv=None) -> int:
             warnings.append(msg)
             log(msg)
         else:
-            runners["ort-genai"] = GenAI(genai_model(args, model_dir))
+            genai_dir = genai_model(args, model_dir)
+
+    if engine_dir is not None:
+        from trt_llm.runtime.engine_dir import EngineDir
+
+        weight_bytes = onnx_weight_bytes(EngineDir.open(engine_dir).component_path("llm", "engine"))
+    else:
+        weight_bytes = checkpoint_weight_bytes(model_dir)
+    LoadMeter().wait_idle(args.wait_idle)
+    bandwidths = read_bandwidth(args.threads)
+    bandwidth = max(bandwidths.values())
+    limit = bandwidth / weight_bytes
+    log(f"read bandwidth {bandwidth / 1e9:.1f} GB/s (" + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in bandwidths.items())
+        + f"), weights {weight_bytes / 1e6:.0f} MB per decode step -> limit {limit:.1f} steps/s")
+
+    runners = {}
+    if engine_dir is not None:
+        runners["trt-llm"] = Ours(engine_dir, args.threads)
+    if "transformers" in args.engines:
+        runners["transformers"] = Transformers(model_dir, args.threads)
+    if genai_dir is not None:
+        runners["ort-genai"] = GenAI(genai_dir)
 
     plan = [(name, b) for b in args.batch_sizes for name in runners
             if not (name == "ort-genai" and b > 1 and not args.genai_batch)]
@@ -459,16 +498,6 @@ def main(argv=None) -> int:
     if 1 in args.batch_sizes and ("trt-llm", 1) in tokens:
         log(f"benchmark prompt, trt-llm greedy output (first {args.check_tokens} tokens): "
             f"{tokenizer.decode(tokens[('trt-llm', 1)][0][:args.check_tokens])!r}")
-
-    weight_bytes = onnx_weight_bytes(runners["trt-llm"].engine_path) if "trt-llm" in runners else None
-    if weight_bytes is None:
-        weight_bytes = sum(p.numel() * 4 for p in runners["transformers"].model.parameters()) \
-            if "transformers" in runners else None
-    LoadMeter().wait_idle(args.wait_idle)
-    bandwidth = read_bandwidth(args.threads)
-    limit = bandwidth / weight_bytes if weight_bytes else None
-    log(f"read bandwidth {bandwidth / 1e9:.1f} GB/s, weights {weight_bytes / 1e6:.0f} MB per decode step"
-        f" -> limit {limit:.1f} steps/s")
 
     # Timed rounds, interleaved.
     meter = LoadMeter()
@@ -542,8 +571,8 @@ def main(argv=None) -> int:
               f"{row['decode_tok_s_median']:.1f} | {row['ttft_ms_median']:.1f} | {fmt(row['vs_transformers'])} | "
               f"{fmt(row['vs_genai'])} | {fmt(row['fraction_of_bandwidth_limit'], '.0%')} | "
               f"{fmt(row['other_load_cores_median'], '.2f')} |")
-    print(f"\nBandwidth limit: read bandwidth {bandwidth / 1e9:.1f} GB/s (torch sum over 512 MB, "
-          f"{args.threads} threads, best of 7) / {weight_bytes / 1e6:.0f} MB of weights per decode step "
+    print(f"\nBandwidth limit: read bandwidth {bandwidth / 1e9:.1f} GB/s (best of torch sum / gemv over "
+          f"512 MB, {args.threads} threads, best of 7) / {weight_bytes / 1e6:.0f} MB of weights per decode step "
           f"= {limit:.1f} steps/s (at batch B that is B x {limit:.1f} tok/s; KV-cache reads not counted).")
     print("Ratios use the medians.\n")
     for label, (value, target) in targets.items():
@@ -554,7 +583,7 @@ def main(argv=None) -> int:
             c = check.get(f"{name}/b{b}")
             if c:
                 print(f"- greedy tokens vs trt-llm, {name} b{b}: {c['rows_matching']}/{c['rows']} rows match "
-                      f"in the first {args.check_tokens} tokens")
+                      f"in the first {min(args.check_tokens, n)} tokens")
     for w in warnings:
         print(f"- {w.splitlines()[0]}")
     elapsed = time.perf_counter() - started
@@ -563,7 +592,7 @@ def main(argv=None) -> int:
     if args.json:
         report = dict(model=MODEL_NAME, dtype="fp32", threads=args.threads, new_tokens=n, rounds=args.rounds,
                       prompt_lengths=[len(p) for p in prompts], versions=versions, cpu=platform.processor(),
-                      logical_cores=os.cpu_count(), read_bandwidth_bytes_s=bandwidth,
+                      logical_cores=os.cpu_count(), read_bandwidth_bytes_s=bandwidth, read_bandwidth_detail=bandwidths,
                       weight_bytes_per_step=weight_bytes, bandwidth_limit_steps_s=limit, results=rows,
                       targets={k: {"value": v, "target": t} for k, (v, t) in targets.items()},
                       token_check=check, warnings=warnings, total_s=elapsed)

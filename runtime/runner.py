@@ -10,12 +10,14 @@ import logging
 import time
 from dataclasses import dataclass
 
+from trt_llm.runtime.detokenizer import IncrementalDetokenizer
 from trt_llm.runtime.engine_dir import EngineDir
 from trt_llm.runtime.generate import Model, Sequence, generate
 from trt_llm.runtime.prompt import Prompt, PromptError, PromptFormatter
 from trt_llm.runtime.sampler import Sampler, SamplingParams
 from trt_llm.schemas.input_file import InputSettings, LoadedInput, Request, RequestError
-from trt_llm.schemas.output_file import OutputFile, Response
+from trt_llm.runtime.token_bytes import TokenBytes
+from trt_llm.schemas.output_file import LogprobCandidate, OutputFile, Response
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,7 @@ class Runner:
         engine = OrtEngine(engine_dir.component_path("llm", "engine"), dims["num_layers"], threads)
         self.model = Model(engine, embedding, dims, engine_dir.eos_token_ids)
         self.tokenizer = AutoTokenizer.from_pretrained(engine_dir.tokenizer_dir)
+        self.token_bytes = TokenBytes(self.tokenizer, vocab_size=dims["vocab_size"])
         self.limits = engine_dir.limits
 
     def run(self, loaded: LoadedInput, settings: InputSettings) -> OutputFile:
@@ -82,10 +85,13 @@ class Runner:
                 results[index] = _error(index, batch_idx, str(error), loaded.raw_requests[index].get("messages", []))
 
         if prepared:
+            # Batch-uniform, like the reference: the batch computes the largest K any request asked
+            # for, and every request in it gets that K.
+            num_logprobs = max(p.request.resolved_num_logprobs(settings) for p in prepared)
             try:
                 sampler = Sampler([p.params for p in prepared],
                                   [request_seed(settings.seed, p.index) for p in prepared])
-                generate(self.model, [p.sequence for p in prepared], sampler)
+                generate(self.model, [p.sequence for p in prepared], sampler, num_logprobs)
             except Exception as error:  # the engine failed: this batch's requests fail, the run goes on
                 log.exception("batch starting at request %d failed", batch_start)
                 for p in prepared:
@@ -124,20 +130,31 @@ class Runner:
             raise ValueError(f"{where}.logit_bias: token id {outside[0]} is outside the vocabulary "
                              f"(size {vocab})")
         params = SamplingParams(settings.temperature, settings.top_k, settings.top_p, bias or None)
-        return Prepared(index, request, prompt, Sequence(prompt.token_ids, max_new), params)
+        detokenizer = IncrementalDetokenizer(self.token_bytes, request.stop_list())
+        return Prepared(index, request, prompt, Sequence(prompt.token_ids, max_new, detokenizer), params)
 
     def _response(self, p: Prepared, batch_idx: int, started: float, messages) -> Response:
         s = p.sequence
-        text_ids = s.generated[:-1] if s.finish_reason == "end-of-sequence" else s.generated
+        logprobs = sampled_tokens = None
+        if s.top_logprobs:
+            logprobs = [[self._candidate(t, v) for t, v in zip(ids, values)] for ids, values in s.top_logprobs]
+            sampled_tokens = [self._candidate(t, v) for t, v in zip(s.generated, s.token_logprobs)]
         return Response(
             request_idx=p.index, batch_idx=batch_idx,
-            output_text=self.tokenizer.decode(text_ids, skip_special_tokens=True),
-            finish_reason=s.finish_reason, messages=messages,
+            # The text is the generated tokens' bytes (special tokens skipped, the stop string and
+            # what follows cut off), decoded as UTF-8 with invalid bytes as U+FFFD.
+            output_text=s.detokenizer.finish(),
+            finish_reason=s.finish_reason, messages=messages, logprobs=logprobs,
+            sampled_tokens=sampled_tokens,
             formatted_system_prompt=p.prompt.system_text, formatted_complete_request=p.prompt.text,
             prompt_tokens=len(s.prompt_ids), generated_tokens=len(s.generated),
             output_token_ids=s.generated,
             time_to_first_token_ms=round((s.first_token_time - started) * 1000, 3),
         )
+
+    def _candidate(self, token_id: int, logprob: float) -> LogprobCandidate:
+        return LogprobCandidate(token_id=token_id, token=self.token_bytes.text_of(token_id),
+                                bytes=list(self.token_bytes.bytes_of(token_id)), logprob=logprob)
 
 
 def _error(index: int, batch_idx: int, message: str, messages) -> Response:
