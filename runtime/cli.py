@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-generate-length", type=_positive, help="overrides the file's max_generate_length")
     parser.add_argument("--seed", type=int, help="overrides the file's seed")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all physical cores)")
+    parser.add_argument("--prompt-cache-budget-mb", type=_positive, default=1024,
+                        help="memory for saved system-prompt KV (least recently used out first)")
+    parser.add_argument("--kv-cache-dir", help="also keep saved system-prompt KV here, across runs")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -54,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("trt-llm-run")
 
     from trt_llm.runtime.engine_dir import EngineDir, EngineDirError
+    from trt_llm.runtime.prefix_cache import PrefixCache
     from trt_llm.runtime.runner import Runner, RunError
     from trt_llm.schemas.input_file import InputFileError, InputSettings, load_input_file
 
@@ -64,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         settings = InputSettings.model_validate({**loaded.settings.model_dump(), **overrides})
         for warning in loaded.warnings:
             log.warning("%s", warning)
-        runner = Runner(EngineDir.open(args.engine_dir), threads=args.threads)
+        engine_dir = EngineDir.open(args.engine_dir)
+        prefix_cache = PrefixCache(engine_dir.identity, args.prompt_cache_budget_mb << 20, args.kv_cache_dir)
+        runner = Runner(engine_dir, threads=args.threads, prefix_cache=prefix_cache)
         output = runner.run(loaded, settings)
     except (InputFileError, EngineDirError, RunError) as error:
         log.error("%s", error)
@@ -77,6 +83,12 @@ def main(argv: list[str] | None = None) -> int:
         write_atomically(Path(args.output), text)
     else:
         sys.stdout.write(text)
+    stats = runner.prefix_stats
+    if stats["saved"] or stats["hits"]:
+        print(f"trt-llm-run: system-prompt KV cache: {len(prefix_cache)} entries, "
+              f"{prefix_cache.size_bytes / 2**20:.1f} MB of {args.prompt_cache_budget_mb} MB, "
+              f"{stats['hits']} reused, {stats['saved']} saved, {prefix_cache.evictions} evicted, "
+              f"{stats['fallbacks']} full-prefill fallbacks", file=sys.stderr)
     failed = sum(r.finish_reason == "error" for r in output.responses)
     if failed:
         log.error("%d of %d requests failed", failed, len(output.responses))

@@ -45,6 +45,18 @@ class EngineDir:
                 raise EngineDirError(f"{path}: missing {manifest['components']['llm'][name]}")
         return engine
 
+    @property
+    def identity(self) -> str:
+        """Names this engine (its manifest and weights file size): keys what is cached for it."""
+        import hashlib
+
+        digest = hashlib.sha256((self.path / "manifest.json").read_bytes())
+        digest.update(str(self.component_path("llm", "engine").stat().st_size).encode())
+        data = self.path / (self.manifest["components"]["llm"]["graph"] + ".data")
+        if data.is_file():
+            digest.update(str(data.stat().st_size).encode())
+        return digest.hexdigest()[:32]
+
     def component_path(self, component: str, key: str) -> Path:
         return self.path / self.manifest["components"][component][key]
 

@@ -23,6 +23,9 @@ class Sequence:
     prompt_ids: list[int]
     max_new_tokens: int  # already clamped to the KV capacity
     detokenizer: object | None = None  # an IncrementalDetokenizer when stop strings are watched
+    reused: object | None = None  # a prefix_cache.Entry whose KV is restored instead of prefilled
+    save_prefix: int = 0  # after prefill, keep the KV of this many leading prompt tokens
+    saved: object | None = None  # ... here, as a prefix_cache.Entry
     generated: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     first_token_time: float | None = None
@@ -62,16 +65,20 @@ def generate(model: Model, sequences: list[Sequence], sampler: Sampler, num_logp
     vocab = model.dims["vocab_size"]
     active = list(range(len(sequences)))  # original row of each cache row, ascending
 
-    # Prefill: right-padded prompts, logits only at each prompt's last token.
-    lengths = np.array([len(s.prompt_ids) for s in sequences], dtype=np.int32)
+    # Prefill: right-padded prompts, logits only at each prompt's last token. A row with a reused
+    # prefix starts from that prefix's KV and prefills only the rest (a prefill on a non-empty cache).
+    past = np.array([_restore(cache, row, s.reused) for row, s in enumerate(sequences)], dtype=np.int32)
+    lengths = np.array([len(s.prompt_ids) for s in sequences], dtype=np.int32) - past
     width = int(lengths.max())
     token_ids = np.zeros((len(sequences), width), dtype=np.int64)
     for row, s in enumerate(sequences):
-        token_ids[row, : len(s.prompt_ids)] = s.prompt_ids
-    positions = np.broadcast_to(np.arange(width, dtype=np.int32), token_ids.shape)
+        token_ids[row, : lengths[row]] = s.prompt_ids[past[row]:]
+    positions = past[:, None] + np.arange(width, dtype=np.int32)[None, :]
     logits = np.empty((len(sequences), 1, vocab), dtype=np.float32)
-    model.engine.run(model.embedding[token_ids], positions, np.zeros(len(sequences), np.int32),
-                     lengths, (lengths - 1)[:, None], cache, logits)
+    model.engine.run(model.embedding[token_ids], positions, past, lengths, (lengths - 1)[:, None], cache, logits)
+    for row, s in enumerate(sequences):
+        if s.save_prefix:
+            s.saved = _snapshot(cache, row, s.prompt_ids[: s.save_prefix])
 
     while True:
         step_logits = torch.from_numpy(logits[:, 0])
@@ -113,3 +120,21 @@ def _record_logprobs(rows: list[Sequence], logits: torch.Tensor, sampled: torch.
     for s, row_ids, row_values, value in zip(rows, ids.tolist(), values.tolist(), chosen.tolist()):
         s.top_logprobs.append((row_ids, row_values))
         s.token_logprobs.append(value)
+
+
+def _restore(cache: KVCache, row: int, entry) -> int:
+    """Copy a saved prefix's KV into `row`; returns how many tokens it covers."""
+    if entry is None:
+        return 0
+    n = len(entry.token_ids)
+    for buffer, saved in zip((*cache.keys, *cache.values), (*entry.keys, *entry.values)):
+        buffer[row, :, :n] = saved
+    return n
+
+
+def _snapshot(cache: KVCache, row: int, token_ids: list[int]):
+    from trt_llm.runtime.prefix_cache import Entry
+
+    n = len(token_ids)
+    return Entry(tuple(token_ids), [k[row, :, :n].copy() for k in cache.keys],
+                 [v[row, :, :n].copy() for v in cache.values])

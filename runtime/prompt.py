@@ -64,14 +64,13 @@ class PromptFormatter:
         """The templated system block, including a default one the template inserts by itself.
 
         Rendering the same system messages followed by a user turn and by an assistant turn gives
-        two texts that agree up to where the next turn's header starts; cutting that common prefix
-        back to its last special token (the header's opening token) leaves the system block.
+        two texts that agree up to where the next turn's header starts; cutting the next turn's
+        opening special token off that common prefix leaves the system block.
         """
         system = [m for m in messages[:1] if m["role"] == "system"]
-        probe = "\x00probe"
         try:
-            as_user = self._render(system + [{"role": "user", "content": probe}], add_generation_prompt=False)
-            as_assistant = self._render(system + [{"role": "assistant", "content": probe}],
+            as_user = self._render(system + [{"role": "user", "content": "\x00user"}], add_generation_prompt=False)
+            as_assistant = self._render(system + [{"role": "assistant", "content": "\x00assistant"}],
                                         add_generation_prompt=False)
         except Exception:  # templates may insist on alternation or a first user turn
             return ""
@@ -80,7 +79,9 @@ class PromptFormatter:
             if a != b:
                 break
             common += 1
-        return self._strip_turn_opener(as_user[:common])
+        # A template that renders both turns alike agrees up to the probe text itself: stop there.
+        prefix = as_user[:common].split("\x00", 1)[0]
+        return self._strip_turn_opener(prefix)
 
     def _strip_turn_opener(self, text: str) -> str:
         """Drop the next turn's opening special token, whole or cut short, from the end of `text`."""

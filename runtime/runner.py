@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from trt_llm.runtime.detokenizer import IncrementalDetokenizer
 from trt_llm.runtime.engine_dir import EngineDir
 from trt_llm.runtime.generate import Model, Sequence, generate
+from trt_llm.runtime.prefix_cache import PrefixCache
 from trt_llm.runtime.prompt import Prompt, PromptError, PromptFormatter
 from trt_llm.runtime.sampler import Sampler, SamplingParams
 from trt_llm.schemas.input_file import InputSettings, LoadedInput, Request, RequestError
@@ -33,6 +34,7 @@ class Prepared:
     prompt: Prompt
     sequence: Sequence
     params: SamplingParams
+    system_ids: list[int] | None  # the templated system prompt's tokens, when they prefix the prompt
 
 
 def request_seed(seed: int | None, index: int) -> int | None:
@@ -42,7 +44,7 @@ def request_seed(seed: int | None, index: int) -> int | None:
 
 
 class Runner:
-    def __init__(self, engine_dir: EngineDir, threads: int = 0):
+    def __init__(self, engine_dir: EngineDir, threads: int = 0, prefix_cache: PrefixCache | None = None):
         from safetensors.numpy import load_file
         from transformers import AutoTokenizer
 
@@ -56,6 +58,8 @@ class Runner:
         self.tokenizer = AutoTokenizer.from_pretrained(engine_dir.tokenizer_dir)
         self.token_bytes = TokenBytes(self.tokenizer, vocab_size=dims["vocab_size"])
         self.limits = engine_dir.limits
+        self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(engine_dir.identity)
+        self.prefix_stats = {"hits": 0, "saved": 0, "fallbacks": 0}
 
     def run(self, loaded: LoadedInput, settings: InputSettings) -> OutputFile:
         if settings.batch_size > self.limits["max_batch_size"]:
@@ -88,6 +92,7 @@ class Runner:
             # Batch-uniform, like the reference: the batch computes the largest K any request asked
             # for, and every request in it gets that K.
             num_logprobs = max(p.request.resolved_num_logprobs(settings) for p in prepared)
+            self._attach_prefixes(prepared)
             try:
                 sampler = Sampler([p.params for p in prepared],
                                   [request_seed(settings.seed, p.index) for p in prepared])
@@ -99,6 +104,9 @@ class Runner:
                                               loaded.raw_requests[p.index]["messages"])
             else:
                 for p in prepared:
+                    if p.sequence.saved is not None:
+                        self.prefix_cache.put(p.request.lora_name, p.sequence.saved)
+                        self.prefix_stats["saved"] += 1
                     results[p.index] = self._response(p, p.index - batch_start, started,
                                                       loaded.raw_requests[p.index]["messages"])
         return [results[i] for i in sorted(results)]
@@ -131,7 +139,36 @@ class Runner:
                              f"(size {vocab})")
         params = SamplingParams(settings.temperature, settings.top_k, settings.top_p, bias or None)
         detokenizer = IncrementalDetokenizer(self.token_bytes, request.stop_list())
-        return Prepared(index, request, prompt, Sequence(prompt.token_ids, max_new, detokenizer), params)
+        return Prepared(index, request, prompt, Sequence(prompt.token_ids, max_new, detokenizer), params,
+                        self._system_ids(where, prompt))
+
+    def _system_ids(self, where: str, prompt: Prompt) -> list[int] | None:
+        if not prompt.system_text:
+            return None
+        ids = self.tokenizer(prompt.system_text, add_special_tokens=False)["input_ids"]
+        if prompt.token_ids[: len(ids)] != ids:
+            # The template (or the tokenizer) merged across the system/user boundary: this prompt
+            # cannot reuse a system-prompt KV and gets a full prefill.
+            if not self.prefix_stats["fallbacks"]:
+                log.warning("%s: the prompt's tokens do not start with its system prompt's tokens; "
+                            "the system-prompt KV cache falls back to full prefills for such prompts", where)
+            self.prefix_stats["fallbacks"] += 1
+            return None
+        return ids
+
+    def _attach_prefixes(self, prepared: list[Prepared]) -> None:
+        """Reuse saved system prompts; save new ones when any request of the batch asks (batch-wide)."""
+        save = any(p.request.save_system_prompt_kv_cache for p in prepared)
+        for p in prepared:
+            # At least one prompt token must be prefilled: it gives the first logits.
+            if not p.system_ids or len(p.system_ids) >= len(p.sequence.prompt_ids):
+                continue
+            entry = self.prefix_cache.get(p.request.lora_name, p.system_ids)
+            if entry is not None:
+                p.sequence.reused = entry
+                self.prefix_stats["hits"] += 1
+            elif save:
+                p.sequence.save_prefix = len(p.system_ids)
 
     def _response(self, p: Prepared, batch_idx: int, started: float, messages) -> Response:
         s = p.sequence
@@ -148,6 +185,7 @@ class Runner:
             sampled_tokens=sampled_tokens,
             formatted_system_prompt=p.prompt.system_text, formatted_complete_request=p.prompt.text,
             prompt_tokens=len(s.prompt_ids), generated_tokens=len(s.generated),
+            reused_tokens=len(s.reused.token_ids) if s.reused is not None else 0,
             output_token_ids=s.generated,
             time_to_first_token_ms=round((s.first_token_time - started) * 1000, 3),
         )
