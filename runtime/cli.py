@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-cache-budget-mb", type=_positive, default=1024,
                         help="memory for saved system-prompt KV (least recently used out first)")
     parser.add_argument("--kv-cache-dir", help="also keep saved system-prompt KV here, across runs")
+    parser.add_argument("--profile-output", help="write the run's profile (JSON) here")
+    parser.add_argument("--dump-profile", action="store_true", help="print a profile summary to stderr")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -58,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from trt_llm.runtime.engine_dir import EngineDir, EngineDirError
     from trt_llm.runtime.prefix_cache import PrefixCache
+    from trt_llm.runtime.profiler import Profiler, format_summary
     from trt_llm.runtime.runner import Runner, RunError
     from trt_llm.schemas.input_file import InputFileError, InputSettings, load_input_file
 
@@ -70,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             log.warning("%s", warning)
         engine_dir = EngineDir.open(args.engine_dir)
         prefix_cache = PrefixCache(engine_dir.identity, args.prompt_cache_budget_mb << 20, args.kv_cache_dir)
-        runner = Runner(engine_dir, threads=args.threads, prefix_cache=prefix_cache)
+        profiler = Profiler() if (args.profile_output or args.dump_profile) else None
+        runner = Runner(engine_dir, threads=args.threads, prefix_cache=prefix_cache, profiler=profiler)
         output = runner.run(loaded, settings)
     except (InputFileError, EngineDirError, RunError) as error:
         log.error("%s", error)
@@ -83,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
         write_atomically(Path(args.output), text)
     else:
         sys.stdout.write(text)
+    if profiler:
+        profile = profiler.summary()
+        if args.profile_output:
+            write_atomically(Path(args.profile_output), profile.model_dump_json(indent=2) + "\n")
+        if args.dump_profile:
+            print(format_summary(profile), file=sys.stderr)
     stats = runner.prefix_stats
     if stats["saved"] or stats["hits"]:
         print(f"trt-llm-run: system-prompt KV cache: {len(prefix_cache)} entries, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,12 +53,15 @@ class Model:
         return KVCache(d["num_layers"], batch, d["kv_heads"], capacity, d["head_dim"], self.embedding.dtype)
 
 
-def generate(model: Model, sequences: list[Sequence], sampler: Sampler, num_logprobs: int = 0) -> None:
+def generate(model: Model, sequences: list[Sequence], sampler: Sampler, num_logprobs: int = 0,
+             profiler=None) -> None:
     """Run `sequences` (one batch) to completion, filling in `generated` and `finish_reason`.
 
     num_logprobs: K > 0 records, per step, the K most likely tokens and the sampled token with their
     log-softmax at temperature 1 over the model's own logits (before logit bias).
+    profiler: a runtime.profiler.Profiler that times the stages and counts tokens, or None.
     """
+    stage = profiler.stage if profiler else (lambda name: nullcontext())
     # Size the cache for this batch's longest need, not the engine's maximum: less memory, and the
     # attention only ever spans what is used.
     capacity = max(len(s.prompt_ids) + s.max_new_tokens for s in sequences)
@@ -75,17 +79,22 @@ def generate(model: Model, sequences: list[Sequence], sampler: Sampler, num_logp
         token_ids[row, : lengths[row]] = s.prompt_ids[past[row]:]
     positions = past[:, None] + np.arange(width, dtype=np.int32)[None, :]
     logits = np.empty((len(sequences), 1, vocab), dtype=np.float32)
-    model.engine.run(model.embedding[token_ids], positions, past, lengths, (lengths - 1)[:, None], cache, logits)
+    with stage("prefill"):
+        model.engine.run(model.embedding[token_ids], positions, past, lengths, (lengths - 1)[:, None], cache, logits)
+    if profiler:
+        profiler.count("prefill_computed_tokens", int(lengths.sum()))
+        profiler.count("prefill_reused_tokens", int(past.sum()))
     for row, s in enumerate(sequences):
         if s.save_prefix:
             s.saved = _snapshot(cache, row, s.prompt_ids[: s.save_prefix])
 
     while True:
-        step_logits = torch.from_numpy(logits[:, 0])
-        sampled = sampler.sample(step_logits, active)
-        tokens = sampled.tolist()
-        if num_logprobs:
-            _record_logprobs([sequences[r] for r in active], step_logits, sampled, num_logprobs)
+        with stage("sample"):
+            step_logits = torch.from_numpy(logits[:, 0])
+            sampled = sampler.sample(step_logits, active)
+            tokens = sampled.tolist()
+            if num_logprobs:
+                _record_logprobs([sequences[r] for r in active], step_logits, sampled, num_logprobs)
         now = time.perf_counter()
         still = []
         for row, token in zip(active, tokens):
@@ -110,8 +119,11 @@ def generate(model: Model, sequences: list[Sequence], sampler: Sampler, num_logp
         # Decode step: the last sampled token of each active row, at its position.
         last = np.array([sequences[r].generated[-1] for r in active], dtype=np.int64)
         past = np.array([sequences[r].length - 1 for r in active], dtype=np.int32)
-        model.engine.run(model.embedding[last][:, None], past[:, None], past,
-                         np.ones(len(active), np.int32), np.zeros((len(active), 1), np.int32), cache, logits)
+        with stage("decode_step"):
+            model.engine.run(model.embedding[last][:, None], past[:, None], past,
+                             np.ones(len(active), np.int32), np.zeros((len(active), 1), np.int32), cache, logits)
+        if profiler:
+            profiler.count("decode_tokens", len(active))
 
 
 def _record_logprobs(rows: list[Sequence], logits: torch.Tensor, sampled: torch.Tensor, k: int) -> None:

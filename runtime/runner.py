@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from trt_llm.runtime.detokenizer import IncrementalDetokenizer
 from trt_llm.runtime.engine_dir import EngineDir
 from trt_llm.runtime.generate import Model, Sequence, generate
 from trt_llm.runtime.prefix_cache import PrefixCache
+from trt_llm.runtime.profiler import Profiler
 from trt_llm.runtime.prompt import Prompt, PromptError, PromptFormatter
 from trt_llm.runtime.sampler import Sampler, SamplingParams
 from trt_llm.schemas.input_file import InputSettings, LoadedInput, Request, RequestError
@@ -44,7 +46,8 @@ def request_seed(seed: int | None, index: int) -> int | None:
 
 
 class Runner:
-    def __init__(self, engine_dir: EngineDir, threads: int = 0, prefix_cache: PrefixCache | None = None):
+    def __init__(self, engine_dir: EngineDir, threads: int = 0, prefix_cache: PrefixCache | None = None,
+                 profiler: Profiler | None = None):
         from safetensors.numpy import load_file
         from transformers import AutoTokenizer
 
@@ -60,6 +63,7 @@ class Runner:
         self.limits = engine_dir.limits
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(engine_dir.identity)
         self.prefix_stats = {"hits": 0, "saved": 0, "fallbacks": 0}
+        self.profiler = profiler
 
     def run(self, loaded: LoadedInput, settings: InputSettings) -> OutputFile:
         if settings.batch_size > self.limits["max_batch_size"]:
@@ -78,15 +82,17 @@ class Runner:
         started = time.perf_counter()
         results: dict[int, Response] = {}
         prepared: list[Prepared] = []
-        for batch_idx, slot in enumerate(batch):
-            index = batch_start + batch_idx
-            if isinstance(slot, RequestError):
-                results[index] = _error(index, batch_idx, slot.message, slot.raw_messages())
-                continue
-            try:
-                prepared.append(self._prepare(index, slot, settings, formatter))
-            except (PromptError, ValueError) as error:
-                results[index] = _error(index, batch_idx, str(error), loaded.raw_requests[index].get("messages", []))
+        with (self.profiler.stage("prepare") if self.profiler else nullcontext()):
+            for batch_idx, slot in enumerate(batch):
+                index = batch_start + batch_idx
+                if isinstance(slot, RequestError):
+                    results[index] = _error(index, batch_idx, slot.message, slot.raw_messages())
+                    continue
+                try:
+                    prepared.append(self._prepare(index, slot, settings, formatter))
+                except (PromptError, ValueError) as error:
+                    results[index] = _error(index, batch_idx, str(error),
+                                            loaded.raw_requests[index].get("messages", []))
 
         if prepared:
             # Batch-uniform, like the reference: the batch computes the largest K any request asked
@@ -96,7 +102,7 @@ class Runner:
             try:
                 sampler = Sampler([p.params for p in prepared],
                                   [request_seed(settings.seed, p.index) for p in prepared])
-                generate(self.model, [p.sequence for p in prepared], sampler, num_logprobs)
+                generate(self.model, [p.sequence for p in prepared], sampler, num_logprobs, self.profiler)
             except Exception as error:  # the engine failed: this batch's requests fail, the run goes on
                 log.exception("batch starting at request %d failed", batch_start)
                 for p in prepared:
@@ -109,6 +115,8 @@ class Runner:
                         self.prefix_stats["saved"] += 1
                     results[p.index] = self._response(p, p.index - batch_start, started,
                                                       loaded.raw_requests[p.index]["messages"])
+                    if self.profiler:
+                        self.profiler.ttft_ms[p.index] = results[p.index].time_to_first_token_ms
         return [results[i] for i in sorted(results)]
 
     def _prepare(self, index: int, request: Request, settings: InputSettings,

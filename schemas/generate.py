@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from .build_config import BuildConfig
 from .input_file import InputFile
 from .output_file import OutputFile
+from .profile import Profile
 
 JSON_DIR = Path(__file__).resolve().parent / "json"
 
@@ -27,6 +28,7 @@ SCHEMAS: dict[str, tuple[type[BaseModel], str]] = {
     "build_config.schema.json": (BuildConfig, "validation"),
     "input_file.schema.json": (InputFile, "validation"),
     "output_file.schema.json": (OutputFile, "serialization"),
+    "profile.schema.json": (Profile, "serialization"),
 }
 
 

@@ -135,3 +135,24 @@ def test_logit_bias_forces_and_bans(engine):
     assert first not in banned.responses[0].output_token_ids[:1]
     forced = run_input(engine, {**base, "logit_bias": {"77": 100.0}, "requests": [chat_request(PROMPTS[0])]})
     assert forced.responses[0].output_token_ids == [77] * 6
+
+
+def test_profile_validates_and_agrees_with_output(engine, tmp_path, capsys):
+    data = {"batch_size": 2, "temperature": 0.0, "max_generate_length": 10,
+            "requests": [chat_request(p) for p in PROMPTS[:3]]}
+    out, profile_path = tmp_path / "out.json", tmp_path / "profile.json"
+    assert run_main([str(write(tmp_path / "in.json", data)), "--engine-dir", str(engine), "-o", str(out),
+                     "--threads", "1", "--profile-output", str(profile_path), "--dump-profile"]) == 0
+    profile = json.loads(profile_path.read_text())
+    schema = json.loads((Path(__file__).parent.parent / "schemas/json/profile.schema.json").read_text())
+    jsonschema.validate(profile, schema)
+    responses = json.loads(out.read_text())["responses"]
+    assert profile["prefill"]["runs"] == 2  # one prefill per batch
+    assert profile["prefill"]["computed_tokens"] == sum(r["prompt_tokens"] for r in responses)
+    # Each request's first token comes from prefill; the rest from decode steps.
+    assert profile["generation"]["generated_tokens"] == sum(r["generated_tokens"] - 1 for r in responses)
+    assert profile["time_to_first_token"]["per_request_ms"] == {
+        str(r["request_idx"]): r["time_to_first_token_ms"] for r in responses}
+    assert {"prefill", "decode_step", "sample", "prepare"} <= set(profile["stages"])
+    assert profile["peak_memory_mb"] > 0
+    assert "time to first token" in capsys.readouterr().err

@@ -1,0 +1,88 @@
+"""Where a run's time goes: stage timings and token counts, summarised as the profile file."""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+from trt_llm.schemas.profile import Profile, StageStats
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending list."""
+    index = max(0, min(len(sorted_values) - 1, round(q / 100 * len(sorted_values) + 0.5) - 1))
+    return sorted_values[index]
+
+
+def stage_stats(values_ms: list[float]) -> StageStats:
+    ordered = sorted(values_ms)
+    return StageStats(count=len(ordered), total_ms=sum(ordered), min_ms=ordered[0], max_ms=ordered[-1],
+                      mean_ms=statistics.fmean(ordered), median_ms=statistics.median(ordered),
+                      p95_ms=_percentile(ordered, 95), p99_ms=_percentile(ordered, 99))
+
+
+class Profiler:
+    def __init__(self):
+        self.started = time.perf_counter()
+        self.stages: dict[str, list[float]] = defaultdict(list)
+        self.counts: dict[str, int] = defaultdict(int)
+        self.ttft_ms: dict[int, float] = {}
+
+    @contextmanager
+    def stage(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stages[name].append((time.perf_counter() - start) * 1000)
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counts[name] += n
+
+    def summary(self) -> Profile:
+        prefill_ms = sum(self.stages.get("prefill", []))
+        decode_ms = sum(self.stages.get("decode_step", []))
+        computed, generated = self.counts["prefill_computed_tokens"], self.counts["decode_tokens"]
+        ttfts = sorted(self.ttft_ms.values())
+        return Profile(
+            prefill={"runs": len(self.stages.get("prefill", [])), "reused_tokens": self.counts["prefill_reused_tokens"],
+                     "computed_tokens": computed,
+                     "tokens_per_second": computed / prefill_ms * 1000 if prefill_ms else 0.0,
+                     "ms_per_token": prefill_ms / computed if computed else 0.0},
+            generation={"runs": len(self.stages.get("decode_step", [])), "generated_tokens": generated,
+                        "tokens_per_second": generated / decode_ms * 1000 if decode_ms else 0.0,
+                        "ms_per_token": decode_ms / generated if generated else 0.0},
+            speculative={"iterations": 0, "generated_tokens": 0, "mean_accepted_length": 0.0},
+            multimodal={"images": 0, "image_tokens": 0, "ms_per_token": 0.0},
+            time_to_first_token={
+                "requests": len(ttfts), "mean_ms": statistics.fmean(ttfts) if ttfts else 0.0,
+                "median_ms": statistics.median(ttfts) if ttfts else 0.0,
+                "p95_ms": _percentile(ttfts, 95) if ttfts else 0.0, "max_ms": ttfts[-1] if ttfts else 0.0,
+                "per_request_ms": {str(k): v for k, v in sorted(self.ttft_ms.items())}},
+            stages={name: stage_stats(values) for name, values in sorted(self.stages.items()) if values},
+            # ru_maxrss is in KiB on Linux.
+            peak_memory_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            wall_time_s=time.perf_counter() - self.started,
+        )
+
+
+def format_summary(profile: Profile) -> str:
+    p = profile
+    lines = [
+        f"prefill:    {p.prefill.runs} runs, {p.prefill.computed_tokens} tokens computed, "
+        f"{p.prefill.reused_tokens} reused, {p.prefill.tokens_per_second:.1f} tok/s, {p.prefill.ms_per_token:.2f} ms/token",
+        f"generation: {p.generation.runs} steps, {p.generation.generated_tokens} tokens, "
+        f"{p.generation.tokens_per_second:.1f} tok/s, {p.generation.ms_per_token:.2f} ms/token",
+        f"time to first token: mean {p.time_to_first_token.mean_ms:.1f} ms, median "
+        f"{p.time_to_first_token.median_ms:.1f} ms, p95 {p.time_to_first_token.p95_ms:.1f} ms over "
+        f"{p.time_to_first_token.requests} requests",
+        f"peak memory: {p.peak_memory_mb:.0f} MB, wall time {p.wall_time_s:.2f} s",
+        "stage               count    mean ms  median ms     p95 ms     p99 ms     max ms",
+    ]
+    for name, s in p.stages.items():
+        lines.append(f"{name:<18}{s.count:>7}{s.mean_ms:>11.2f}{s.median_ms:>11.2f}{s.p95_ms:>11.2f}"
+                     f"{s.p99_ms:>11.2f}{s.max_ms:>11.2f}")
+    return "\n".join(lines)

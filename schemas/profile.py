@@ -1,0 +1,76 @@
+"""The profile file of ``trt-llm-run --profile-output``: the reference's figures plus time to first token."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_FORBID = ConfigDict(extra="forbid")
+
+
+class StageStats(BaseModel):
+    """Timing of one stage over all its runs, in milliseconds."""
+    model_config = _FORBID
+    count: int = Field(ge=0)
+    total_ms: float = Field(ge=0)
+    min_ms: float = Field(ge=0)
+    max_ms: float = Field(ge=0)
+    mean_ms: float = Field(ge=0)
+    median_ms: float = Field(ge=0)
+    p95_ms: float = Field(ge=0)
+    p99_ms: float = Field(ge=0)
+
+
+class PrefillStats(BaseModel):
+    model_config = _FORBID
+    runs: int = Field(ge=0)
+    reused_tokens: int = Field(ge=0, description="Prompt tokens restored from the system-prompt KV cache.")
+    computed_tokens: int = Field(ge=0, description="Prompt tokens run through the model.")
+    tokens_per_second: float = Field(ge=0)
+    ms_per_token: float = Field(ge=0)
+
+
+class GenerationStats(BaseModel):
+    model_config = _FORBID
+    runs: int = Field(ge=0, description="Decode steps (one forward pass each).")
+    generated_tokens: int = Field(ge=0, description="Tokens produced by decode steps (first tokens come from prefill).")
+    tokens_per_second: float = Field(ge=0)
+    ms_per_token: float = Field(ge=0)
+
+
+class SpeculativeStats(BaseModel):
+    model_config = _FORBID
+    iterations: int = Field(ge=0)
+    generated_tokens: int = Field(ge=0)
+    mean_accepted_length: float = Field(ge=0)
+
+
+class MultimodalStats(BaseModel):
+    model_config = _FORBID
+    images: int = Field(ge=0)
+    image_tokens: int = Field(ge=0)
+    ms_per_token: float = Field(ge=0)
+
+
+class TimeToFirstToken(BaseModel):
+    model_config = _FORBID
+    requests: int = Field(ge=0)
+    mean_ms: float = Field(ge=0)
+    median_ms: float = Field(ge=0)
+    p95_ms: float = Field(ge=0)
+    max_ms: float = Field(ge=0)
+    per_request_ms: dict[str, float] = Field(description="request_idx -> time to first token (ms).")
+
+
+class Profile(BaseModel):
+    model_config = _FORBID
+    prefill: PrefillStats
+    generation: GenerationStats
+    speculative: SpeculativeStats
+    multimodal: MultimodalStats
+    time_to_first_token: TimeToFirstToken
+    stages: dict[str, StageStats] = Field(description="Per-stage timing statistics.")
+    peak_memory_mb: float = Field(ge=0, description="Peak resident memory of the process.")
+    wall_time_s: float = Field(ge=0)
+
+
+__all__ = ["Profile", "StageStats"]
