@@ -27,7 +27,8 @@ def build_engine(config: BuildConfig, progress: bool = True) -> Path:
     from trt_llm.build import engine_dir as writer
     from trt_llm.build.checkpoint import TORCH_DTYPES, load_checkpoint
     from trt_llm.build.cpu_backend import compile_cpu
-    from trt_llm.build.decoder import DecoderGraph
+    from trt_llm.build import lora
+    from trt_llm.build.decoder import DecoderGraph, ModelDims
     from trt_llm.build.export import export_decoder
 
     if config.backend not in SUPPORTED_DTYPES:
@@ -70,9 +71,15 @@ def build_engine(config: BuildConfig, progress: bool = True) -> Path:
         done("writing tokenizer and embedding")
 
         step("exporting to ONNX")
-        graph = DecoderGraph(checkpoint.model, checkpoint.family, config.max_kv_cache_capacity, dtype)
+        lora_layout = None
+        if config.lora:
+            model_dims = ModelDims(checkpoint.model.config)
+            lora_layout = lora.layout(model_dims, checkpoint.model.config.intermediate_size,
+                                      config.lora.max_rank, config.lora.target_modules)
+        graph = DecoderGraph(checkpoint.model, checkpoint.family, config.max_kv_cache_capacity, dtype,
+                             [g["name"] for g in lora_layout["groups"]] if lora_layout else [])
         dims = graph.dims.to_dict()
-        graph_path = export_decoder(graph, staging / "llm" / "model.onnx", dtype)
+        graph_path = export_decoder(graph, staging / "llm" / "model.onnx", dtype, lora_layout)
         del graph
         done("exporting to ONNX")
 
@@ -85,7 +92,7 @@ def build_engine(config: BuildConfig, progress: bool = True) -> Path:
                               "embedding": "llm/embedding.safetensors", "config": "llm/config.json"},
                       "tokenizer": {"dir": "tokenizer"}}
         writer.write_manifest(staging, build_config=config.model_dump(), checkpoint=checkpoint,
-                              dims=dims, components=components)
+                              dims=dims, components=components, lora_layout=lora_layout)
         done("writing manifest")
     except BaseException:
         steps.close()

@@ -34,6 +34,14 @@ def _linear_params(*linears: nn.Linear) -> tuple[nn.Parameter, nn.Parameter | No
     return nn.Parameter(weight, requires_grad=False), nn.Parameter(bias, requires_grad=False)
 
 
+def _with_lora(y: Tensor, x: Tensor, ab: tuple[Tensor, Tensor] | None) -> Tensor:
+    """y + x A^T B^T with a per-row (A [B, r, in], B [B, out, r]) pair: each row its own adapter."""
+    if ab is None:
+        return y
+    a, b = ab
+    return y + torch.matmul(torch.matmul(x, a.transpose(1, 2)), b.transpose(1, 2))
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, hf_layer, dims: "ModelDims", family: Family):
         super().__init__()
@@ -50,10 +58,12 @@ class DecoderLayer(nn.Module):
             self.q_norm = nn.Parameter(attn.q_norm.weight.detach(), requires_grad=False)
             self.k_norm = nn.Parameter(attn.k_norm.weight.detach(), requires_grad=False)
 
-    def forward(self, hidden, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin):
+    def forward(self, hidden, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin,
+                lora: dict | None = None):
         d = self.dims
+        lora = lora or {}
         x = rms_norm(hidden, self.input_norm, d.rms_norm_eps)
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        qkv = _with_lora(F.linear(x, self.qkv_weight, self.qkv_bias), x, lora.get("qkv"))
         if self.q_norm is not None:
             batch, seq = qkv.shape[0], qkv.shape[1]
             q, k, v = qkv.split([d.num_heads * d.head_dim, d.kv_heads * d.head_dim, d.kv_heads * d.head_dim], -1)
@@ -64,10 +74,12 @@ class DecoderLayer(nn.Module):
             qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin,
             d.num_heads, d.kv_heads, d.head_dim ** -0.5,
         )
-        hidden = hidden + F.linear(attn, self.o_weight, self.o_bias)
+        hidden = hidden + _with_lora(F.linear(attn, self.o_weight, self.o_bias), attn, lora.get("o"))
         x = rms_norm(hidden, self.post_norm, d.rms_norm_eps)
-        gate, up = F.linear(x, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
-        hidden = hidden + F.linear(F.silu(gate) * up, self.down_weight, self.down_bias)
+        gate_up = _with_lora(F.linear(x, self.gate_up_weight, self.gate_up_bias), x, lora.get("gate_up"))
+        gate, up = gate_up.chunk(2, dim=-1)
+        act = F.silu(gate) * up
+        hidden = hidden + _with_lora(F.linear(act, self.down_weight, self.down_bias), act, lora.get("down"))
         return hidden, present_key, present_value
 
 
@@ -103,9 +115,11 @@ def rotary_tables(hf_model, positions: int, dtype: torch.dtype) -> tuple[Tensor,
 class DecoderGraph(nn.Module):
     """inputs_embeds, position_ids, past_lengths, query_lengths, logits_indices, caches -> logits, caches."""
 
-    def __init__(self, hf_model, family: Family, max_positions: int, dtype: torch.dtype):
+    def __init__(self, hf_model, family: Family, max_positions: int, dtype: torch.dtype,
+                 lora_groups: list[str] = ()):
         super().__init__()
         self.dims = ModelDims(hf_model.config)
+        self.lora_groups = list(lora_groups)  # packed projections with LoRA inputs, per layer
         self.layers = nn.ModuleList(DecoderLayer(l, self.dims, family) for l in hf_model.model.layers)
         self.final_norm = nn.Parameter(hf_model.model.norm.weight.detach(), requires_grad=False)
         self.lm_head = nn.Parameter(hf_model.lm_head.weight.detach(), requires_grad=False)
@@ -114,13 +128,18 @@ class DecoderGraph(nn.Module):
         self.register_buffer("sin_cache", sin)
         self.to(dtype)
 
-    def forward(self, inputs_embeds, position_ids, past_lengths, query_lengths, logits_indices, *caches):
+    def forward(self, inputs_embeds, position_ids, past_lengths, query_lengths, logits_indices, *tensors):
+        """tensors: the caches (key, value per layer), then the LoRA pairs (per layer, per group)."""
+        caches, lora = tensors[: 2 * len(self.layers)], tensors[2 * len(self.layers):]
+        per_layer = 2 * len(self.lora_groups)
         hidden = inputs_embeds
         presents = []
         for i, layer in enumerate(self.layers):
+            pairs = lora[i * per_layer: (i + 1) * per_layer]
+            layer_lora = {g: (pairs[2 * j], pairs[2 * j + 1]) for j, g in enumerate(self.lora_groups)}
             hidden, key, value = layer(
                 hidden, caches[2 * i], caches[2 * i + 1], past_lengths, query_lengths, position_ids,
-                self.cos_cache, self.sin_cache,
+                self.cos_cache, self.sin_cache, layer_lora,
             )
             presents += [key, value]
         # The LM head runs only where logits are asked for: gather those positions first.

@@ -43,7 +43,7 @@ def write_embedding(checkpoint: Checkpoint, path: Path, dtype) -> None:
 
 
 def write_manifest(engine_dir: Path, *, build_config: dict, checkpoint: Checkpoint, dims: dict,
-                   components: dict) -> dict:
+                   components: dict, lora_layout: dict | None = None) -> dict:
     manifest = {
         "format_version": FORMAT_VERSION,
         "backend": build_config["backend"],
@@ -62,6 +62,7 @@ def write_manifest(engine_dir: Path, *, build_config: dict, checkpoint: Checkpoi
             "max_kv_cache_capacity": build_config["max_kv_cache_capacity"],
         },
         "components": components,
+        "lora": lora_layout,
         "tool_versions": tool_versions(),
     }
     (engine_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")

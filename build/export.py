@@ -11,6 +11,7 @@ import onnx
 import torch
 from torch.export import Dim
 
+from trt_llm.build import lora
 from trt_llm.build.decoder import DecoderGraph, input_names, output_names
 from trt_llm.plugins import attention
 
@@ -20,12 +21,21 @@ log = logging.getLogger(__name__)
 logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
 
 
-def _example_inputs(graph: DecoderGraph, dtype: torch.dtype) -> tuple:
+# Example ranks of the stacked LoRA inputs: distinct from every other example size (see below).
+_EXAMPLE_RANKS = {"qkv": 12, "o": 7, "gate_up": 10, "down": 11}
+
+
+def _example_inputs(graph: DecoderGraph, dtype: torch.dtype, lora_layout: dict | None) -> tuple:
     # Distinct sizes per dimension, so the tracer cannot mistake one dynamic dimension for another.
     d = graph.dims
     batch, seq, kept, capacity = 2, 5, 3, 16
     # One tensor object per cache: the tracer would merge inputs that are the same object.
     caches = [torch.zeros(batch, d.kv_heads, capacity, d.head_dim, dtype=dtype) for _ in range(2 * d.num_layers)]
+    for _ in range(d.num_layers if lora_layout else 0):
+        for group in lora_layout["groups"]:
+            rank = _EXAMPLE_RANKS[group["name"]]
+            caches += [torch.zeros(batch, rank, group["in_features"], dtype=dtype),
+                       torch.zeros(batch, group["out_features"], rank, dtype=dtype)]
     return (
         torch.zeros(batch, seq, d.hidden_size, dtype=dtype),
         torch.arange(seq, dtype=torch.int32).repeat(batch, 1),
@@ -36,30 +46,37 @@ def _example_inputs(graph: DecoderGraph, dtype: torch.dtype) -> tuple:
     )
 
 
-def _dynamic_shapes(num_layers: int) -> tuple:
+def _dynamic_shapes(num_layers: int, lora_layout: dict | None) -> tuple:
     batch, seq, kept, capacity = Dim("batch"), Dim("seq"), Dim("kept"), Dim("capacity")
     cache = {0: batch, 2: capacity}
+    lora_shapes = []
+    if lora_layout:
+        ranks = {g["name"]: Dim(f"lora_rank_{g['name']}") for g in lora_layout["groups"]}
+        for _ in range(num_layers):
+            for group in lora_layout["groups"]:
+                lora_shapes += [{0: batch, 1: ranks[group["name"]]}, {0: batch, 2: ranks[group["name"]]}]
     return (
         {0: batch, 1: seq}, {0: batch, 1: seq}, {0: batch}, {0: batch}, {0: batch, 1: kept},
-        # *caches is one positional entry holding a tuple
-        tuple([cache] * (2 * num_layers)),
+        # *tensors is one positional entry holding a tuple: the caches, then the LoRA pairs
+        tuple([cache] * (2 * num_layers) + lora_shapes),
     )
 
 
-def export_decoder(graph: DecoderGraph, path: Path, dtype: torch.dtype) -> Path:
+def export_decoder(graph: DecoderGraph, path: Path, dtype: torch.dtype, lora_layout: dict | None = None) -> Path:
     """Write `path` (+ `path.data` external weights); returns the path."""
     graph.eval()
     layers = graph.dims.num_layers
+    names = input_names(layers) + (lora.input_names(lora_layout) if lora_layout else [])
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             graph,
-            _example_inputs(graph, dtype),
+            _example_inputs(graph, dtype, lora_layout),
             dynamo=True,
             opset_version=ONNX_OPSET,
-            input_names=input_names(layers),
+            input_names=names,
             output_names=output_names(layers),
-            dynamic_shapes=_dynamic_shapes(layers),
+            dynamic_shapes=_dynamic_shapes(layers, lora_layout),
             custom_translation_table={torch.ops.trt_llm.attention.default: attention.onnx_translation},
             optimize=True,
             verbose=False,

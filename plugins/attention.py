@@ -295,3 +295,87 @@ def lower_for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return model
+
+
+# ---------------------------------------------------------------------------------------------------
+# Facet 4: the TensorRT plugin, through `tensorrt.plugin` (TensorRT 10.7+ "quickly deployable plugins").
+# Registered on demand by the TensorRT backend: importing this module never imports tensorrt.
+#
+# The plugin's namespace cannot be PLUGIN_NAMESPACE: tensorrt.plugin reserves "trt" (also "",
+# "tensorrt", "std") and refuses to register "trt::AttentionPlugin". The parser matches a node to
+# a plugin by op type and the node's `plugin_namespace` attribute, so the TensorRT backend parses a
+# graph whose nodes carry TENSORRT_PLUGIN_NAMESPACE (build/tensorrt_backend.py).
+
+TENSORRT_PLUGIN_NAMESPACE = "trt_llm"
+TENSORRT_PLUGIN_ID = f"{TENSORRT_PLUGIN_NAMESPACE}::{OP_NAME}"
+_tensorrt_registered = False
+
+
+def _tensorrt_as_torch(tensor) -> Tensor:
+    """A torch view of a `tensorrt.plugin.Tensor` (device memory, no copy)."""
+    import tensorrt as trt
+
+    if tensor.dtype != trt.DataType.BF16:
+        return torch.as_tensor(tensor, device="cuda")
+
+    class Int16View:  # __cuda_array_interface__ has no bf16: view the bits as int16
+        __cuda_array_interface__ = {
+            "shape": tuple(tensor.shape), "typestr": "<i2", "data": (tensor.data_ptr, False),
+            "strides": tuple(2 * s for s in tensor.strides), "version": 3}
+
+    return torch.as_tensor(Int16View(), device="cuda").view(torch.bfloat16)
+
+
+def register_tensorrt_plugin() -> str:
+    """Register the op with TensorRT (once per process); returns its plugin id.
+
+    Needed before parsing a graph (the parser then builds a plugin layer for each node whose
+    `plugin_namespace` is TENSORRT_PLUGIN_NAMESPACE) and before deserializing an engine built with
+    it: the kernel is the Python function below (a JIT plugin), which TensorRT calls on its stream.
+    """
+    global _tensorrt_registered
+    if _tensorrt_registered:
+        return TENSORRT_PLUGIN_ID
+    import tensorrt.plugin as trtp
+
+    def describe(qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos_cache,
+                 sin_cache, num_heads, kv_num_heads, scale):
+        output = qkv.like()  # [B, S, Hq * D], the activation dtype
+        output.shape_expr[2] = past_key.shape_expr[3] * num_heads
+        return output, past_key.like(), past_value.like()
+
+    def run(qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos_cache, sin_cache,
+            num_heads, kv_num_heads, scale, outputs, stream):
+        # The reference on the plugin's device buffers. `torch.device("cuda")` as a context puts the
+        # reference's own aranges on the GPU too. The runtime may bind the cache as both past and
+        # present (the same memory): the reference reads all of past before anything is written.
+        inputs = [_tensorrt_as_torch(t) for t in (qkv, past_key, past_value, past_lengths, query_lengths,
+                                                   position_ids, cos_cache, sin_cache)]
+        targets = [_tensorrt_as_torch(t) for t in outputs]
+        with torch.cuda.stream(torch.cuda.ExternalStream(stream)), torch.device("cuda"), torch.no_grad():
+            results = attention(*inputs, num_heads, kv_num_heads, scale)
+            for target, result in zip(targets, results):
+                target.copy_(result)
+
+    # tensorrt.plugin validates real annotation objects; this module's are strings (postponed).
+    descs = ("qkv", "past_key", "past_value", "past_lengths", "query_lengths", "position_ids",
+             "cos_cache", "sin_cache")
+    describe.__annotations__ = {**{name: trtp.TensorDesc for name in descs}, "num_heads": int,
+                                "kv_num_heads": int, "scale": float,
+                                "return": tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc]}
+    trtp.register(TENSORRT_PLUGIN_ID)(describe)
+    trtp.impl(TENSORRT_PLUGIN_ID)(run)
+    _tensorrt_registered = True
+    return TENSORRT_PLUGIN_ID
+
+
+def with_tensorrt_plugin_namespace(model: onnx.ModelProto) -> bool:
+    """Point every AttentionPlugin node at the TensorRT plugin, in place; True if any node changed."""
+    changed = False
+    for node in model.graph.node:
+        if node.domain == DOMAIN and node.op_type == OP_NAME:
+            for attribute in node.attribute:
+                if attribute.name == "plugin_namespace" and attribute.s != TENSORRT_PLUGIN_NAMESPACE.encode():
+                    attribute.s = TENSORRT_PLUGIN_NAMESPACE.encode()
+                    changed = True
+    return changed

@@ -54,13 +54,15 @@ class Model:
 
 
 def generate(model: Model, sequences: list[Sequence], sampler: Sampler, num_logprobs: int = 0,
-             profiler=None) -> None:
+             profiler=None, lora_inputs: dict[str, np.ndarray] | None = None) -> None:
     """Run `sequences` (one batch) to completion, filling in `generated` and `finish_reason`.
 
     num_logprobs: K > 0 records, per step, the K most likely tokens and the sampled token with their
     log-softmax at temperature 1 over the model's own logits (before logit bias).
     profiler: a runtime.profiler.Profiler that times the stages and counts tokens, or None.
+    lora_inputs: the engine's LoRA inputs, one row per sequence (runtime.lora.batch_inputs).
     """
+    extra = lora_inputs or {}
     stage = profiler.stage if profiler else (lambda name: nullcontext())
     # Size the cache for this batch's longest need, not the engine's maximum: less memory, and the
     # attention only ever spans what is used.
@@ -80,7 +82,8 @@ def generate(model: Model, sequences: list[Sequence], sampler: Sampler, num_logp
     positions = past[:, None] + np.arange(width, dtype=np.int32)[None, :]
     logits = np.empty((len(sequences), 1, vocab), dtype=np.float32)
     with stage("prefill"):
-        model.engine.run(model.embedding[token_ids], positions, past, lengths, (lengths - 1)[:, None], cache, logits)
+        model.engine.run(model.embedding[token_ids], positions, past, lengths, (lengths - 1)[:, None], cache,
+                         logits, extra)
     if profiler:
         profiler.count("prefill_computed_tokens", int(lengths.sum()))
         profiler.count("prefill_reused_tokens", int(past.sum()))
@@ -116,12 +119,14 @@ def generate(model: Model, sequences: list[Sequence], sampler: Sampler, num_logp
             cache.keep_rows([active.index(r) for r in still], [sequences[r].length - 1 for r in still])
             active = still
             logits = np.empty((len(active), 1, vocab), dtype=np.float32)
+            extra = {name: np.ascontiguousarray(array[active]) for name, array in (lora_inputs or {}).items()}
         # Decode step: the last sampled token of each active row, at its position.
         last = np.array([sequences[r].generated[-1] for r in active], dtype=np.int64)
         past = np.array([sequences[r].length - 1 for r in active], dtype=np.int32)
         with stage("decode_step"):
             model.engine.run(model.embedding[last][:, None], past[:, None], past,
-                             np.ones(len(active), np.int32), np.zeros((len(active), 1), np.int32), cache, logits)
+                             np.ones(len(active), np.int32), np.zeros((len(active), 1), np.int32), cache,
+                             logits, extra)
         if profiler:
             profiler.count("decode_tokens", len(active))
 

@@ -26,11 +26,13 @@ class OrtEngine:
 
     def run(self, inputs_embeds: np.ndarray, position_ids: np.ndarray, past_lengths: np.ndarray,
             query_lengths: np.ndarray, logits_indices: np.ndarray, cache: KVCache,
-            logits_out: np.ndarray) -> np.ndarray:
+            logits_out: np.ndarray, extra: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """One forward pass; writes the new tokens into `cache` and the logits into `logits_out`.
 
         logits_out: float32 [B, K, V], preallocated by the caller and reused across steps.
+        extra: inputs that stay the same for a whole batch (the LoRA inputs), bound with the cache.
         """
+        extra = extra or {}
         binding = self._binding
         for name, array in (("inputs_embeds", inputs_embeds), ("position_ids", position_ids),
                             ("past_lengths", past_lengths), ("query_lengths", query_lengths),
@@ -39,7 +41,7 @@ class OrtEngine:
         # The cache and logits bindings only change when the batch does: re-binding 2 x layers
         # buffers every decode step would cost more than the small inputs above.
         key = (cache.batch, cache.capacity, *(b.ctypes.data for b in (*cache.keys, *cache.values)),
-               logits_out.ctypes.data, logits_out.shape)
+               logits_out.ctypes.data, logits_out.shape, *((n, a.ctypes.data, a.shape) for n, a in extra.items()))
         if key != self._bound:
             for i, (key_buffer, value_buffer) in enumerate(cache.views()):
                 # The same memory as past input and present output: the op updates it in place.
@@ -50,6 +52,8 @@ class OrtEngine:
                                         buffer.ctypes.data)
             binding.bind_output("logits", "cpu", 0, logits_out.dtype, logits_out.shape,
                                 logits_out.ctypes.data)
+            for name, array in extra.items():
+                binding.bind_input(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
             self._bound = key
         self.session.run_with_iobinding(binding)
         return logits_out

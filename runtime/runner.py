@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from trt_llm.runtime.detokenizer import IncrementalDetokenizer
 from trt_llm.runtime.engine_dir import EngineDir
 from trt_llm.runtime.generate import Model, Sequence, generate
+from trt_llm.runtime.lora import LoraAdapter, LoraError, batch_inputs, load_adapter
 from trt_llm.runtime.prefix_cache import PrefixCache
 from trt_llm.runtime.profiler import Profiler
 from trt_llm.runtime.prompt import Prompt, PromptError, PromptFormatter
@@ -37,6 +38,7 @@ class Prepared:
     sequence: Sequence
     params: SamplingParams
     system_ids: list[int] | None  # the templated system prompt's tokens, when they prefix the prompt
+    adapter: LoraAdapter | None = None
 
 
 def request_seed(seed: int | None, index: int) -> int | None:
@@ -64,6 +66,8 @@ class Runner:
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(engine_dir.identity)
         self.prefix_stats = {"hits": 0, "saved": 0, "fallbacks": 0}
         self.profiler = profiler
+        self.lora_layout = engine_dir.manifest.get("lora")
+        self._adapters: dict[tuple[str, str], LoraAdapter | LoraError] = {}  # read once per path
 
     def run(self, loaded: LoadedInput, settings: InputSettings) -> OutputFile:
         if settings.batch_size > self.limits["max_batch_size"]:
@@ -102,7 +106,12 @@ class Runner:
             try:
                 sampler = Sampler([p.params for p in prepared],
                                   [request_seed(settings.seed, p.index) for p in prepared])
-                generate(self.model, [p.sequence for p in prepared], sampler, num_logprobs, self.profiler)
+                lora_inputs = None
+                if self.lora_layout:
+                    lora_inputs = batch_inputs([p.adapter for p in prepared], self.lora_layout,
+                                               self.model.embedding.dtype)
+                generate(self.model, [p.sequence for p in prepared], sampler, num_logprobs, self.profiler,
+                         lora_inputs)
             except Exception as error:  # the engine failed: this batch's requests fail, the run goes on
                 log.exception("batch starting at request %d failed", batch_start)
                 for p in prepared:
@@ -122,8 +131,9 @@ class Runner:
     def _prepare(self, index: int, request: Request, settings: InputSettings,
                  formatter: PromptFormatter) -> Prepared:
         where = f"requests[{index}]"
+        adapter = None
         if request.lora_name is not None:
-            raise ValueError(f"{where}.lora_name: this engine was built without LoRA support")
+            adapter = self._adapter(where, request.lora_name, settings.available_lora_weights[request.lora_name])
         try:
             prompt = formatter.format(request.messages)
         except PromptError as error:
@@ -148,7 +158,22 @@ class Runner:
         params = SamplingParams(settings.temperature, settings.top_k, settings.top_p, bias or None)
         detokenizer = IncrementalDetokenizer(self.token_bytes, request.stop_list())
         return Prepared(index, request, prompt, Sequence(prompt.token_ids, max_new, detokenizer), params,
-                        self._system_ids(where, prompt))
+                        self._system_ids(where, prompt), adapter)
+
+    def _adapter(self, where: str, name: str, path: str) -> LoraAdapter:
+        if not self.lora_layout:
+            raise ValueError(f"{where}.lora_name: this engine was built without LoRA inputs "
+                             "(set lora: {max_rank: N} in the build config)")
+        key = (name, path)
+        if key not in self._adapters:
+            try:
+                self._adapters[key] = load_adapter(name, path, self.lora_layout, self.model.embedding.dtype)
+            except LoraError as error:
+                self._adapters[key] = error
+        adapter = self._adapters[key]
+        if isinstance(adapter, LoraError):
+            raise ValueError(f"{where}.lora_name: {adapter}")
+        return adapter
 
     def _system_ids(self, where: str, prompt: Prompt) -> list[int] | None:
         if not prompt.system_text:

@@ -21,6 +21,20 @@ MAX_BATCH_SIZE = 64
 RANGES = {"max_batch_size": f"[1, {MAX_BATCH_SIZE}]"}
 
 
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LoraModule = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraBuildConfig(BaseModel):
+    """LoRA inputs in the graph: adapters become data, switched per request without a rebuild."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    max_rank: int = Field(ge=1, le=1024, description="The largest adapter rank the engine accepts.")
+    target_modules: list[LoraModule] = Field(
+        default_factory=lambda: list(LORA_MODULES), min_length=1,
+        description="Projections (PEFT names) that get LoRA inputs.")
+
+
 class BuildConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -33,6 +47,7 @@ class BuildConfig(BaseModel):
     max_kv_cache_capacity: int = Field(4096, ge=1, description="Prompt + generated tokens per sequence; "
                                        ">= max_input_len.")
     trust_remote_code: bool = False
+    lora: LoraBuildConfig | None = Field(None, description="Off unless set.")
 
     @field_validator("max_kv_cache_capacity")
     @classmethod
@@ -101,4 +116,4 @@ def load_build_config(path: str | Path) -> BuildConfig:
     return config.model_copy(update={"model": str(model), "output_dir": str(output_dir)})
 
 
-__all__ = ["BuildConfig", "ConfigError", "load_build_config", "parse_build_config"]
+__all__ = ["BuildConfig", "LoraBuildConfig", "LORA_MODULES", "ConfigError", "load_build_config", "parse_build_config"]

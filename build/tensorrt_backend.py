@@ -1,0 +1,246 @@
+"""The `tensorrt` and `tensorrt-rtx` backends: the portable ONNX graph compiled into a serialized plan.
+
+TensorRT: our attention op is registered as a `tensorrt.plugin` (facet 4 of plugins/attention.py)
+before parsing; the node's `plugin_namespace` attribute makes the parser take the plugin over the
+function body. TensorRT-RTX has no plugins: the parser inlines the model-local function body.
+
+The network is strongly typed: the graph was exported in the config's dtype, so its tensor types are
+the precision (fp32/fp16/bf16) and no precision flags are set; TensorRT-RTX accepts nothing else.
+
+Two optimization profiles: 0 = prefill (up to max_input_len new tokens), 1 = decode and verification
+(up to DECODE_MAX_SEQ new tokens), each over batch 1..max_batch_size and KV capacity
+1..max_kv_cache_capacity. The runtime picks one by the step's number of new tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import onnx
+
+from trt_llm.runtime.trt_import import import_tensorrt
+
+ENGINE_NAME = "model.plan"
+DECODE_MAX_SEQ = 64  # new tokens per row in the decode/verify profile (an EAGLE tree of 60 fits)
+DEFAULT_COMPUTE_CAPABILITY = "SM80"  # TensorRT-RTX ahead-of-time target when no GPU is present
+log = logging.getLogger(__name__)
+
+
+class TensorRTBuildError(RuntimeError):
+    pass
+
+
+def cache_dir() -> Path:
+    """Where timing caches live across builds (TRT_LLM_CACHE_DIR moves it)."""
+    root = os.environ.get("TRT_LLM_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "trt-llm")
+    return Path(root)
+
+
+def profile_shapes(config, decode_max_seq: int = DECODE_MAX_SEQ) -> list[dict[str, tuple[int, int, int]]]:
+    """(min, opt, max) per named dynamic dimension of the graph, one dict per optimization profile."""
+    batch = (1, config.max_batch_size, config.max_batch_size)
+    capacity_max = config.max_kv_cache_capacity
+    capacity = (1, min(capacity_max, 1024), capacity_max)
+    seq_max = config.max_input_len
+    prefill = {"batch": batch, "seq": (1, min(seq_max, 256), seq_max), "kept": (1, 1, seq_max),
+               "capacity": capacity}
+    step_max = min(decode_max_seq, capacity_max)
+    decode = {"batch": batch, "seq": (1, 1, step_max), "kept": (1, 1, step_max), "capacity": capacity}
+    return [prefill, decode]
+
+
+def _graph_inputs(graph_path: Path) -> dict[str, list[int | str]]:
+    """Each graph input's dims: an int, or the name of a dynamic dimension."""
+    model = onnx.load(graph_path, load_external_data=False)
+    initializers = {t.name for t in model.graph.initializer}
+    return {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
+            for i in model.graph.input if i.name not in initializers}
+
+
+def _add_profiles(trt, builder, config_trt, graph_path: Path, build_config) -> None:
+    inputs = _graph_inputs(graph_path)
+    for shapes in profile_shapes(build_config):
+        profile = builder.create_optimization_profile()
+        for name, dims in inputs.items():
+            bounds = []
+            for dim in dims:
+                if isinstance(dim, str):
+                    if dim not in shapes:
+                        raise TensorRTBuildError(
+                            f"{graph_path.name}: input {name!r} has a dynamic dimension {dim!r} the "
+                            f"TensorRT backend has no range for (known: {', '.join(shapes)})")
+                    bounds.append(shapes[dim])
+                else:
+                    bounds.append((dim, dim, dim))
+            profile.set_shape(name, *(tuple(b[k] for b in bounds) for k in range(3)))
+        config_trt.add_optimization_profile(profile)
+
+
+def make_logger(trt, min_severity=None):
+    """TensorRT's messages through Python logging, without the per-layer "node named nX already
+    exists" warnings: the parser inlines one function body per layer and its node names repeat."""
+    min_severity = trt.Logger.WARNING if min_severity is None else min_severity
+    levels = {trt.Logger.INTERNAL_ERROR: logging.CRITICAL, trt.Logger.ERROR: logging.ERROR,
+              trt.Logger.WARNING: logging.WARNING, trt.Logger.INFO: logging.INFO,
+              trt.Logger.VERBOSE: logging.DEBUG}
+
+    class Logger(trt.ILogger):
+        def __init__(self):
+            trt.ILogger.__init__(self)
+
+        def log(self, severity, msg):
+            if int(severity) > int(min_severity) or "already exists, the output tensors" in msg:
+                return
+            logging.getLogger("tensorrt").log(levels.get(severity, logging.WARNING), "%s", msg)
+
+    return Logger()
+
+
+def _progress_monitor(trt, report: Callable[[str], None]):
+    """A TensorRT IProgressMonitor that reports each top-level phase; None if the module has none."""
+    if not hasattr(trt, "IProgressMonitor"):
+        return None
+
+    class Monitor(trt.IProgressMonitor):
+        def __init__(self):
+            trt.IProgressMonitor.__init__(self)
+            self._started: dict[str, float] = {}
+            self._parents: dict[str, str | None] = {}
+
+        def phase_start(self, phase_name, parent_phase, num_steps):
+            self._started[phase_name] = time.perf_counter()
+            self._parents[phase_name] = parent_phase
+            if parent_phase is None:
+                report(f"{phase_name} ({num_steps} steps)")
+
+        def step_complete(self, phase_name, step):
+            return True  # False would cancel the build
+
+        def phase_finish(self, phase_name):
+            started = self._started.pop(phase_name, None)
+            if self._parents.pop(phase_name, None) is None and started is not None:
+                log.info("TensorRT phase %r: %.2f s", phase_name, time.perf_counter() - started)
+
+    return Monitor()
+
+
+def _load_timing_cache(config_trt, path: Path):
+    data = path.read_bytes() if path.is_file() else b""
+    cache = config_trt.create_timing_cache(data)
+    if cache is None or not config_trt.set_timing_cache(cache, ignore_mismatch=True):
+        log.warning("timing cache %s could not be used; building without it", path)
+        return None
+    return cache
+
+
+def _save_timing_cache(config_trt, path: Path) -> None:
+    cache = config_trt.get_timing_cache()
+    if cache is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + f".{os.getpid()}.tmp")
+        tmp.write_bytes(bytes(memoryview(cache.serialize())))
+        os.replace(tmp, path)  # atomic: concurrent builds never see half a cache
+    except OSError as error:
+        log.warning("timing cache not saved to %s: %s", path, error)
+
+
+def compute_capability(trt, name: str | None):
+    """The TensorRT-RTX ComputeCapability to build for: `name` (e.g. "SM86"), else the GPU present,
+    else DEFAULT_COMPUTE_CAPABILITY."""
+    if name is None or name.lower() == "auto":
+        from trt_llm.runtime.trt_import import cuda_device_count
+
+        name = "CURRENT" if cuda_device_count()[0] > 0 else DEFAULT_COMPUTE_CAPABILITY
+    key = name.upper()
+    members = trt.ComputeCapability.__members__
+    if key not in members or key == "NONE":
+        raise TensorRTBuildError(f"compute_capability: {name!r} is not one TensorRT-RTX builds for; "
+                                 f"choose one of {', '.join(m for m in members if m != 'NONE')}")
+    return members[key]
+
+
+def compile_tensorrt(graph_path: Path, engine_dir_llm: Path, build_config, rtx: bool,
+                     report: Callable[[str], None] | None = None) -> Path:
+    """Parse `graph_path` (external weights beside it), build, write `engine_dir_llm/model.plan`."""
+    backend = "tensorrt-rtx" if rtx else "tensorrt"
+    trt = import_tensorrt(backend)
+    report = report or (lambda message: log.info("%s: %s", backend, message))
+    graph_path, engine_dir_llm = Path(graph_path), Path(engine_dir_llm)
+
+    logger = make_logger(trt)
+    if not rtx:
+        # Before the parser exists: it looks plugins up in the registry when it meets the node.
+        from trt_llm.plugins.attention import register_tensorrt_plugin
+
+        register_tensorrt_plugin()
+    builder = trt.Builder(logger)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    parser = trt.OnnxParser(network, logger)
+    report("parsing ONNX")
+    # From the path, not the bytes: the parser resolves model.onnx.data relative to the file.
+    if not parser.parse_from_file(str(graph_path)):
+        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+        raise TensorRTBuildError(f"{backend}: the ONNX parser rejected {graph_path.name}: " + "; ".join(errors))
+
+    config_trt = builder.create_builder_config()
+    if rtx:
+        config_trt.num_compute_capabilities = 1
+        config_trt.set_compute_capability(compute_capability(trt, getattr(build_config, "compute_capability", None)), 0)
+    if build_config.dtype == "fp32" and hasattr(trt.BuilderFlag, "TF32"):
+        # fp32 engines are checked against transformers to 1e-3; TF32 matmuls drift past that.
+        config_trt.clear_flag(trt.BuilderFlag.TF32)
+    _add_profiles(trt, builder, config_trt, graph_path, build_config)
+    monitor = _progress_monitor(trt, report)
+    if monitor is not None:
+        config_trt.progress_monitor = monitor
+    # Kernel timings need a GPU: an ahead-of-time TensorRT-RTX build without one times nothing, and
+    # TensorRT cannot even read a cache then. The file is per tool version; TensorRT keys entries
+    # by device itself.
+    from trt_llm.runtime.trt_import import cuda_device_count
+
+    timing_cache = None
+    cache_path = cache_dir() / f"timing-{backend}-{getattr(trt, '__version__', 'unknown')}.cache"
+    if cuda_device_count()[0] > 0:
+        timing_cache = _load_timing_cache(config_trt, cache_path)
+
+    report("building the engine")
+    started = time.perf_counter()
+    plan = builder.build_serialized_network(network, config_trt)
+    if plan is None:
+        raise TensorRTBuildError(f"{backend}: building the engine failed (see the TensorRT errors above)")
+    log.info("%s: engine built in %.1f s", backend, time.perf_counter() - started)
+    if timing_cache is not None:
+        _save_timing_cache(config_trt, cache_path)
+
+    engine_path = engine_dir_llm / ENGINE_NAME
+    with open(engine_path, "wb") as f:
+        f.write(memoryview(plan))
+    return engine_path
+
+
+def describe_network(graph_path: Path, rtx: bool = True) -> dict:
+    """Parse the graph (no build) and return its IO tensors: name -> (shape, dtype name, is_input).
+
+    For tests and inspection on machines without a GPU."""
+    trt = import_tensorrt("tensorrt-rtx" if rtx else "tensorrt")
+    logger = make_logger(trt, trt.Logger.ERROR)
+    builder = trt.Builder(logger)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(graph_path)):
+        raise TensorRTBuildError("; ".join(str(parser.get_error(i)) for i in range(parser.num_errors)))
+    tensors = {}
+    for i in range(network.num_inputs):
+        t = network.get_input(i)
+        tensors[t.name] = (tuple(t.shape), t.dtype.name, True)
+    for i in range(network.num_outputs):
+        t = network.get_output(i)
+        tensors[t.name] = (tuple(t.shape), t.dtype.name, False)
+    return tensors

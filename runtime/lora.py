@@ -1,0 +1,128 @@
+"""LoRA adapters as data: read PEFT adapters, check them against the engine, lay them out per row.
+
+An adapter is read once per run: `adapter_config.json` + `adapter_model.safetensors`, from a
+directory or given as the .safetensors file with its config beside it. Its scale (alpha / r, or
+alpha / sqrt(r) for rsLoRA) is folded into B. A batch's LoRA inputs stack each row's adapter (or
+zeros for rows without one), so rows of one batch may use different adapters.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+_TENSOR = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.\w+)?\.weight$")
+
+
+class LoraError(ValueError):
+    pass
+
+
+@dataclass
+class LoraAdapter:
+    name: str
+    # (layer, module) -> (A [r, in], B [out, r] with the scale folded in)
+    weights: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]]
+
+    @property
+    def max_rank(self) -> int:
+        return max(a.shape[0] for a, _ in self.weights.values())
+
+
+def _files(name: str, path: str) -> tuple[Path, Path]:
+    location = Path(path).expanduser()
+    if location.is_dir():
+        weights, config = location / "adapter_model.safetensors", location / "adapter_config.json"
+    else:
+        weights, config = location, location.parent / "adapter_config.json"
+    for f in (weights, config):
+        if not f.is_file():
+            raise LoraError(f"LoRA adapter {name!r}: {f} not found")
+    return weights, config
+
+
+def load_adapter(name: str, path: str, layout: dict, dtype=np.float32) -> LoraAdapter:
+    """Read and check one adapter against the engine's LoRA layout (see build/lora.py)."""
+    from safetensors.numpy import load_file
+
+    weights_path, config_path = _files(name, path)
+    try:
+        config = json.loads(config_path.read_text())
+        tensors = load_file(str(weights_path))
+    except Exception as error:
+        raise LoraError(f"LoRA adapter {name!r}: cannot read {weights_path.name}: {error}") from error
+    if config.get("fan_in_fan_out"):
+        raise LoraError(f"LoRA adapter {name!r}: fan_in_fan_out adapters (Conv1D models) are not supported")
+    if config.get("bias", "none") != "none":
+        raise LoraError(f"LoRA adapter {name!r}: bias={config['bias']!r} adapters are not supported")
+
+    shapes = {m: (g["in_features"], g["module_out_features"][m]) for g in layout["groups"] for m in g["modules"]}
+    pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
+    for tensor_name, tensor in tensors.items():
+        match = _TENSOR.search(tensor_name)
+        if not match:
+            raise LoraError(f"LoRA adapter {name!r}: tensor {tensor_name!r} is not a LoRA weight of a "
+                            "decoder layer projection (embedding or lm_head adapters are not supported)")
+        layer, module, which = int(match[1]), match[2], match[3]
+        if module not in shapes:
+            raise LoraError(f"LoRA adapter {name!r}: tensor {tensor_name!r} targets {module}, but the engine "
+                            f"was built with LoRA on {', '.join(layout['target_modules'])}")
+        if layer >= layout["num_layers"]:
+            raise LoraError(f"LoRA adapter {name!r}: tensor {tensor_name!r} is for layer {layer}; the model "
+                            f"has {layout['num_layers']}")
+        pairs.setdefault((layer, module), {})[which] = tensor
+
+    alpha_pattern, rank_pattern = config.get("alpha_pattern") or {}, config.get("rank_pattern") or {}
+    weights = {}
+    for (layer, module), pair in sorted(pairs.items()):
+        if set(pair) != {"A", "B"}:
+            raise LoraError(f"LoRA adapter {name!r}: layer {layer} {module} has lora_{''.join(pair)} "
+                            "but not its partner")
+        a, b = pair["A"].astype(np.float32), pair["B"].astype(np.float32)
+        rank = a.shape[0]
+        in_features, out_features = shapes[module]
+        if a.shape != (rank, in_features) or b.shape != (out_features, rank):
+            raise LoraError(f"LoRA adapter {name!r}: layer {layer} {module}: A {tuple(a.shape)} and B "
+                            f"{tuple(b.shape)} do not match the base model's ({rank}, {in_features}) and "
+                            f"({out_features}, {rank})")
+        if rank > layout["max_rank"]:
+            raise LoraError(f"LoRA adapter {name!r}: layer {layer} {module} has rank {rank}, above the "
+                            f"engine's max_rank {layout['max_rank']}")
+        key = next((k for k in alpha_pattern if re.search(k, f"layers.{layer}.{module}")), None)
+        alpha = alpha_pattern[key] if key else config.get("lora_alpha", config.get("r", rank))
+        declared_rank = rank_pattern.get(key, config.get("r", rank)) if key else config.get("r", rank)
+        scale = alpha / math.sqrt(declared_rank) if config.get("use_rslora") else alpha / declared_rank
+        weights[(layer, module)] = (a.astype(dtype), (b * scale).astype(dtype))
+    if not weights:
+        raise LoraError(f"LoRA adapter {name!r}: no LoRA weights found in {weights_path.name}")
+    return LoraAdapter(name, weights)
+
+
+def batch_inputs(adapters: list[LoraAdapter | None], layout: dict, dtype=np.float32) -> dict[str, np.ndarray]:
+    """The graph's LoRA inputs for a batch whose row i uses adapters[i] (None = the base model)."""
+    rank = max([a.max_rank for a in adapters if a is not None], default=1)
+    batch = len(adapters)
+    inputs = {}
+    for layer in range(layout["num_layers"]):
+        for group in layout["groups"]:
+            modules = group["modules"]
+            a = np.zeros((batch, rank * len(modules), group["in_features"]), dtype)
+            b = np.zeros((batch, group["out_features"], rank * len(modules)), dtype)
+            for row, adapter in enumerate(adapters):
+                if adapter is None:
+                    continue
+                for j, module in enumerate(modules):
+                    pair = adapter.weights.get((layer, module))
+                    if pair is None:
+                        continue
+                    r, offset, width = pair[0].shape[0], group["out_offsets"][module], pair[1].shape[0]
+                    a[row, j * rank: j * rank + r] = pair[0]
+                    b[row, offset: offset + width, j * rank: j * rank + r] = pair[1]
+            inputs[f"lora_{group['name']}_a_{layer}"] = a
+            inputs[f"lora_{group['name']}_b_{layer}"] = b
+    return inputs
