@@ -13,7 +13,10 @@ from tqdm import tqdm
 
 from trt_llm.schemas.build_config import BuildConfig, ConfigError, load_build_config
 
-SUPPORTED_DTYPES = {"cpu": ("fp32", "fp16")}
+# TensorRT: the graph is exported in this dtype and built strongly typed, so it is the precision.
+SUPPORTED_DTYPES = {"cpu": ("fp32", "fp16"), "tensorrt": ("fp32", "fp16", "bf16"),
+                    "tensorrt-rtx": ("fp32", "fp16", "bf16")}
+TENSORRT_BACKENDS = ("tensorrt", "tensorrt-rtx")
 
 
 class BuildError(RuntimeError):
@@ -39,6 +42,15 @@ def build_engine(config: BuildConfig, progress: bool = True) -> Path:
         raise BuildError(
             f"dtype: {config.dtype!r} is not supported by the {config.backend} backend; "
             f"choose one of {', '.join(SUPPORTED_DTYPES[config.backend])}")
+    tensorrt_version = None
+    if config.backend in TENSORRT_BACKENDS:
+        # Before the minutes of loading and exporting: a missing TensorRT is a one-line error now.
+        from trt_llm.runtime.trt_import import BackendUnavailable, import_tensorrt
+
+        try:
+            tensorrt_version = import_tensorrt(config.backend).__version__
+        except BackendUnavailable as error:
+            raise BuildError(str(error)) from None
 
     out = Path(config.output_dir)
     # Build into a sibling folder and swap it in at the end: a failed build never leaves a
@@ -84,13 +96,27 @@ def build_engine(config: BuildConfig, progress: bool = True) -> Path:
         done("exporting to ONNX")
 
         step(f"compiling for {config.backend}")
-        engine_path = compile_cpu(graph_path)
+        if config.backend in TENSORRT_BACKENDS:
+            from trt_llm.build.tensorrt_backend import TensorRTBuildError, compile_tensorrt
+
+            def report(phase):
+                steps.set_postfix_str(f"compiling for {config.backend}: {phase}")
+
+            try:
+                engine_path = compile_tensorrt(graph_path, staging / "llm", config,
+                                               rtx=config.backend == "tensorrt-rtx", report=report)
+            except TensorRTBuildError as error:
+                raise BuildError(str(error)) from None
+        else:
+            engine_path = compile_cpu(graph_path)
         done(f"compiling for {config.backend}")
 
         step("writing manifest")
         components = {"llm": {"graph": "llm/model.onnx", "engine": f"llm/{engine_path.name}",
                               "embedding": "llm/embedding.safetensors", "config": "llm/config.json"},
                       "tokenizer": {"dir": "tokenizer"}}
+        if tensorrt_version is not None:
+            components["llm"]["tensorrt_version"] = tensorrt_version
         writer.write_manifest(staging, build_config=config.model_dump(), checkpoint=checkpoint,
                               dims=dims, components=components, lora_layout=lora_layout)
         done("writing manifest")

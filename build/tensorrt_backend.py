@@ -22,7 +22,7 @@ from typing import Callable
 
 import onnx
 
-from trt_llm.runtime.trt_import import import_tensorrt
+from trt_llm.runtime.trt_import import import_tensorrt, make_logger
 
 ENGINE_NAME = "model.plan"
 DECODE_MAX_SEQ = 64  # new tokens per row in the decode/verify profile (an EAGLE tree of 60 fits)
@@ -51,6 +51,10 @@ def profile_shapes(config, decode_max_seq: int = DECODE_MAX_SEQ) -> list[dict[st
                "capacity": capacity}
     step_max = min(decode_max_seq, capacity_max)
     decode = {"batch": batch, "seq": (1, 1, step_max), "kept": (1, 1, step_max), "capacity": capacity}
+    lora = getattr(config, "lora", None)
+    if lora is not None:  # per-adapter rank dims, named lora_rank_<group> by the exporter
+        for shapes in (prefill, decode):
+            shapes["lora_rank_*"] = (1, lora.max_rank, lora.max_rank)
     return [prefill, decode]
 
 
@@ -70,6 +74,8 @@ def _add_profiles(trt, builder, config_trt, graph_path: Path, build_config) -> N
             bounds = []
             for dim in dims:
                 if isinstance(dim, str):
+                    if dim.startswith("lora_rank_") and "lora_rank_*" in shapes:
+                        dim = "lora_rank_*"
                     if dim not in shapes:
                         raise TensorRTBuildError(
                             f"{graph_path.name}: input {name!r} has a dynamic dimension {dim!r} the "
@@ -79,26 +85,6 @@ def _add_profiles(trt, builder, config_trt, graph_path: Path, build_config) -> N
                     bounds.append((dim, dim, dim))
             profile.set_shape(name, *(tuple(b[k] for b in bounds) for k in range(3)))
         config_trt.add_optimization_profile(profile)
-
-
-def make_logger(trt, min_severity=None):
-    """TensorRT's messages through Python logging, without the per-layer "node named nX already
-    exists" warnings: the parser inlines one function body per layer and its node names repeat."""
-    min_severity = trt.Logger.WARNING if min_severity is None else min_severity
-    levels = {trt.Logger.INTERNAL_ERROR: logging.CRITICAL, trt.Logger.ERROR: logging.ERROR,
-              trt.Logger.WARNING: logging.WARNING, trt.Logger.INFO: logging.INFO,
-              trt.Logger.VERBOSE: logging.DEBUG}
-
-    class Logger(trt.ILogger):
-        def __init__(self):
-            trt.ILogger.__init__(self)
-
-        def log(self, severity, msg):
-            if int(severity) > int(min_severity) or "already exists, the output tensors" in msg:
-                return
-            logging.getLogger("tensorrt").log(levels.get(severity, logging.WARNING), "%s", msg)
-
-    return Logger()
 
 
 def _progress_monitor(trt, report: Callable[[str], None]):
@@ -175,17 +161,41 @@ def compile_tensorrt(graph_path: Path, engine_dir_llm: Path, build_config, rtx: 
     graph_path, engine_dir_llm = Path(graph_path), Path(engine_dir_llm)
 
     logger = make_logger(trt)
+    parse_path = graph_path
     if not rtx:
         # Before the parser exists: it looks plugins up in the registry when it meets the node.
         from trt_llm.plugins.attention import register_tensorrt_plugin
 
         register_tensorrt_plugin()
+        parse_path = _graph_for_plugin(graph_path)
+    try:
+        return _build(trt, logger, parse_path, graph_path, engine_dir_llm, build_config, backend, rtx, report)
+    finally:
+        if parse_path != graph_path:
+            parse_path.unlink(missing_ok=True)
+
+
+def _graph_for_plugin(graph_path: Path) -> Path:
+    """The graph with its attention nodes pointing at our TensorRT plugin's namespace, written beside
+    the original (sharing its external weights, which are not loaded); the original if unchanged."""
+    from trt_llm.plugins.attention import with_tensorrt_plugin_namespace
+
+    model = onnx.load(graph_path, load_external_data=False)
+    if not with_tensorrt_plugin_namespace(model):
+        return graph_path
+    path = graph_path.with_name(graph_path.stem + ".tensorrt.onnx")
+    onnx.save_model(model, path)
+    return path
+
+
+def _build(trt, logger, parse_path: Path, graph_path: Path, engine_dir_llm: Path, build_config,
+           backend: str, rtx: bool, report) -> Path:
     builder = trt.Builder(logger)
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
     parser = trt.OnnxParser(network, logger)
     report("parsing ONNX")
     # From the path, not the bytes: the parser resolves model.onnx.data relative to the file.
-    if not parser.parse_from_file(str(graph_path)):
+    if not parser.parse_from_file(str(parse_path)):
         errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
         raise TensorRTBuildError(f"{backend}: the ONNX parser rejected {graph_path.name}: " + "; ".join(errors))
 

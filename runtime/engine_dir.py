@@ -7,7 +7,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FORMAT_VERSION = 1
-RUNNABLE_BACKENDS = ("cpu",)
+RUNNABLE_BACKENDS = ("cpu", "tensorrt", "tensorrt-rtx")  # the TensorRT ones need their module and a GPU
+
+
+def backend_missing(backend: str) -> str | None:
+    """Why engines of `backend` cannot run on this machine, or None when they can."""
+    if backend == "cpu":
+        return None
+    if backend in ("tensorrt", "tensorrt-rtx"):
+        from trt_llm.runtime.trt_import import runtime_missing
+
+        return runtime_missing(backend)
+    return f"this runtime runs {', '.join(RUNNABLE_BACKENDS)}"
 
 
 class EngineDirError(ValueError):
@@ -35,10 +46,18 @@ class EngineDir:
                 f"{manifest_path}: engine format version {version!r}, this runtime reads version "
                 f"{FORMAT_VERSION}; rebuild the engine with this version of trt-llm-build")
         backend = manifest.get("backend")
-        if backend not in RUNNABLE_BACKENDS:
-            raise EngineDirError(
-                f"{manifest_path}: backend {backend!r} cannot run here; this runtime runs "
-                f"{', '.join(RUNNABLE_BACKENDS)}")
+        why = backend_missing(backend) if isinstance(backend, str) else "no backend named"
+        if why:
+            raise EngineDirError(f"{manifest_path}: backend {backend!r} cannot run here: {why}")
+        built_with = manifest.get("components", {}).get("llm", {}).get("tensorrt_version")
+        if built_with is not None:
+            from trt_llm.runtime.trt_import import import_tensorrt
+
+            running = import_tensorrt(backend).__version__
+            if running != built_with:  # plans are tied to the exact TensorRT version that built them
+                raise EngineDirError(
+                    f"{manifest_path}: the engine was built with {backend} {built_with}, this machine "
+                    f"has {running}; rebuild it with trt-llm-build here")
         engine = cls(path, manifest)
         for name in ("engine", "embedding"):
             if not engine.component_path("llm", name).is_file():

@@ -32,3 +32,12 @@ class KVCache:
     def views(self):
         """(key, value) per layer for the active rows: contiguous views that share memory."""
         return [(k[: self.batch], v[: self.batch]) for k, v in zip(self.keys, self.values)]
+
+    def write_prefix(self, row: int, keys: list[np.ndarray], values: list[np.ndarray]) -> None:
+        """Restore saved KV ([Hkv, n, D] per layer) into the first n slots of `row`."""
+        for buffer, saved in zip((*self.keys, *self.values), (*keys, *values)):
+            buffer[row, :, : saved.shape[1]] = saved
+
+    def read_prefix(self, row: int, n: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Copies of the first n slots of `row`, per layer: (keys, values), each [Hkv, n, D]."""
+        return [k[row, :, :n].copy() for k in self.keys], [v[row, :, :n].copy() for v in self.values]

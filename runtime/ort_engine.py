@@ -24,6 +24,12 @@ class OrtEngine:
         self._binding = self.session.io_binding()
         self._bound = None  # what the cache/logits bindings point at now
 
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        """A cache this engine can bind: [batch, Hkv, capacity, D] per layer, in the graph's dtype."""
+        past = next(i for i in self.session.get_inputs() if i.name == "past_key_0")
+        dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[past.type]
+        return KVCache(self.num_layers, batch, past.shape[1], capacity, past.shape[3], dtype)
+
     def run(self, inputs_embeds: np.ndarray, position_ids: np.ndarray, past_lengths: np.ndarray,
             query_lengths: np.ndarray, logits_indices: np.ndarray, cache: KVCache,
             logits_out: np.ndarray, extra: dict[str, np.ndarray] | None = None) -> np.ndarray:

@@ -7,6 +7,7 @@ here, so nothing imports TensorRT unless a TensorRT backend is used, and every r
 from __future__ import annotations
 
 import importlib
+import logging
 
 MODULES = {"tensorrt": "tensorrt", "tensorrt-rtx": "tensorrt_rtx"}
 INSTALL = {"tensorrt": "pip install 'trt-llm[tensorrt]'", "tensorrt-rtx": "pip install 'trt-llm[tensorrt-rtx]'"}
@@ -69,3 +70,23 @@ def runtime_missing(backend: str) -> str | None:
     if count == 0:
         return f"backend {backend!r} engines run on an NVIDIA GPU; {why}"
     return None
+
+
+def make_logger(trt, min_severity=None):
+    """TensorRT's messages through Python logging, without the per-layer "node named nX already
+    exists" warnings: the parser inlines one function body per layer and its node names repeat."""
+    min_severity = trt.Logger.WARNING if min_severity is None else min_severity
+    levels = {trt.Logger.INTERNAL_ERROR: logging.CRITICAL, trt.Logger.ERROR: logging.ERROR,
+              trt.Logger.WARNING: logging.WARNING, trt.Logger.INFO: logging.INFO,
+              trt.Logger.VERBOSE: logging.DEBUG}
+
+    class Logger(trt.ILogger):
+        def __init__(self):
+            trt.ILogger.__init__(self)
+
+        def log(self, severity, msg):
+            if int(severity) > int(min_severity) or "already exists, the output tensors" in msg:
+                return
+            logging.getLogger("tensorrt").log(levels.get(severity, logging.WARNING), "%s", msg)
+
+    return Logger()

@@ -1,0 +1,109 @@
+"""The TensorRT backends as far as this machine reaches: TensorRT-RTX parses our graph (the attention
+op's function body inlined) and builds a plan ahead of time without a GPU; a missing TensorRT is a
+one-line error; an engine that needs a GPU is refused clearly where there is none."""
+
+import importlib.util
+import json
+
+import pytest
+
+from trt_llm.build.cli import main as build_main
+from trt_llm.runtime.trt_import import cuda_device_count
+
+HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
+needs_rtx = pytest.mark.skipif(not HAS_RTX, reason="TensorRT-RTX is not installed "
+                               "(pip install 'trt-llm[tensorrt-rtx]')")
+
+
+def _tensorrt_importable() -> bool:
+    try:
+        import tensorrt  # noqa: F401
+    except Exception:  # noqa: BLE001 - the PyPI stub raises on import without NVIDIA's libraries
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def rtx_engine(tiny_model, build_engine_for):
+    return build_engine_for(tiny_model("qwen3"), backend="tensorrt-rtx", max_batch_size=2,
+                            max_input_len=64, max_kv_cache_capacity=128)
+
+
+@needs_rtx
+def test_rtx_build_writes_a_plan_and_names_the_backend(rtx_engine):
+    import tensorrt_rtx as trt
+
+    manifest = json.loads((rtx_engine / "manifest.json").read_text())
+    assert manifest["backend"] == "tensorrt-rtx"
+    llm = manifest["components"]["llm"]
+    assert llm["engine"] == "llm/model.plan" and llm["tensorrt_version"] == trt.__version__
+    plan = rtx_engine / "llm" / "model.plan"
+    assert plan.is_file() and plan.stat().st_size > 100_000  # the tiny model's weights are inside
+    assert not (rtx_engine / "llm" / "model.cpu.onnx").exists()
+
+
+@needs_rtx
+def test_rtx_network_io_follows_the_graph_contract(rtx_engine):
+    from trt_llm.build.tensorrt_backend import describe_network
+
+    tensors = describe_network(rtx_engine / "llm" / "model.onnx", rtx=True)
+    assert tensors["inputs_embeds"] == ((-1, -1, 64), "FLOAT", True)
+    assert tensors["position_ids"][:2] == ((-1, -1), "INT32")
+    assert tensors["past_lengths"][:2] == ((-1,), "INT32")
+    assert tensors["logits"][2] is False and tensors["logits"][1] == "FLOAT"
+    for i in range(2):
+        for kind in ("key", "value"):
+            past, present = tensors[f"past_{kind}_{i}"], tensors[f"present_{kind}_{i}"]
+            assert past[0] == present[0] and past[0][0] == -1 and past[0][2] == -1
+
+
+@needs_rtx
+def test_rtx_profiles_cover_prefill_and_decode(rtx_engine):
+    from trt_llm.build.tensorrt_backend import DECODE_MAX_SEQ, profile_shapes
+    from trt_llm.schemas.build_config import BuildConfig
+
+    config = BuildConfig(**json.loads((rtx_engine / "manifest.json").read_text())["build_config"])
+    prefill, decode = profile_shapes(config)
+    assert prefill["seq"] == (1, 64, 64) and prefill["batch"] == (1, 2, 2)
+    assert decode["seq"][2] == DECODE_MAX_SEQ and decode["capacity"] == (1, 128, 128)
+    if cuda_device_count()[0] == 0:
+        pytest.skip("deserializing a plan needs a GPU")
+    import tensorrt_rtx as trt
+
+    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+    engine = runtime.deserialize_cuda_engine((rtx_engine / "llm" / "model.plan").read_bytes())
+    assert engine.num_optimization_profiles == 2
+    assert tuple(engine.get_tensor_profile_shape("inputs_embeds", 1)[2]) == (2, DECODE_MAX_SEQ, 64)
+
+
+@needs_rtx
+def test_rtx_engine_without_a_gpu_is_refused_clearly(rtx_engine):
+    from trt_llm.runtime.engine_dir import EngineDir, EngineDirError
+
+    if cuda_device_count()[0] > 0:
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(EngineDirError, match="backend 'tensorrt-rtx' cannot run here: .*NVIDIA GPU"):
+        EngineDir.open(rtx_engine)
+
+
+@needs_rtx
+def test_unknown_compute_capability_lists_the_choices():
+    import tensorrt_rtx as trt
+
+    from trt_llm.build.tensorrt_backend import TensorRTBuildError, compute_capability
+
+    assert compute_capability(trt, "sm86") == trt.ComputeCapability.SM86
+    with pytest.raises(TensorRTBuildError, match="compute_capability: 'SM90' .* SM80, SM86"):
+        compute_capability(trt, "SM90")
+
+
+@pytest.mark.skipif(_tensorrt_importable(), reason="TensorRT is installed here")
+def test_tensorrt_missing_is_one_line_naming_the_install(tmp_path, tiny_model, capsys):
+    out = tmp_path / "engine"
+    config = tmp_path / "config.yaml"
+    config.write_text(f"model: {tiny_model('qwen3')}\noutput_dir: {out}\nbackend: tensorrt\n")
+    assert build_main([str(config), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "pip install 'trt-llm[tensorrt]'" in err and err.startswith("trt-llm-build: error: backend 'tensorrt'")
+    assert not out.exists() and not (tmp_path / "engine.building").exists()
