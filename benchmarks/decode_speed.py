@@ -68,9 +68,9 @@ def parse_args(argv=None):
     p.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "trt-llm-bench")
     p.add_argument("--hf-dir", type=Path, default=None,
                    help=f"an fp32 HF directory of {MODEL_NAME} (default: converted from the GGUF)")
-    p.add_argument("--wait-idle", type=float, default=30.0,
-                   help="before each round, wait up to this many seconds for other processes to use "
-                        "< 0.3 cores (default 30; 0 = never wait)")
+    p.add_argument("--wait-idle", type=float, default=20.0,
+                   help="before each timed run, wait up to this many seconds for other processes to use "
+                        "< 0.3 cores (default 20; 0 = never wait)")
     p.add_argument("--rebuild", action="store_true", help="rebuild our engine and the GenAI model")
     p.add_argument("--no-chat-template", action="store_true", help="raw prompts instead of chat-formatted")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -264,7 +264,7 @@ class LoadMeter:
         deadline = time.perf_counter() + max_wait
         while True:
             before = self.snapshot()
-            time.sleep(1.0)
+            time.sleep(0.5)
             load = self.other_cores(before, self.snapshot())
             if load < threshold or time.perf_counter() >= deadline:
                 return load
@@ -503,11 +503,11 @@ def main(argv=None) -> int:
     meter = LoadMeter()
     runs = {key: [] for key in plan}
     for r in range(args.rounds):
-        idle = meter.wait_idle(args.wait_idle)
-        if idle is not None and idle >= 0.3:
-            log(f"round {r + 1}: other processes still use {idle:.1f} cores after {args.wait_idle:.0f} s; "
-                "running anyway")
         for name, b in plan:
+            idle = meter.wait_idle(args.wait_idle)
+            if idle is not None and idle >= 0.3:
+                log(f"round {r + 1}, {name} b{b}: other processes still use {idle:.1f} cores after "
+                    f"{args.wait_idle:.0f} s; running anyway")
             before = meter.snapshot()
             result = runners[name].run(prompts[:b], n)
             other = meter.other_cores(before, meter.snapshot())

@@ -17,9 +17,9 @@ from trt_llm.plugins import attention as _attention  # noqa: F401 - registers to
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    # Written as w * (x / sqrt(mean(x^2) + eps)): ONNX Runtime fuses this form into
-    # SimplifiedLayerNormalization (the rsqrt form is not fused).
-    return weight * (x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps))
+    # Written as w * (x / sqrt(mean(x.pow(2)) + eps)): ONNX Runtime fuses exactly this form (with
+    # Pow, not Mul(x, x); sqrt and divide, not rsqrt) into (Skip)SimplifiedLayerNormalization.
+    return weight * (x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
 def _linear_params(*linears: nn.Linear) -> tuple[nn.Parameter, nn.Parameter | None]:

@@ -147,7 +147,7 @@ def compute_capability(trt, name: str | None):
     key = name.upper()
     members = trt.ComputeCapability.__members__
     if key not in members or key == "NONE":
-        raise TensorRTBuildError(f"compute_capability: {name!r} is not one TensorRT-RTX builds for; "
+        raise TensorRTBuildError(f"rtx_compute_capability: {name!r} is not one TensorRT-RTX builds for; "
                                  f"choose one of {', '.join(m for m in members if m != 'NONE')}")
     return members[key]
 
@@ -202,7 +202,7 @@ def _build(trt, logger, parse_path: Path, graph_path: Path, engine_dir_llm: Path
     config_trt = builder.create_builder_config()
     if rtx:
         config_trt.num_compute_capabilities = 1
-        config_trt.set_compute_capability(compute_capability(trt, getattr(build_config, "compute_capability", None)), 0)
+        config_trt.set_compute_capability(compute_capability(trt, getattr(build_config, "rtx_compute_capability", None)), 0)
     if build_config.dtype == "fp32" and hasattr(trt.BuilderFlag, "TF32"):
         # fp32 engines are checked against transformers to 1e-3; TF32 matmuls drift past that.
         config_trt.clear_flag(trt.BuilderFlag.TF32)

@@ -47,7 +47,7 @@ class BuildConfig(BaseModel):
     max_kv_cache_capacity: int = Field(4096, ge=1, description="Prompt + generated tokens per sequence; "
                                        ">= max_input_len.")
     trust_remote_code: bool = False
-    compute_capability: str = Field(
+    rtx_compute_capability: str = Field(
         "auto", pattern=r"^(auto|SM\d+)$",
         description="tensorrt-rtx only: the GPU architecture the engine is built for ahead of time "
                     "(SM75, SM80, SM86, SM89, SM120, SM121); auto = the GPU present, else SM80.")

@@ -93,7 +93,7 @@ def test_unknown_compute_capability_lists_the_choices():
     from trt_llm.build.tensorrt_backend import TensorRTBuildError, compute_capability
 
     assert compute_capability(trt, "sm86") == trt.ComputeCapability.SM86
-    with pytest.raises(TensorRTBuildError, match="compute_capability: 'SM90' .* SM80, SM86"):
+    with pytest.raises(TensorRTBuildError, match="rtx_compute_capability: 'SM90' .* SM80, SM86"):
         compute_capability(trt, "SM90")
 
 
