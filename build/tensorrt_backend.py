@@ -161,41 +161,23 @@ def compile_tensorrt(graph_path: Path, engine_dir_llm: Path, build_config, rtx: 
     graph_path, engine_dir_llm = Path(graph_path), Path(engine_dir_llm)
 
     logger = make_logger(trt)
-    parse_path = graph_path
     if not rtx:
-        # Before the parser exists: it looks plugins up in the registry when it meets the node.
+        # Before the parser exists: it looks plugins up in the registry when it meets the node,
+        # whose plugin_namespace attribute names the plugin's namespace.
         from trt_llm.plugins.attention import register_tensorrt_plugin
 
         register_tensorrt_plugin()
-        parse_path = _graph_for_plugin(graph_path)
-    try:
-        return _build(trt, logger, parse_path, graph_path, engine_dir_llm, build_config, backend, rtx, report)
-    finally:
-        if parse_path != graph_path:
-            parse_path.unlink(missing_ok=True)
+    return _build(trt, logger, graph_path, engine_dir_llm, build_config, backend, rtx, report)
 
 
-def _graph_for_plugin(graph_path: Path) -> Path:
-    """The graph with its attention nodes pointing at our TensorRT plugin's namespace, written beside
-    the original (sharing its external weights, which are not loaded); the original if unchanged."""
-    from trt_llm.plugins.attention import with_tensorrt_plugin_namespace
-
-    model = onnx.load(graph_path, load_external_data=False)
-    if not with_tensorrt_plugin_namespace(model):
-        return graph_path
-    path = graph_path.with_name(graph_path.stem + ".tensorrt.onnx")
-    onnx.save_model(model, path)
-    return path
-
-
-def _build(trt, logger, parse_path: Path, graph_path: Path, engine_dir_llm: Path, build_config,
+def _build(trt, logger, graph_path: Path, engine_dir_llm: Path, build_config,
            backend: str, rtx: bool, report) -> Path:
     builder = trt.Builder(logger)
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
     parser = trt.OnnxParser(network, logger)
     report("parsing ONNX")
     # From the path, not the bytes: the parser resolves model.onnx.data relative to the file.
-    if not parser.parse_from_file(str(parse_path)):
+    if not parser.parse_from_file(str(graph_path)):
         errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
         raise TensorRTBuildError(f"{backend}: the ONNX parser rejected {graph_path.name}: " + "; ".join(errors))
 

@@ -37,7 +37,8 @@ from torch import Tensor
 
 DOMAIN = "trt"
 OP_NAME = "AttentionPlugin"
-PLUGIN_NAMESPACE = "trt"
+# "trt" is reserved by tensorrt.plugin, so the plugin lives in our own namespace.
+PLUGIN_NAMESPACE = "trt_llm"
 _TRT = onnxscript.values.Opset(DOMAIN, 1)
 
 
@@ -301,12 +302,10 @@ def lower_for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
 # Facet 4: the TensorRT plugin, through `tensorrt.plugin` (TensorRT 10.7+ "quickly deployable plugins").
 # Registered on demand by the TensorRT backend: importing this module never imports tensorrt.
 #
-# The plugin's namespace cannot be PLUGIN_NAMESPACE: tensorrt.plugin reserves "trt" (also "",
-# "tensorrt", "std") and refuses to register "trt::AttentionPlugin". The parser matches a node to
-# a plugin by op type and the node's `plugin_namespace` attribute, so the TensorRT backend parses a
-# graph whose nodes carry TENSORRT_PLUGIN_NAMESPACE (build/tensorrt_backend.py).
+# The parser matches a node to a plugin by op type and the node's `plugin_namespace` attribute
+# (PLUGIN_NAMESPACE; tensorrt.plugin reserves "trt", "", "tensorrt" and "std").
 
-TENSORRT_PLUGIN_NAMESPACE = "trt_llm"
+TENSORRT_PLUGIN_NAMESPACE = PLUGIN_NAMESPACE
 TENSORRT_PLUGIN_ID = f"{TENSORRT_PLUGIN_NAMESPACE}::{OP_NAME}"
 _tensorrt_registered = False
 
@@ -367,15 +366,3 @@ def register_tensorrt_plugin() -> str:
     trtp.impl(TENSORRT_PLUGIN_ID)(run)
     _tensorrt_registered = True
     return TENSORRT_PLUGIN_ID
-
-
-def with_tensorrt_plugin_namespace(model: onnx.ModelProto) -> bool:
-    """Point every AttentionPlugin node at the TensorRT plugin, in place; True if any node changed."""
-    changed = False
-    for node in model.graph.node:
-        if node.domain == DOMAIN and node.op_type == OP_NAME:
-            for attribute in node.attribute:
-                if attribute.name == "plugin_namespace" and attribute.s != TENSORRT_PLUGIN_NAMESPACE.encode():
-                    attribute.s = TENSORRT_PLUGIN_NAMESPACE.encode()
-                    changed = True
-    return changed

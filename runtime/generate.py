@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from trt_llm.runtime.kv_cache import KVCache
 from trt_llm.runtime.sampler import Sampler, log_softmax_topn, token_logprob
 
 END_OF_SEQUENCE = "end-of-sequence"
@@ -48,9 +47,9 @@ class Model:
         self.dims = dims
         self.eos = set(eos_token_ids)
 
-    def new_cache(self, batch: int, capacity: int) -> KVCache:
-        d = self.dims
-        return KVCache(d["num_layers"], batch, d["kv_heads"], capacity, d["head_dim"], self.embedding.dtype)
+    def new_cache(self, batch: int, capacity: int):
+        # The engine owns its cache's memory (host arrays for ONNX Runtime, device buffers for TensorRT).
+        return self.engine.new_cache(batch, capacity)
 
 
 def generate(model: Model, sequences: list[Sequence], sampler: Sampler, num_logprobs: int = 0,
@@ -139,19 +138,16 @@ def _record_logprobs(rows: list[Sequence], logits: torch.Tensor, sampled: torch.
         s.token_logprobs.append(value)
 
 
-def _restore(cache: KVCache, row: int, entry) -> int:
+def _restore(cache, row: int, entry) -> int:
     """Copy a saved prefix's KV into `row`; returns how many tokens it covers."""
     if entry is None:
         return 0
-    n = len(entry.token_ids)
-    for buffer, saved in zip((*cache.keys, *cache.values), (*entry.keys, *entry.values)):
-        buffer[row, :, :n] = saved
-    return n
+    cache.write_prefix(row, entry.keys, entry.values)
+    return len(entry.token_ids)
 
 
-def _snapshot(cache: KVCache, row: int, token_ids: list[int]):
+def _snapshot(cache, row: int, token_ids: list[int]):
     from trt_llm.runtime.prefix_cache import Entry
 
-    n = len(token_ids)
-    return Entry(tuple(token_ids), [k[row, :, :n].copy() for k in cache.keys],
-                 [v[row, :, :n].copy() for v in cache.values])
+    keys, values = cache.read_prefix(row, len(token_ids))
+    return Entry(tuple(token_ids), keys, values)

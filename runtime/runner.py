@@ -53,12 +53,12 @@ class Runner:
         from safetensors.numpy import load_file
         from transformers import AutoTokenizer
 
-        from trt_llm.runtime.ort_engine import OrtEngine
+        from trt_llm.runtime.engines import open_engine
 
         self.engine_dir = engine_dir
         dims = engine_dir.dims
         embedding = load_file(str(engine_dir.component_path("llm", "embedding")))["embedding"]
-        engine = OrtEngine(engine_dir.component_path("llm", "engine"), dims["num_layers"], threads)
+        engine = open_engine(engine_dir, threads)
         self.model = Model(engine, embedding, dims, engine_dir.eos_token_ids)
         self.tokenizer = AutoTokenizer.from_pretrained(engine_dir.tokenizer_dir)
         self.token_bytes = TokenBytes(self.tokenizer, vocab_size=dims["vocab_size"])
