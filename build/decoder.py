@@ -71,7 +71,7 @@ class DecoderLayer(nn.Module):
             k = rms_norm(k.reshape(batch, seq, d.kv_heads, d.head_dim), self.k_norm, d.rms_norm_eps)
             qkv = torch.cat([q.reshape(batch, seq, -1), k.reshape(batch, seq, -1), v], dim=-1)
         attn, present_key, present_value = torch.ops.trt_llm.attention(
-            qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin,
+            qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin, None,
             d.num_heads, d.kv_heads, d.head_dim ** -0.5,
         )
         hidden = hidden + _with_lora(F.linear(attn, self.o_weight, self.o_bias), attn, lora.get("o"))

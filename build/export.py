@@ -94,8 +94,10 @@ def finish_custom_nodes(model: onnx.ModelProto) -> None:
             keep = [a for a in node.attribute if not a.name.startswith("_")]
             del node.attribute[:]
             node.attribute.extend(keep)
-    if not any(f.name == attention.OP_NAME and f.domain == attention.DOMAIN for f in model.functions):
-        model.functions.append(attention.function_proto())
+    present = {(f.domain, f.name) for f in model.functions}
+    for function in attention.function_protos():
+        if (function.domain, function.name) not in present:
+            model.functions.append(function)
 
 
 def save_model(model: onnx.ModelProto, path: Path) -> None:

@@ -12,9 +12,16 @@ Inputs (shapes):
     position_ids   [B, S] int32              rotary positions of the new tokens
     cos_cache      [P, D/2] float            cos(position * inv_freq) * attention scaling
     sin_cache      [P, D/2] float
+    tree_mask      [B, S, S] bool, optional  which new tokens each new token sees (EAGLE tree
+                                             verification); without it the new tokens are causal
 Attributes: num_heads, kv_num_heads, scale.
 Outputs: attention output [B, S, Hq * D] (zeros at padded positions), present_key, present_value
 (the caches with the new tokens written at past_lengths .. past_lengths + query_lengths - 1).
+Every new token sees all cached slots before past_lengths, and the new tokens that tree_mask allows
+(itself and its ancestors, which the runtime orders before it).
+
+The ONNX face has two node types: `AttentionPlugin` (causal) and `TreeAttentionPlugin` (with the
+tree_mask input); the causal one's function body builds a causal mask and calls the tree one's.
 
 Facets:
  1. `attention`: a torch custom op with an eager reference implementation (the ground truth).
@@ -37,41 +44,44 @@ from torch import Tensor
 
 DOMAIN = "trt"
 OP_NAME = "AttentionPlugin"
+TREE_OP_NAME = "TreeAttentionPlugin"
+OP_NAMES = (OP_NAME, TREE_OP_NAME)
 # "trt" is reserved by tensorrt.plugin, so the plugin lives in our own namespace.
 PLUGIN_NAMESPACE = "trt_llm"
 _TRT = onnxscript.values.Opset(DOMAIN, 1)
 
 
-def _register_schema() -> None:
-    """Register the node's schema so onnxscript (and the exporter) can emit `trt::AttentionPlugin`."""
-    if onnx.defs.has(OP_NAME, DOMAIN):
-        return
+def _register_schemas() -> None:
+    """Register the nodes' schemas so onnxscript (and the exporter) can emit them."""
     float_types = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
-    int_types = ["tensor(int32)"]
     Param = onnx.defs.OpSchema.FormalParameter
     Attr = onnx.defs.OpSchema.Attribute
     AttrType = onnx.defs.OpSchema.AttrType
-    schema = onnx.defs.OpSchema(
-        OP_NAME, DOMAIN, 1,
-        doc="Attention over an in-place KV cache with internal rotary (see trt_llm.plugins.attention).",
-        inputs=[
-            Param("qkv", "T"), Param("past_key", "T"), Param("past_value", "T"),
-            Param("past_lengths", "I"), Param("query_lengths", "I"), Param("position_ids", "I"),
-            Param("cos_cache", "T"), Param("sin_cache", "T"),
-        ],
-        outputs=[Param("output", "T"), Param("present_key", "T"), Param("present_value", "T")],
-        type_constraints=[("T", float_types, "activations"), ("I", int_types, "lengths and positions")],
-        attributes=[
-            Attr("num_heads", AttrType.INT, "query heads"),
-            Attr("kv_num_heads", AttrType.INT, "key/value heads"),
-            Attr("scale", AttrType.FLOAT, "softmax scale"),
-            Attr("plugin_namespace", AttrType.STRING, "TensorRT plugin namespace"),
-        ],
-    )
-    onnx.defs.register_schema(schema)
+    inputs = [
+        Param("qkv", "T"), Param("past_key", "T"), Param("past_value", "T"),
+        Param("past_lengths", "I"), Param("query_lengths", "I"), Param("position_ids", "I"),
+        Param("cos_cache", "T"), Param("sin_cache", "T"),
+    ]
+    for name, extra in ((OP_NAME, []), (TREE_OP_NAME, [Param("tree_mask", "B")])):
+        if onnx.defs.has(name, DOMAIN):
+            continue
+        onnx.defs.register_schema(onnx.defs.OpSchema(
+            name, DOMAIN, 1,
+            doc="Attention over an in-place KV cache with internal rotary (see trt_llm.plugins.attention).",
+            inputs=inputs + extra,
+            outputs=[Param("output", "T"), Param("present_key", "T"), Param("present_value", "T")],
+            type_constraints=[("T", float_types, "activations"), ("I", ["tensor(int32)"], "lengths, positions"),
+                              ("B", ["tensor(bool)"], "tree mask")],
+            attributes=[
+                Attr("num_heads", AttrType.INT, "query heads"),
+                Attr("kv_num_heads", AttrType.INT, "key/value heads"),
+                Attr("scale", AttrType.FLOAT, "softmax scale"),
+                Attr("plugin_namespace", AttrType.STRING, "TensorRT plugin namespace"),
+            ],
+        ))
 
 
-_register_schema()
+_register_schemas()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -99,6 +109,7 @@ def attention(
     position_ids: Tensor,
     cos_cache: Tensor,
     sin_cache: Tensor,
+    tree_mask: Tensor | None,
     num_heads: int,
     kv_num_heads: int,
     scale: float,
@@ -123,21 +134,26 @@ def attention(
         written[:, None, :, None], torch.gather(v.transpose(1, 2), 2, source), past_value
     )
 
-    query_positions = past_lengths[:, None] + torch.arange(seq)[None, :]  # [B, S] absolute
-    visible = slots[None, None, :] <= query_positions[:, :, None]  # [B, S, L] causal
+    if tree_mask is None:
+        tree_mask = torch.ones(seq, seq, dtype=torch.bool).tril().expand(batch, seq, seq)
+    # Key slot j: cached (j < past) is always visible; new token j - past when the tree allows.
+    allowed = torch.gather(tree_mask, 2, offset.clamp(0, seq - 1)[:, None, :].expand(batch, seq, capacity))
+    visible = (offset < 0)[:, None, :] | (written[:, None, :] & allowed)  # [B, S, L]
     group = num_heads // kv_num_heads
     keys = present_key.repeat_interleave(group, dim=1)
     values = present_value.repeat_interleave(group, dim=1)
     scores = (q.transpose(1, 2) @ keys.transpose(-1, -2)) * scale  # [B, Hq, S, L]
     scores = scores.masked_fill(~visible[:, None], float("-inf"))
-    out = (scores.softmax(-1) @ values).transpose(1, 2).reshape(batch, seq, num_heads * head_dim)
+    # A padded query may see nothing at all: its softmax is NaN, and it is zeroed below anyway.
+    probs = torch.nan_to_num(scores.softmax(-1), nan=0.0)
+    out = (probs @ values).transpose(1, 2).reshape(batch, seq, num_heads * head_dim)
     valid_query = torch.arange(seq)[None, :] < query_lengths[:, None]
     return out * valid_query[:, :, None].to(out.dtype), present_key, present_value
 
 
 @attention.register_fake
 def _attention_fake(qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos_cache,
-                    sin_cache, num_heads, kv_num_heads, scale):
+                    sin_cache, tree_mask, num_heads, kv_num_heads, scale):
     batch, seq, _ = qkv.shape
     head_dim = past_key.shape[-1]
     return (
@@ -154,19 +170,20 @@ def _attention_fake(qkv, past_key, past_value, past_lengths, query_lengths, posi
 
 def onnx_translation(
     qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos_cache, sin_cache,
-    num_heads: int, kv_num_heads: int, scale: float,
+    tree_mask, num_heads: int, kv_num_heads: int, scale: float,
 ) -> tuple[onnxscript.onnx_types.FLOAT, onnxscript.onnx_types.FLOAT, onnxscript.onnx_types.FLOAT]:
     # The return annotation matters: without it the exporter infers zero outputs.
-    return _TRT.AttentionPlugin(
-        qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos_cache, sin_cache,
-        num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale,
-        plugin_namespace=PLUGIN_NAMESPACE, _outputs=3,
-    )
+    inputs = [qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos_cache, sin_cache]
+    attributes = dict(num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale,
+                      plugin_namespace=PLUGIN_NAMESPACE, _outputs=3)
+    if tree_mask is None:
+        return _TRT.AttentionPlugin(*inputs, **attributes)
+    return _TRT.TreeAttentionPlugin(*inputs, tree_mask, **attributes)
 
 
 @onnxscript.script(_TRT, default_opset=op)
-def AttentionPlugin(  # noqa: N802 - the function's name is the node's op type
-    qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos_cache, sin_cache,
+def TreeAttentionPlugin(  # noqa: N802 - the function's name is the node's op type
+    qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos_cache, sin_cache, tree_mask,
     num_heads: int, kv_num_heads: int, scale: float, plugin_namespace: str,
 ):
     zero = op.Constant(value_ints=[0])
@@ -209,10 +226,13 @@ def AttentionPlugin(  # noqa: N802 - the function's name is the node's op type
     present_key = op.Where(written_4d, op.GatherElements(k_t, source_idx, axis=2), past_key)
     present_value = op.Where(written_4d, op.GatherElements(v_t, source_idx, axis=2), past_value)
 
-    # Grouped-query attention over the whole capacity with a causal mask on absolute positions.
+    # Grouped-query attention over the whole capacity. Key slot j: cached (j < past) is visible;
+    # new token j - past when the tree mask allows it.
     seq_range = op.Range(op.Constant(value_int=0), op.Squeeze(seq, zero), op.Constant(value_int=1))
-    query_pos = op.Add(op.Unsqueeze(past, one), op.Unsqueeze(seq_range, zero))  # [B, S]
-    visible = op.LessOrEqual(op.Unsqueeze(slots, op.Constant(value_ints=[0, 1])), op.Unsqueeze(query_pos, two))
+    mask_shape = op.Concat(batch, seq, capacity, axis=0)
+    allowed = op.GatherElements(tree_mask, op.Expand(op.Unsqueeze(source, one), mask_shape), axis=2)
+    cached = op.Less(offset, op.Constant(value_int=0))
+    visible = op.Or(op.Unsqueeze(cached, one), op.And(op.Unsqueeze(written, one), allowed))  # [B, S, L]
     group = op.Div(q_heads, kv_heads)
     rep_shape = op.Concat(batch, kv_heads, group, capacity, head_dim, axis=0)
     flat_shape = op.Concat(batch, q_heads, capacity, head_dim, axis=0)
@@ -223,6 +243,8 @@ def AttentionPlugin(  # noqa: N802 - the function's name is the node's op type
     neg_inf = op.CastLike(op.Constant(value_float=float("-inf")), scores)
     scores = op.Where(op.Unsqueeze(visible, one), scores, neg_inf)
     probs = op.Softmax(scores, axis=-1)
+    # A padded query may see nothing at all: its NaN row is zeroed below anyway.
+    probs = op.Where(op.IsNaN(probs), op.CastLike(op.Constant(value_float=0.0), probs), probs)
     out = op.Transpose(op.MatMul(probs, values), perm=[0, 2, 1, 3])  # [B, S, Hq, D]
     out = op.Reshape(out, op.Concat(batch, seq, op.Constant(value_ints=[-1]), axis=0))
     valid = op.Less(op.Unsqueeze(seq_range, zero), op.Unsqueeze(new, one))  # [B, S]
@@ -230,9 +252,52 @@ def AttentionPlugin(  # noqa: N802 - the function's name is the node's op type
     return out, present_key, present_value
 
 
-def function_proto() -> onnx.FunctionProto:
-    """The function body to attach to a model that holds `trt::AttentionPlugin` nodes."""
-    return AttentionPlugin.to_function_proto()
+@onnxscript.script(_TRT, default_opset=op)
+def _causal_tree_mask(qkv):
+    # Causal = a tree in which every new token's ancestors are all the tokens before it.
+    seq = op.Shape(qkv, start=1, end=2)
+    square = op.Concat(op.Shape(qkv, start=0, end=1), seq, seq, axis=0)
+    ones = op.Expand(op.Constant(value_int=1), op.Concat(seq, seq, axis=0))
+    causal = op.Cast(op.Trilu(ones, upper=0), to=9)
+    tree_mask = op.Expand(op.Unsqueeze(causal, op.Constant(value_ints=[0])), square)
+    return tree_mask
+
+
+def _causal_function_proto() -> onnx.FunctionProto:
+    """AttentionPlugin's body: the causal mask, then the tree body, in one flat function.
+
+    Flat rather than a call of the tree function: TensorRT-RTX's parser rejects a model-local
+    function that calls another one."""
+    tree = TreeAttentionPlugin.to_function_proto()
+    prelude = _causal_tree_mask.to_function_proto()
+    rename = {name: f"causal/{name}" for node in prelude.node for name in node.output}
+    nodes = []
+    for node in prelude.node:
+        renamed = onnx.NodeProto()
+        renamed.CopyFrom(node)
+        renamed.input[:] = [rename.get(name, name) for name in node.input]
+        renamed.output[:] = [rename[name] for name in node.output]
+        renamed.name = f"causal/{node.name}"
+        nodes.append(renamed)
+    mask = rename[prelude.output[0]]
+    for node in tree.node:
+        bound = onnx.NodeProto()
+        bound.CopyFrom(node)
+        bound.input[:] = [mask if name == "tree_mask" else name for name in node.input]
+        nodes.append(bound)
+    function = onnx.FunctionProto()
+    function.CopyFrom(tree)
+    function.name = OP_NAME
+    del function.input[:]
+    function.input.extend(tree.input[:8])
+    del function.node[:]
+    function.node.extend(nodes)
+    return function
+
+
+def function_protos() -> list[onnx.FunctionProto]:
+    """The function bodies of both node types, to attach to a model that holds them."""
+    return [TreeAttentionPlugin.to_function_proto(), _causal_function_proto()]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -247,29 +312,39 @@ def _attr(node: onnx.NodeProto, name: str):
 
 
 def lower_for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Rewrite every AttentionPlugin node into com.microsoft.GroupQueryAttention, in place.
+    """Rewrite every attention node into com.microsoft.GroupQueryAttention, in place.
 
     GQA wants seqlens_k = past + new - 1, total_sequence_length = the cache capacity (so present and
     past share one buffer when bound to the same memory) and query_seqlens so that a ragged batch may
-    have several new tokens on a non-empty cache. These are computed once and shared by all layers.
+    have several new tokens on a non-empty cache. A tree mask becomes an additive attention_bias
+    [B, 1, S, L] over absolute key slots (GQA's own causal mask agrees with it: a node's ancestors
+    come before it). These are computed once and shared by all layers.
     """
     graph = model.graph
-    plugin_nodes = [n for n in graph.node if n.domain == DOMAIN and n.op_type == OP_NAME]
+    plugin_nodes = [n for n in graph.node if n.domain == DOMAIN and n.op_type in OP_NAMES]
     if not plugin_nodes:
         return model
     first = plugin_nodes[0]
     past_key, past_lengths, query_lengths, position_ids = (
         first.input[1], first.input[3], first.input[4], first.input[5])
-    prefix = "trt_llm_gqa"
+    p = "trt_llm_gqa"
+
+    def const(name, value, dtype=onnx.TensorProto.INT32):
+        return helper.make_node("Constant", [], [f"{p}/{name}"], value=helper.make_tensor(name, dtype, [], [value]))
+
     shared = [
-        helper.make_node("Add", [past_lengths, query_lengths], [f"{prefix}/total"]),
-        helper.make_node("Constant", [], [f"{prefix}/one"], value=helper.make_tensor("one", onnx.TensorProto.INT32, [], [1])),
-        helper.make_node("Sub", [f"{prefix}/total", f"{prefix}/one"], [f"{prefix}/seqlens_k"]),
-        helper.make_node("Shape", [past_key], [f"{prefix}/capacity_1d"], start=2, end=3),
-        helper.make_node("Cast", [f"{prefix}/capacity_1d"], [f"{prefix}/capacity_i32"], to=onnx.TensorProto.INT32),
-        helper.make_node("Squeeze", [f"{prefix}/capacity_i32"], [f"{prefix}/total_sequence_length"]),
-        helper.make_node("Cast", [position_ids], [f"{prefix}/position_ids"], to=onnx.TensorProto.INT64),
+        helper.make_node("Add", [past_lengths, query_lengths], [f"{p}/total"]),
+        const("one", 1),
+        helper.make_node("Sub", [f"{p}/total", f"{p}/one"], [f"{p}/seqlens_k"]),
+        helper.make_node("Shape", [past_key], [f"{p}/capacity_1d"], start=2, end=3),
+        helper.make_node("Cast", [f"{p}/capacity_1d"], [f"{p}/capacity_i32"], to=onnx.TensorProto.INT32),
+        helper.make_node("Squeeze", [f"{p}/capacity_i32"], [f"{p}/total_sequence_length"]),
+        helper.make_node("Cast", [position_ids], [f"{p}/position_ids"], to=onnx.TensorProto.INT64),
     ]
+    tree_nodes = [n for n in plugin_nodes if n.op_type == TREE_OP_NAME]
+    if tree_nodes:
+        shared += _attention_bias_nodes(p, tree_nodes[0].input[8], past_lengths, query_lengths, first.input[0],
+                                        const)
     new_nodes = []
     for node in graph.node:
         if node not in plugin_nodes:
@@ -277,11 +352,12 @@ def lower_for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
             continue
         if node is first:
             new_nodes.extend(shared)
-        qkv, past_k, past_v, _, _, _, cos_cache, sin_cache = node.input
+        qkv, past_k, past_v, _, _, _, cos_cache, sin_cache = node.input[:8]
+        bias = f"{p}/attention_bias" if node.op_type == TREE_OP_NAME else ""
         new_nodes.append(helper.make_node(
             "GroupQueryAttention",
-            [qkv, "", "", past_k, past_v, f"{prefix}/seqlens_k", f"{prefix}/total_sequence_length",
-             cos_cache, sin_cache, f"{prefix}/position_ids", "", "", "", "", "", "", query_lengths],
+            [qkv, "", "", past_k, past_v, f"{p}/seqlens_k", f"{p}/total_sequence_length",
+             cos_cache, sin_cache, f"{p}/position_ids", bias, "", "", "", "", "", query_lengths],
             list(node.output),
             name=node.name,
             domain="com.microsoft",
@@ -298,6 +374,49 @@ def lower_for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def _attention_bias_nodes(p, tree_mask, past_lengths, query_lengths, activations, const) -> list[onnx.NodeProto]:
+    """attention_bias [B, 1, S, L]: 0 where key slot j is visible to new token i, else -inf.
+
+    Visible: a cached slot (j < past), or a new token (past <= j < past + new) the tree allows."""
+    n = helper.make_node
+    return [
+        const("zero", 0, onnx.TensorProto.INT64), const("step", 1, onnx.TensorProto.INT64),
+        n("Cast", [f"{p}/capacity_1d"], [f"{p}/capacity_i64"], to=onnx.TensorProto.INT64),
+        n("Squeeze", [f"{p}/capacity_i64"], [f"{p}/capacity"]),
+        n("Range", [f"{p}/zero", f"{p}/capacity", f"{p}/step"], [f"{p}/slots"]),
+        n("Cast", [past_lengths], [f"{p}/past_i64"], to=onnx.TensorProto.INT64),
+        n("Cast", [query_lengths], [f"{p}/new_i64"], to=onnx.TensorProto.INT64),
+        n("Constant", [], [f"{p}/axes0"], value=helper.make_tensor("a0", onnx.TensorProto.INT64, [1], [0])),
+        n("Constant", [], [f"{p}/axes1"], value=helper.make_tensor("a1", onnx.TensorProto.INT64, [1], [1])),
+        n("Unsqueeze", [f"{p}/slots", f"{p}/axes0"], [f"{p}/slots_row"]),
+        n("Unsqueeze", [f"{p}/past_i64", f"{p}/axes1"], [f"{p}/past_col"]),
+        n("Unsqueeze", [f"{p}/new_i64", f"{p}/axes1"], [f"{p}/new_col"]),
+        n("Sub", [f"{p}/slots_row", f"{p}/past_col"], [f"{p}/offset"]),  # [B, L]
+        n("Less", [f"{p}/offset", f"{p}/zero"], [f"{p}/cached"]),
+        n("Less", [f"{p}/offset", f"{p}/new_col"], [f"{p}/below_end"]),
+        n("Not", [f"{p}/cached"], [f"{p}/not_cached"]),
+        n("And", [f"{p}/not_cached", f"{p}/below_end"], [f"{p}/is_new"]),
+        n("Shape", [tree_mask], [f"{p}/tree_shape"]),
+        n("Shape", [tree_mask], [f"{p}/seq_1d"], start=2, end=3),
+        n("Sub", [f"{p}/seq_1d", f"{p}/axes1"], [f"{p}/seq_last"]),
+        n("Squeeze", [f"{p}/seq_last"], [f"{p}/seq_last_scalar"]),
+        n("Clip", [f"{p}/offset", f"{p}/zero", f"{p}/seq_last_scalar"], [f"{p}/source"]),
+        n("Unsqueeze", [f"{p}/source", f"{p}/axes1"], [f"{p}/source_3d"]),
+        n("Shape", [tree_mask], [f"{p}/bs"], start=0, end=2),
+        n("Concat", [f"{p}/bs", f"{p}/capacity_1d"], [f"{p}/mask_shape"], axis=0),
+        n("Expand", [f"{p}/source_3d", f"{p}/mask_shape"], [f"{p}/source_index"]),
+        n("GatherElements", [tree_mask, f"{p}/source_index"], [f"{p}/allowed"], axis=2),
+        n("Unsqueeze", [f"{p}/cached", f"{p}/axes1"], [f"{p}/cached_3d"]),
+        n("Unsqueeze", [f"{p}/is_new", f"{p}/axes1"], [f"{p}/is_new_3d"]),
+        n("And", [f"{p}/is_new_3d", f"{p}/allowed"], [f"{p}/new_visible"]),
+        n("Or", [f"{p}/cached_3d", f"{p}/new_visible"], [f"{p}/visible"]),
+        n("Unsqueeze", [f"{p}/visible", f"{p}/axes1"], [f"{p}/visible_4d"]),
+        const("open", 0.0, onnx.TensorProto.FLOAT), const("closed", float("-inf"), onnx.TensorProto.FLOAT),
+        n("Where", [f"{p}/visible_4d", f"{p}/open", f"{p}/closed"], [f"{p}/attention_bias_f32"]),
+        n("CastLike", [f"{p}/attention_bias_f32", activations], [f"{p}/attention_bias"]),
+    ]
+
+
 # ---------------------------------------------------------------------------------------------------
 # Facet 4: the TensorRT plugin, through `tensorrt.plugin` (TensorRT 10.7+ "quickly deployable plugins").
 # Registered on demand by the TensorRT backend: importing this module never imports tensorrt.
@@ -306,7 +425,7 @@ def lower_for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
 # (PLUGIN_NAMESPACE; tensorrt.plugin reserves "trt", "", "tensorrt" and "std").
 
 TENSORRT_PLUGIN_NAMESPACE = PLUGIN_NAMESPACE
-TENSORRT_PLUGIN_ID = f"{TENSORRT_PLUGIN_NAMESPACE}::{OP_NAME}"
+TENSORRT_PLUGIN_IDS = tuple(f"{TENSORRT_PLUGIN_NAMESPACE}::{name}" for name in OP_NAMES)
 _tensorrt_registered = False
 
 
@@ -325,8 +444,8 @@ def _tensorrt_as_torch(tensor) -> Tensor:
     return torch.as_tensor(Int16View(), device="cuda").view(torch.bfloat16)
 
 
-def register_tensorrt_plugin() -> str:
-    """Register the op with TensorRT (once per process); returns its plugin id.
+def register_tensorrt_plugin() -> tuple[str, ...]:
+    """Register both node types with TensorRT (once per process); returns their plugin ids.
 
     Needed before parsing a graph (the parser then builds a plugin layer for each node whose
     `plugin_namespace` is TENSORRT_PLUGIN_NAMESPACE) and before deserializing an engine built with
@@ -334,35 +453,54 @@ def register_tensorrt_plugin() -> str:
     """
     global _tensorrt_registered
     if _tensorrt_registered:
-        return TENSORRT_PLUGIN_ID
+        return TENSORRT_PLUGIN_IDS
     import tensorrt.plugin as trtp
 
-    def describe(qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos_cache,
-                 sin_cache, num_heads, kv_num_heads, scale):
+    names = ["qkv", "past_key", "past_value", "past_lengths", "query_lengths", "position_ids",
+             "cos_cache", "sin_cache"]
+    for plugin_id, inputs in zip(TENSORRT_PLUGIN_IDS, (names, names + ["tree_mask"])):
+        _register_one(trtp, plugin_id, inputs)
+    _tensorrt_registered = True
+    return TENSORRT_PLUGIN_IDS
+
+
+def _register_one(trtp, plugin_id: str, input_names: list[str]) -> None:
+    count = len(input_names)
+
+    def describe(*args):
+        qkv, past_key, past_value = args[:3]
+        num_heads = args[count]
         output = qkv.like()  # [B, S, Hq * D], the activation dtype
         output.shape_expr[2] = past_key.shape_expr[3] * num_heads
         return output, past_key.like(), past_value.like()
 
-    def run(qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos_cache, sin_cache,
-            num_heads, kv_num_heads, scale, outputs, stream):
+    def run(*args):
         # The reference on the plugin's device buffers. `torch.device("cuda")` as a context puts the
         # reference's own aranges on the GPU too. The runtime may bind the cache as both past and
         # present (the same memory): the reference reads all of past before anything is written.
-        inputs = [_tensorrt_as_torch(t) for t in (qkv, past_key, past_value, past_lengths, query_lengths,
-                                                   position_ids, cos_cache, sin_cache)]
+        tensors, (num_heads, kv_num_heads, scale, outputs, stream) = args[:count], args[count:]
+        inputs = [_tensorrt_as_torch(t) for t in tensors]
+        tree_mask = inputs[8] if count == 9 else None
         targets = [_tensorrt_as_torch(t) for t in outputs]
         with torch.cuda.stream(torch.cuda.ExternalStream(stream)), torch.device("cuda"), torch.no_grad():
-            results = attention(*inputs, num_heads, kv_num_heads, scale)
+            results = attention(*inputs[:8], tree_mask, num_heads, kv_num_heads, scale)
             for target, result in zip(targets, results):
                 target.copy_(result)
 
-    # tensorrt.plugin validates real annotation objects; this module's are strings (postponed).
-    descs = ("qkv", "past_key", "past_value", "past_lengths", "query_lengths", "position_ids",
-             "cos_cache", "sin_cache")
-    describe.__annotations__ = {**{name: trtp.TensorDesc for name in descs}, "num_heads": int,
+    # tensorrt.plugin reads the parameter names and real annotation objects of these functions.
+    import inspect
+
+    tensor_params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in input_names]
+    attr_params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                   for n in ("num_heads", "kv_num_heads", "scale")]
+    describe.__signature__ = inspect.Signature(tensor_params + attr_params)
+    run.__signature__ = inspect.Signature(tensor_params + attr_params + [
+        inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ("outputs", "stream")])
+    describe.__annotations__ = {**{name: trtp.TensorDesc for name in input_names}, "num_heads": int,
                                 "kv_num_heads": int, "scale": float,
                                 "return": tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc]}
-    trtp.register(TENSORRT_PLUGIN_ID)(describe)
-    trtp.impl(TENSORRT_PLUGIN_ID)(run)
-    _tensorrt_registered = True
-    return TENSORRT_PLUGIN_ID
+    run.__annotations__ = {**{name: trtp.Tensor for name in input_names}, "num_heads": int,
+                           "kv_num_heads": int, "scale": float, "outputs": tuple[trtp.Tensor],
+                           "stream": int}
+    trtp.register(plugin_id)(describe)
+    trtp.impl(plugin_id)(run)

@@ -25,9 +25,15 @@ class OneAttention(torch.nn.Module):
         self.register_buffer("cos", freqs.cos())
         self.register_buffer("sin", freqs.sin())
 
-    def forward(self, qkv, past_key, past_value, past_lengths, query_lengths, position_ids):
+    def forward(self, qkv, past_key, past_value, past_lengths, query_lengths, position_ids, tree_mask=None):
         return torch.ops.trt_llm.attention(qkv, past_key, past_value, past_lengths, query_lengths,
-                                           position_ids, self.cos, self.sin, HEADS, KV_HEADS, HEAD_DIM ** -0.5)
+                                           position_ids, self.cos, self.sin, tree_mask, HEADS, KV_HEADS,
+                                           HEAD_DIM ** -0.5)
+
+
+class OneTreeAttention(OneAttention):
+    def forward(self, qkv, past_key, past_value, past_lengths, query_lengths, position_ids, tree_mask):
+        return super().forward(qkv, past_key, past_value, past_lengths, query_lengths, position_ids, tree_mask)
 
 
 def make_inputs(past, new, seq, seed=0):
@@ -44,21 +50,32 @@ def make_inputs(past, new, seq, seed=0):
     )
 
 
-@pytest.fixture(scope="module")
-def exported():
-    module = OneAttention().eval()
+NAMES = ["qkv", "past_key", "past_value", "past_lengths", "query_lengths", "position_ids"]
+
+
+def export(module, example, names):
     batch, seq, capacity = Dim("batch"), Dim("seq"), Dim("capacity")
+    shapes = [{0: batch, 1: seq}, {0: batch, 2: capacity}, {0: batch, 2: capacity},
+              {0: batch}, {0: batch}, {0: batch, 1: seq}, {0: batch, 1: seq, 2: seq}][: len(names)]
     program = torch.onnx.export(
-        module, make_inputs([1, 0, 2], [3, 2, 0], 4), dynamo=True, opset_version=ONNX_OPSET,
-        input_names=["qkv", "past_key", "past_value", "past_lengths", "query_lengths", "position_ids"],
-        output_names=["output", "present_key", "present_value"],
-        dynamic_shapes=({0: batch, 1: seq}, {0: batch, 2: capacity}, {0: batch, 2: capacity},
-                        {0: batch}, {0: batch}, {0: batch, 1: seq}),
+        module.eval(), example, dynamo=True, opset_version=ONNX_OPSET, input_names=names,
+        output_names=["output", "present_key", "present_value"], dynamic_shapes=tuple(shapes),
         custom_translation_table={torch.ops.trt_llm.attention.default: attention.onnx_translation},
     )
     model = program.model_proto
     finish_custom_nodes(model)
     return model
+
+
+@pytest.fixture(scope="module")
+def exported():
+    return export(OneAttention(), make_inputs([1, 0, 2], [3, 2, 0], 4), NAMES)
+
+
+@pytest.fixture(scope="module")
+def exported_tree():
+    example = (*make_inputs([1, 0, 2], [3, 2, 0], 4), torch.ones(3, 4, 4, dtype=torch.bool).tril())
+    return export(OneTreeAttention(), example, NAMES + ["tree_mask"])
 
 
 def session(model):
@@ -75,7 +92,7 @@ def test_export_emits_one_plugin_node_with_namespace_and_function(exported):
     assert attributes["plugin_namespace"] == attention.PLUGIN_NAMESPACE.encode()
     assert attributes["num_heads"] == HEADS and attributes["kv_num_heads"] == KV_HEADS
     assert not any(name.startswith("_") for name in attributes)
-    assert [(f.domain, f.name) for f in exported.functions] == [(attention.DOMAIN, attention.OP_NAME)]
+    assert sorted(f.name for f in exported.functions) == sorted(attention.OP_NAMES)
     onnx.checker.check_model(exported)
 
 
@@ -98,8 +115,7 @@ def test_facet_equals_torch_reference(exported, facet, case):
     past, new, seq = CASES[case]
     inputs = make_inputs(past, new, seq, seed=len(case))
     expected = [t.numpy() for t in OneAttention()(*inputs)]
-    names = ["qkv", "past_key", "past_value", "past_lengths", "query_lengths", "position_ids"]
-    got = session(model).run(None, {n: t.numpy() for n, t in zip(names, inputs)})
+    got = session(model).run(None, {n: t.numpy() for n, t in zip(NAMES, inputs)})
     for row, (p, q) in enumerate(zip(past, new)):
         # Only valid query positions and cache slots carry meaning; the rest is free to differ.
         np.testing.assert_allclose(got[0][row, :q], expected[0][row, :q], atol=2e-5, rtol=1e-4)
@@ -127,3 +143,59 @@ def test_reference_matches_plain_causal_attention():
             expected = scores.softmax(0) @ values[kv, : 4 + i]
             torch.testing.assert_close(out[0, i, head * HEAD_DIM:(head + 1) * HEAD_DIM], expected)
     torch.testing.assert_close(present_key[0, :, 3:5], k[0].transpose(0, 1))
+
+
+def tree_case(seed=3):
+    """Two rows verifying token trees on a non-empty cache, plus an idle row.
+
+    Row 0: root 0 with children 1, 2; node 3 under 1; node 4 under 2 (parents come first).
+    Row 1: a chain of 3 (plain causal), padded to 5. Row 2: idle.
+    """
+    parents = {0: [None, 0, 0, 1, 2], 1: [None, 0, 1]}
+    past, new, seq = [6, 2, 4], [5, 3, 0], 5
+    inputs = make_inputs(past, new, seq, seed=seed)
+    mask = torch.zeros(3, seq, seq, dtype=torch.bool)
+    positions = inputs[5].clone()
+    for row, tree in parents.items():
+        for node, parent in enumerate(tree):
+            depth, ancestor = 0, node
+            while ancestor is not None:
+                mask[row, node, ancestor] = True
+                ancestor = tree[ancestor]
+                depth += ancestor is not None
+            positions[row, node] = past[row] + depth
+    return past, new, (*inputs[:5], positions, mask), parents
+
+
+@pytest.mark.parametrize("facet", ["function body", "onnxruntime lowering"])
+def test_tree_facets_equal_torch_reference(exported_tree, facet):
+    model = copy.deepcopy(exported_tree)
+    assert {n.op_type for n in model.graph.node if n.domain == attention.DOMAIN} == {attention.TREE_OP_NAME}
+    if facet == "onnxruntime lowering":
+        attention.lower_for_onnxruntime(model)
+    past, new, inputs, _ = tree_case()
+    expected = [t.numpy() for t in OneTreeAttention()(*inputs)]
+    got = session(model).run(None, {n: t.numpy() for n, t in zip(NAMES + ["tree_mask"], inputs)})
+    for row, (p, q) in enumerate(zip(past, new)):
+        np.testing.assert_allclose(got[0][row, :q], expected[0][row, :q], atol=2e-5, rtol=1e-4)
+        for out in (1, 2):
+            np.testing.assert_allclose(got[out][row, :, : p + q], expected[out][row, :, : p + q], atol=1e-6)
+    assert np.isfinite(got[0]).all()
+
+
+def test_tree_reference_equals_each_path_run_causally():
+    """Each tree node's output equals running its root-to-node path as a plain causal sequence."""
+    past, new, inputs, parents = tree_case(seed=11)
+    module = OneAttention()
+    tree_out = module(*inputs[:6], inputs[6])[0]
+    qkv, past_key, past_value, _, _, positions, _ = inputs
+    for row, tree in parents.items():
+        for node in range(len(tree)):
+            path, ancestor = [], node
+            while ancestor is not None:
+                path.insert(0, ancestor)
+                ancestor = tree[ancestor]
+            causal = module(qkv[row:row + 1, path], past_key[row:row + 1], past_value[row:row + 1],
+                            torch.tensor([past[row]], dtype=torch.int32), torch.tensor([len(path)], dtype=torch.int32),
+                            positions[row:row + 1, path])[0]
+            torch.testing.assert_close(tree_out[row, node], causal[0, -1], atol=1e-5, rtol=1e-4)
