@@ -30,6 +30,7 @@ def build_engine(config: BuildConfig, progress: bool = True) -> Path:
     from trt_llm.build import engine_dir as writer
     from trt_llm.build.checkpoint import TORCH_DTYPES, load_checkpoint
     from trt_llm.build.cpu_backend import compile_cpu
+    from trt_llm.build.eagle_build import export_eagle_draft, load_eagle_draft, manifest_entries
     from trt_llm.build import lora
     from trt_llm.build.decoder import DecoderGraph, ModelDims
     from trt_llm.build.export import export_decoder
@@ -42,6 +43,9 @@ def build_engine(config: BuildConfig, progress: bool = True) -> Path:
         raise BuildError(
             f"dtype: {config.dtype!r} is not supported by the {config.backend} backend; "
             f"choose one of {', '.join(SUPPORTED_DTYPES[config.backend])}")
+    if config.draft is not None and config.backend != "cpu":
+        raise BuildError(f"draft: EAGLE3 drafts are built for the cpu backend only in this version "
+                         f"(backend {config.backend!r})")
     tensorrt_version = None
     if config.backend in TENSORRT_BACKENDS:
         # Before the minutes of loading and exporting: a missing TensorRT is a one-line error now.
@@ -88,10 +92,15 @@ def build_engine(config: BuildConfig, progress: bool = True) -> Path:
             model_dims = ModelDims(checkpoint.model.config)
             lora_layout = lora.layout(model_dims, checkpoint.model.config.intermediate_size,
                                       config.lora.max_rank, config.lora.target_modules)
+        draft = load_eagle_draft(config, checkpoint) if config.draft else None
         graph = DecoderGraph(checkpoint.model, checkpoint.family, config.max_kv_cache_capacity, dtype,
-                             [g["name"] for g in lora_layout["groups"]] if lora_layout else [])
+                             [g["name"] for g in lora_layout["groups"]] if lora_layout else [],
+                             feature_layers=draft.aux_layer_ids if draft is not None else None)
         dims = graph.dims.to_dict()
         graph_path = export_decoder(graph, staging / "llm" / "model.onnx", dtype, lora_layout)
+        draft_graph_path = None
+        if draft is not None:
+            draft_graph_path = export_eagle_draft(draft, checkpoint, config, staging / "draft", dtype)
         del graph
         done("exporting to ONNX")
 
@@ -109,6 +118,7 @@ def build_engine(config: BuildConfig, progress: bool = True) -> Path:
                 raise BuildError(str(error)) from None
         else:
             engine_path = compile_cpu(graph_path)
+            draft_engine = compile_cpu(draft_graph_path) if draft_graph_path is not None else None
         done(f"compiling for {config.backend}")
 
         step("writing manifest")
@@ -117,8 +127,11 @@ def build_engine(config: BuildConfig, progress: bool = True) -> Path:
                       "tokenizer": {"dir": "tokenizer"}}
         if tensorrt_version is not None:
             components["llm"]["tensorrt_version"] = tensorrt_version
+        eagle = None
+        if draft is not None:
+            components["draft"], eagle = manifest_entries(draft, config, draft_engine.name)
         writer.write_manifest(staging, build_config=config.model_dump(), checkpoint=checkpoint,
-                              dims=dims, components=components, lora_layout=lora_layout)
+                              dims=dims, components=components, lora_layout=lora_layout, eagle=eagle)
         done("writing manifest")
     except BaseException:
         steps.close()
@@ -140,12 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     from trt_llm.build.checkpoint import CheckpointError
+    from trt_llm.build.eagle_build import DraftError
     from trt_llm.build.families import UnsupportedArchitecture
 
     try:
         config = load_build_config(args.config)
         out = build_engine(config, progress=not args.quiet)
-    except (ConfigError, CheckpointError, UnsupportedArchitecture, BuildError) as error:
+    except (ConfigError, CheckpointError, UnsupportedArchitecture, BuildError, DraftError) as error:
         print(f"trt-llm-build: error: {error}", file=sys.stderr)
         return 2
     print(f"engine directory written: {out}", file=sys.stderr)

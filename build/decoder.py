@@ -59,7 +59,7 @@ class DecoderLayer(nn.Module):
             self.k_norm = nn.Parameter(attn.k_norm.weight.detach(), requires_grad=False)
 
     def forward(self, hidden, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin,
-                lora: dict | None = None):
+                lora: dict | None = None, tree_mask: Tensor | None = None):
         d = self.dims
         lora = lora or {}
         x = rms_norm(hidden, self.input_norm, d.rms_norm_eps)
@@ -71,7 +71,7 @@ class DecoderLayer(nn.Module):
             k = rms_norm(k.reshape(batch, seq, d.kv_heads, d.head_dim), self.k_norm, d.rms_norm_eps)
             qkv = torch.cat([q.reshape(batch, seq, -1), k.reshape(batch, seq, -1), v], dim=-1)
         attn, present_key, present_value = torch.ops.trt_llm.attention(
-            qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin, None,
+            qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin, tree_mask,
             d.num_heads, d.kv_heads, d.head_dim ** -0.5,
         )
         hidden = hidden + _with_lora(F.linear(attn, self.o_weight, self.o_bias), attn, lora.get("o"))
@@ -113,13 +113,19 @@ def rotary_tables(hf_model, positions: int, dtype: torch.dtype) -> tuple[Tensor,
 
 
 class DecoderGraph(nn.Module):
-    """inputs_embeds, position_ids, past_lengths, query_lengths, logits_indices, caches -> logits, caches."""
+    """inputs_embeds, position_ids, past_lengths, query_lengths, logits_indices, caches -> logits, caches.
+
+    As an EAGLE base (`feature_layers` set) it also takes a tree_mask [B, S, S] (after
+    logits_indices) and returns hidden_states [B, S, 3H]: the hidden states entering those layers,
+    for every new token, which the draft model reads.
+    """
 
     def __init__(self, hf_model, family: Family, max_positions: int, dtype: torch.dtype,
-                 lora_groups: list[str] = ()):
+                 lora_groups: list[str] = (), feature_layers: list[int] | None = None):
         super().__init__()
         self.dims = ModelDims(hf_model.config)
         self.lora_groups = list(lora_groups)  # packed projections with LoRA inputs, per layer
+        self.feature_layers = list(feature_layers) if feature_layers else None
         self.layers = nn.ModuleList(DecoderLayer(l, self.dims, family) for l in hf_model.model.layers)
         self.final_norm = nn.Parameter(hf_model.model.norm.weight.detach(), requires_grad=False)
         self.lm_head = nn.Parameter(hf_model.lm_head.weight.detach(), requires_grad=False)
@@ -129,17 +135,22 @@ class DecoderGraph(nn.Module):
         self.to(dtype)
 
     def forward(self, inputs_embeds, position_ids, past_lengths, query_lengths, logits_indices, *tensors):
-        """tensors: the caches (key, value per layer), then the LoRA pairs (per layer, per group)."""
+        """tensors: [tree_mask if an EAGLE base], the caches (key, value per layer), then the LoRA
+        pairs (per layer, per group)."""
+        tree_mask = None
+        if self.feature_layers is not None:
+            tree_mask, tensors = tensors[0], tensors[1:]
         caches, lora = tensors[: 2 * len(self.layers)], tensors[2 * len(self.layers):]
         per_layer = 2 * len(self.lora_groups)
         hidden = inputs_embeds
-        presents = []
+        presents, entering = [], {}
         for i, layer in enumerate(self.layers):
+            entering[i] = hidden
             pairs = lora[i * per_layer: (i + 1) * per_layer]
             layer_lora = {g: (pairs[2 * j], pairs[2 * j + 1]) for j, g in enumerate(self.lora_groups)}
             hidden, key, value = layer(
                 hidden, caches[2 * i], caches[2 * i + 1], past_lengths, query_lengths, position_ids,
-                self.cos_cache, self.sin_cache, layer_lora,
+                self.cos_cache, self.sin_cache, layer_lora, tree_mask,
             )
             presents += [key, value]
         # The LM head runs only where logits are asked for: gather those positions first.
@@ -147,18 +158,21 @@ class DecoderGraph(nn.Module):
         hidden = torch.gather(hidden, 1, index)
         hidden = rms_norm(hidden, self.final_norm, self.dims.rms_norm_eps)
         logits = F.linear(hidden, self.lm_head).float()
+        if self.feature_layers is not None:
+            return (logits, torch.cat([entering[i] for i in self.feature_layers], dim=-1), *presents)
         return (logits, *presents)
 
 
-def input_names(num_layers: int) -> list[str]:
+def input_names(num_layers: int, eagle: bool = False) -> list[str]:
     names = ["inputs_embeds", "position_ids", "past_lengths", "query_lengths", "logits_indices"]
+    names += ["tree_mask"] if eagle else []
     for i in range(num_layers):
         names += [f"past_key_{i}", f"past_value_{i}"]
     return names
 
 
-def output_names(num_layers: int) -> list[str]:
-    names = ["logits"]
+def output_names(num_layers: int, eagle: bool = False) -> list[str]:
+    names = ["logits"] + (["hidden_states"] if eagle else [])
     for i in range(num_layers):
         names += [f"present_key_{i}", f"present_value_{i}"]
     return names

@@ -43,7 +43,7 @@ def write_embedding(checkpoint: Checkpoint, path: Path, dtype) -> None:
 
 
 def write_manifest(engine_dir: Path, *, build_config: dict, checkpoint: Checkpoint, dims: dict,
-                   components: dict, lora_layout: dict | None = None) -> dict:
+                   components: dict, lora_layout: dict | None = None, eagle: dict | None = None) -> dict:
     manifest = {
         "format_version": FORMAT_VERSION,
         "backend": build_config["backend"],
@@ -55,6 +55,7 @@ def write_manifest(engine_dir: Path, *, build_config: dict, checkpoint: Checkpoi
             "dtype": build_config["dtype"],
             "dims": dims,
             "eos_token_ids": eos_token_ids(checkpoint),
+            "eagle": eagle,
         },
         "limits": {
             "max_batch_size": build_config["max_batch_size"],

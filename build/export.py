@@ -36,6 +36,8 @@ def _example_inputs(graph: DecoderGraph, dtype: torch.dtype, lora_layout: dict |
             rank = _EXAMPLE_RANKS[group["name"]]
             caches += [torch.zeros(batch, rank, group["in_features"], dtype=dtype),
                        torch.zeros(batch, group["out_features"], rank, dtype=dtype)]
+    if graph.feature_layers is not None:
+        caches.insert(0, torch.ones(seq, seq, dtype=torch.bool).tril().repeat(batch, 1, 1))
     return (
         torch.zeros(batch, seq, d.hidden_size, dtype=dtype),
         torch.arange(seq, dtype=torch.int32).repeat(batch, 1),
@@ -46,7 +48,7 @@ def _example_inputs(graph: DecoderGraph, dtype: torch.dtype, lora_layout: dict |
     )
 
 
-def _dynamic_shapes(num_layers: int, lora_layout: dict | None) -> tuple:
+def _dynamic_shapes(num_layers: int, lora_layout: dict | None, eagle: bool = False) -> tuple:
     batch, seq, kept, capacity = Dim("batch"), Dim("seq"), Dim("kept"), Dim("capacity")
     cache = {0: batch, 2: capacity}
     lora_shapes = []
@@ -58,28 +60,50 @@ def _dynamic_shapes(num_layers: int, lora_layout: dict | None) -> tuple:
     return (
         {0: batch, 1: seq}, {0: batch, 1: seq}, {0: batch}, {0: batch}, {0: batch, 1: kept},
         # *tensors is one positional entry holding a tuple: the caches, then the LoRA pairs
-        tuple([cache] * (2 * num_layers) + lora_shapes),
+        tuple(([{0: batch, 1: seq, 2: seq}] if eagle else []) + [cache] * (2 * num_layers) + lora_shapes),
     )
 
 
 def export_decoder(graph: DecoderGraph, path: Path, dtype: torch.dtype, lora_layout: dict | None = None) -> Path:
     """Write `path` (+ `path.data` external weights); returns the path."""
-    graph.eval()
     layers = graph.dims.num_layers
-    names = input_names(layers) + (lora.input_names(lora_layout) if lora_layout else [])
+    eagle = graph.feature_layers is not None
+    names = input_names(layers, eagle) + (lora.input_names(lora_layout) if lora_layout else [])
+    return export_graph(graph, _example_inputs(graph, dtype, lora_layout), names, output_names(layers, eagle),
+                        _dynamic_shapes(layers, lora_layout, eagle), path)
+
+
+DRAFT_INPUTS = ["inputs_embeds", "hidden", "position_ids", "past_lengths", "query_lengths", "tree_mask",
+                "logits_indices", "past_key_0", "past_value_0"]
+DRAFT_OUTPUTS = ["logits", "hidden_out", "present_key_0", "present_value_0"]
+
+
+def export_draft(graph, hidden_size: int, kv_heads: int, head_dim: int, path: Path, dtype: torch.dtype) -> Path:
+    """The EAGLE3 draft graph (build/eagle_draft.py's DraftGraph): one layer, its own cache."""
+    batch, seq, kept, capacity = 2, 5, 3, 16  # distinct example sizes, as for the decoder
+    example = (
+        torch.zeros(batch, seq, hidden_size, dtype=dtype), torch.zeros(batch, seq, hidden_size, dtype=dtype),
+        torch.arange(seq, dtype=torch.int32).repeat(batch, 1), torch.zeros(batch, dtype=torch.int32),
+        torch.full((batch,), seq, dtype=torch.int32), torch.ones(seq, seq, dtype=torch.bool).tril().repeat(batch, 1, 1),
+        torch.zeros(batch, kept, dtype=torch.int32),
+        torch.zeros(batch, kv_heads, capacity, head_dim, dtype=dtype),
+        torch.zeros(batch, kv_heads, capacity, head_dim, dtype=dtype),
+    )
+    b, s, k, c = Dim("batch"), Dim("seq"), Dim("kept"), Dim("capacity")
+    shapes = ({0: b, 1: s}, {0: b, 1: s}, {0: b, 1: s}, {0: b}, {0: b}, {0: b, 1: s, 2: s}, {0: b, 1: k},
+              {0: b, 2: c}, {0: b, 2: c})
+    return export_graph(graph, example, DRAFT_INPUTS, DRAFT_OUTPUTS, shapes, path)
+
+
+def export_graph(module, example: tuple, names: list[str], outputs: list[str], dynamic_shapes, path: Path) -> Path:
+    module.eval()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
-            graph,
-            _example_inputs(graph, dtype, lora_layout),
-            dynamo=True,
-            opset_version=ONNX_OPSET,
-            input_names=names,
-            output_names=output_names(layers),
-            dynamic_shapes=_dynamic_shapes(layers, lora_layout),
+            module, example, dynamo=True, opset_version=ONNX_OPSET, input_names=names, output_names=outputs,
+            dynamic_shapes=dynamic_shapes,
             custom_translation_table={torch.ops.trt_llm.attention.default: attention.onnx_translation},
-            optimize=True,
-            verbose=False,
+            optimize=True, verbose=False,
         )
     model = program.model_proto
     finish_custom_nodes(model)

@@ -50,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-cache-budget-mb", type=_positive, default=1024,
                         help="memory for saved system-prompt KV (least recently used out first)")
     parser.add_argument("--kv-cache-dir", help="also keep saved system-prompt KV here, across runs")
+    parser.add_argument("--no-spec-decode", action="store_true",
+                        help="vanilla decoding even when the engine has an EAGLE draft")
+    parser.add_argument("--draft-top-k", type=_positive, default=10, help="children kept per drafted node")
+    parser.add_argument("--draft-steps", type=_positive, default=6, help="tree depth drafted per round")
+    parser.add_argument("--verify-tree-size", type=_positive, default=60,
+                        help="tokens per verification pass (root included); smaller pays off sooner on a CPU")
     parser.add_argument("--profile-output", help="write the run's profile (JSON) here")
     parser.add_argument("--dump-profile", action="store_true", help="print a profile summary to stderr")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -58,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="trt-llm-run: %(levelname)s: %(message)s")
     log = logging.getLogger("trt-llm-run")
 
+    from trt_llm.runtime.eagle import SpecConfig
     from trt_llm.runtime.engine_dir import EngineDir, EngineDirError
     from trt_llm.runtime.prefix_cache import PrefixCache
     from trt_llm.runtime.profiler import Profiler, format_summary
@@ -74,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         engine_dir = EngineDir.open(args.engine_dir)
         prefix_cache = PrefixCache(engine_dir.identity, args.prompt_cache_budget_mb << 20, args.kv_cache_dir)
         profiler = Profiler() if (args.profile_output or args.dump_profile) else None
-        runner = Runner(engine_dir, threads=args.threads, prefix_cache=prefix_cache, profiler=profiler)
+        spec = SpecConfig(args.draft_top_k, args.draft_steps, args.verify_tree_size)
+        runner = Runner(engine_dir, threads=args.threads, prefix_cache=prefix_cache, profiler=profiler,
+                        spec=spec, spec_decode=not args.no_spec_decode)
         output = runner.run(loaded, settings)
     except (InputFileError, EngineDirError, RunError) as error:
         log.error("%s", error)

@@ -5,14 +5,14 @@ from __future__ import annotations
 from trt_llm.runtime.engine_dir import EngineDir
 
 
-def open_engine(engine_dir: EngineDir, threads: int = 0):
+def open_engine(engine_dir: EngineDir, threads: int = 0, component: str = "llm"):
     """An OrtEngine (cpu) or a TrtEngine (tensorrt, tensorrt-rtx): the same `run`, `new_cache`.
 
     threads: CPU threads for the cpu backend (0 = ONNX Runtime's choice); the GPU backends ignore it.
     """
     backend = engine_dir.manifest["backend"]
-    path = engine_dir.component_path("llm", "engine")
-    layers = engine_dir.dims["num_layers"]
+    path = engine_dir.component_path(component, "engine")
+    layers = engine_dir.dims["num_layers"] if component == "llm" else 1
     if backend == "cpu":
         from trt_llm.runtime.ort_engine import OrtEngine
 

@@ -41,11 +41,21 @@ class Sequence:
 class Model:
     """What the decode loop needs from an engine directory: the engine, the embedding, the dims."""
 
-    def __init__(self, engine, embedding: np.ndarray, dims: dict, eos_token_ids: list[int]):
+    def __init__(self, engine, embedding: np.ndarray, dims: dict, eos_token_ids: list[int],
+                 max_positions: int | None = None, feature_width: int = 0):
         self.engine = engine
         self.embedding = embedding
         self.dims = dims
         self.eos = set(eos_token_ids)
+        self.max_positions = max_positions  # rows of the rotary tables
+        self.feature_width = feature_width  # > 0: an EAGLE base (tree_mask in, hidden_states out)
+
+    def eagle_io(self, batch: int, seq: int) -> tuple[dict, dict]:
+        """An EAGLE base's extra inputs/outputs for plain causal steps (the features are unused)."""
+        if not self.feature_width:
+            return {}, {}
+        mask = np.broadcast_to(np.tril(np.ones((seq, seq), dtype=bool)), (batch, seq, seq)).copy()
+        return {"tree_mask": mask}, {"hidden_states": np.empty((batch, seq, self.feature_width), self.embedding.dtype)}
 
     def new_cache(self, batch: int, capacity: int):
         # The engine owns its cache's memory (host arrays for ONNX Runtime, device buffers for TensorRT).
@@ -82,7 +92,7 @@ def generate(model: Model, sequences: list[Sequence], sampler: Sampler, num_logp
     logits = np.empty((len(sequences), 1, vocab), dtype=np.float32)
     with stage("prefill"):
         model.engine.run(model.embedding[token_ids], positions, past, lengths, (lengths - 1)[:, None], cache,
-                         logits, extra)
+                         logits, extra, *model.eagle_io(len(sequences), width))
     if profiler:
         profiler.count("prefill_computed_tokens", int(lengths.sum()))
         profiler.count("prefill_reused_tokens", int(past.sum()))
@@ -125,7 +135,7 @@ def generate(model: Model, sequences: list[Sequence], sampler: Sampler, num_logp
         with stage("decode_step"):
             model.engine.run(model.embedding[last][:, None], past[:, None], past,
                              np.ones(len(active), np.int32), np.zeros((len(active), 1), np.int32), cache,
-                             logits, extra)
+                             logits, extra, *model.eagle_io(len(active), 1))
         if profiler:
             profiler.count("decode_tokens", len(active))
 
@@ -136,6 +146,11 @@ def _record_logprobs(rows: list[Sequence], logits: torch.Tensor, sampled: torch.
     for s, row_ids, row_values, value in zip(rows, ids.tolist(), values.tolist(), chosen.tolist()):
         s.top_logprobs.append((row_ids, row_values))
         s.token_logprobs.append(value)
+
+
+def record_step(s: Sequence, logits: torch.Tensor, token: int, k: int) -> None:
+    """Log-probabilities of one row's step (logits [V]): the top k and the sampled token."""
+    _record_logprobs([s], logits[None], torch.tensor([token]), k)
 
 
 def _restore(cache, row: int, entry) -> int:

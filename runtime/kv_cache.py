@@ -29,6 +29,14 @@ class KVCache:
                     buffer[target, :, :length] = buffer[source, :, :length]
         self.batch = len(rows)
 
+    def move_slots(self, row: int, sources: list[int], start: int) -> None:
+        """Copy slots `sources` (ascending, each >= its target) of `row` to start, start + 1, ...:
+        an EAGLE round keeps its accepted tree nodes' keys and values contiguous."""
+        for target, source in enumerate(sources, start):
+            if source != target:
+                for buffer in (*self.keys, *self.values):
+                    buffer[row, :, target] = buffer[row, :, source]
+
     def views(self):
         """(key, value) per layer for the active rows: contiguous views that share memory."""
         return [(k[: self.batch], v[: self.batch]) for k, v in zip(self.keys, self.values)]

@@ -32,18 +32,24 @@ class OrtEngine:
 
     def run(self, inputs_embeds: np.ndarray, position_ids: np.ndarray, past_lengths: np.ndarray,
             query_lengths: np.ndarray, logits_indices: np.ndarray, cache: KVCache,
-            logits_out: np.ndarray, extra: dict[str, np.ndarray] | None = None) -> np.ndarray:
+            logits_out: np.ndarray, extra: dict[str, np.ndarray] | None = None,
+            step_inputs: dict[str, np.ndarray] | None = None,
+            step_outputs: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """One forward pass; writes the new tokens into `cache` and the logits into `logits_out`.
 
         logits_out: float32 [B, K, V], preallocated by the caller and reused across steps.
         extra: inputs that stay the same for a whole batch (the LoRA inputs), bound with the cache.
+        step_inputs / step_outputs: more per-call inputs (an EAGLE tree_mask, a draft's hidden) and
+        preallocated outputs (an EAGLE base's hidden_states, a draft's hidden_out).
         """
         extra = extra or {}
         binding = self._binding
         for name, array in (("inputs_embeds", inputs_embeds), ("position_ids", position_ids),
                             ("past_lengths", past_lengths), ("query_lengths", query_lengths),
-                            ("logits_indices", logits_indices)):
+                            ("logits_indices", logits_indices), *(step_inputs or {}).items()):
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        for name, array in (step_outputs or {}).items():
+            binding.bind_output(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
         # The cache and logits bindings only change when the batch does: re-binding 2 x layers
         # buffers every decode step would cost more than the small inputs above.
         key = (cache.batch, cache.capacity, *(b.ctypes.data for b in (*cache.keys, *cache.values)),

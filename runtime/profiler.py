@@ -55,7 +55,9 @@ class Profiler:
             generation={"runs": len(self.stages.get("decode_step", [])), "generated_tokens": generated,
                         "tokens_per_second": generated / decode_ms * 1000 if decode_ms else 0.0,
                         "ms_per_token": decode_ms / generated if generated else 0.0},
-            speculative={"iterations": 0, "generated_tokens": 0, "mean_accepted_length": 0.0},
+            speculative={"iterations": self.counts["spec_rounds"], "generated_tokens": self.counts["spec_emitted"],
+                         "mean_accepted_length": (self.counts["spec_emitted"] / self.counts["spec_rounds"]
+                                                  if self.counts["spec_rounds"] else 0.0)},
             multimodal={"images": 0, "image_tokens": 0, "ms_per_token": 0.0},
             time_to_first_token={
                 "requests": len(ttfts), "mean_ms": statistics.fmean(ttfts) if ttfts else 0.0,

@@ -12,6 +12,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 from trt_llm.runtime.detokenizer import IncrementalDetokenizer
+from trt_llm.runtime.eagle import SpecConfig, SpecStats, check_spec, generate_eagle, load_draft_engine
 from trt_llm.runtime.engine_dir import EngineDir
 from trt_llm.runtime.generate import Model, Sequence, generate
 from trt_llm.runtime.lora import LoraAdapter, LoraError, batch_inputs, load_adapter
@@ -49,7 +50,7 @@ def request_seed(seed: int | None, index: int) -> int | None:
 
 class Runner:
     def __init__(self, engine_dir: EngineDir, threads: int = 0, prefix_cache: PrefixCache | None = None,
-                 profiler: Profiler | None = None):
+                 profiler: Profiler | None = None, spec: SpecConfig | None = None, spec_decode: bool = True):
         from safetensors.numpy import load_file
         from transformers import AutoTokenizer
 
@@ -59,7 +60,12 @@ class Runner:
         dims = engine_dir.dims
         embedding = load_file(str(engine_dir.component_path("llm", "embedding")))["embedding"]
         engine = open_engine(engine_dir, threads)
-        self.model = Model(engine, embedding, dims, engine_dir.eos_token_ids)
+        eagle = engine_dir.manifest["model"].get("eagle") or {}
+        self.model = Model(engine, embedding, dims, engine_dir.eos_token_ids,
+                           engine_dir.limits["max_kv_cache_capacity"], eagle.get("feature_width", 0))
+        self.draft = load_draft_engine(engine_dir, threads, embedding) if eagle and spec_decode else None
+        self.spec = check_spec(spec or SpecConfig(), engine_dir) if self.draft else None
+        self.spec_stats = SpecStats()
         self.tokenizer = AutoTokenizer.from_pretrained(engine_dir.tokenizer_dir)
         self.token_bytes = TokenBytes(self.tokenizer, vocab_size=dims["vocab_size"])
         self.limits = engine_dir.limits
@@ -110,8 +116,14 @@ class Runner:
                 if self.lora_layout:
                     lora_inputs = batch_inputs([p.adapter for p in prepared], self.lora_layout,
                                                self.model.embedding.dtype)
-                generate(self.model, [p.sequence for p in prepared], sampler, num_logprobs, self.profiler,
-                         lora_inputs)
+                sequences = [p.sequence for p in prepared]
+                # Batch-wide, like the reference: one request asking for vanilla decoding gets it
+                # for its whole batch.
+                if self.draft is not None and not any(p.request.disable_spec_decode for p in prepared):
+                    generate_eagle(self.model, self.draft, sequences, sampler, self.spec, num_logprobs,
+                                   self.profiler, lora_inputs, self.spec_stats)
+                else:
+                    generate(self.model, sequences, sampler, num_logprobs, self.profiler, lora_inputs)
             except Exception as error:  # the engine failed: this batch's requests fail, the run goes on
                 log.exception("batch starting at request %d failed", batch_start)
                 for p in prepared:

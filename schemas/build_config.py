@@ -35,6 +35,17 @@ class LoraBuildConfig(BaseModel):
         description="Projections (PEFT names) that get LoRA inputs.")
 
 
+class DraftBuildConfig(BaseModel):
+    """An EAGLE3 draft model built beside the base, for speculative decoding."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str = Field(min_length=1, description="The draft: a folder in the EAGLE authors', SpecForge's "
+                       "or ModelOpt's format.")
+    max_draft_tree_size: int = Field(60, ge=1, le=1024, description="Most nodes a run may draft per round "
+                                     "(draft_top_k x draft_steps).")
+    max_verify_tree_size: int = Field(60, ge=2, le=1024, description="Most tokens one verification pass may take.")
+
+
 class BuildConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -52,6 +63,7 @@ class BuildConfig(BaseModel):
         description="tensorrt-rtx only: the GPU architecture the engine is built for ahead of time "
                     "(SM75, SM80, SM86, SM89, SM120, SM121); auto = the GPU present, else SM80.")
     lora: LoraBuildConfig | None = Field(None, description="Off unless set.")
+    draft: DraftBuildConfig | None = Field(None, description="EAGLE3 speculative decoding; off unless set.")
 
     @field_validator("max_kv_cache_capacity")
     @classmethod
@@ -116,8 +128,15 @@ def load_build_config(path: str | Path) -> BuildConfig:
     output_dir = Path(config.output_dir).expanduser()
     if not output_dir.is_absolute():
         output_dir = base / output_dir
+    update = {"model": str(model), "output_dir": str(output_dir)}
+    if config.draft is not None:
+        draft = Path(_expand_vars("draft.model", config.draft.model, path)).expanduser()
+        if not draft.is_absolute() and (base / draft).exists():
+            draft = base / draft
+        update["draft"] = config.draft.model_copy(update={"model": str(draft)})
     # str(Path("org/name")) keeps a hub id intact; only "~" expansion could alter a non-path.
-    return config.model_copy(update={"model": str(model), "output_dir": str(output_dir)})
+    return config.model_copy(update=update)
 
 
-__all__ = ["BuildConfig", "LoraBuildConfig", "LORA_MODULES", "ConfigError", "load_build_config", "parse_build_config"]
+__all__ = ["BuildConfig", "DraftBuildConfig", "LoraBuildConfig", "LORA_MODULES", "ConfigError", "load_build_config",
+           "parse_build_config"]

@@ -1,0 +1,450 @@
+"""Fit an EAGLE3 draft to a base model on the CPU, from the base model's own greedy generations.
+
+    python -m trt_llm.build.train_draft --base HF_DIR --out DRAFT_DIR [--prompts N] [--gen-tokens T]
+        [--epochs E] [--draft-vocab V] [--threads 2]
+
+Recipe:
+ 1. Data: the built-in chat prompts below (the first N), through the base tokenizer's chat template,
+    each continued greedily by transformers for up to T tokens (stopping at end-of-sequence). One
+    more forward per sequence collects the features (`hidden_states[i]` for the aux ids, i.e. the
+    hidden states entering base layers 2, L//2, L-3) and the base's own next-token choice at every
+    position (its argmax, which is what the runtime's greedy verification accepts).
+ 2. Draft vocabulary: the V most frequent base choices over the training split (then the lowest
+    token ids, for a BPE roughly the most frequent merges, to fill V); d2t/t2d accordingly.
+ 3. Model: one draft layer shaped like a base layer; embedding from the base (frozen), LM head from
+    the base's LM head rows of the draft vocabulary, final norm from the base's; fc, the midlayer,
+    the norm and the LM head are trained with AdamW (warm-up, cosine decay).
+ 4. Loss: at base position t the step-0 input is (fc(features_t), embed(x_{t+1})) and the label is
+    the base's choice for x_{t+2}; EAGLE3's training-time test unrolls `--ttt-steps` steps, step k
+    feeding the draft's own step-(k-1) hidden output (see Eagle3Draft.forward_ttt for the exact
+    attention and positions) with label the base's choice for x_{t+2+k}. Cross-entropy over draft
+    ids where the label is in the draft vocabulary, step k weighted 0.8^k.
+ 5. Held-out: every 10th prompt. Each epoch prints the loss and the top-1 accuracy of steps 0 and 1
+    on the held-out prompts' generated tokens (a label outside the draft vocabulary counts as a miss).
+ 6. Saved with save_draft_eagle_format (config.json + model.safetensors, the EAGLE authors' layout)
+    plus train_report.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from trt_llm.build.eagle_draft import Eagle3Draft, count_parameters, default_aux_layer_ids, save_draft_eagle_format
+
+PROMPTS = [
+    "Write a short poem about the ocean.",
+    "Explain photosynthesis in simple terms.",
+    "What are three tips for staying productive while working from home?",
+    "Tell me a short story about a brave little mouse.",
+    "How does a rainbow form?",
+    "Give me a recipe for a quick vegetable soup.",
+    "What is the difference between weather and climate?",
+    "Describe the water cycle.",
+    "Write a haiku about autumn leaves.",
+    "Why is the sky blue?",
+    "List five fruits that are high in vitamin C.",
+    "Explain what a computer program is to a child.",
+    "What are the benefits of regular exercise?",
+    "Write a friendly email inviting a colleague to lunch.",
+    "How do plants grow from seeds?",
+    "Summarize the story of Cinderella.",
+    "What is the capital of Australia, and what is it known for?",
+    "Give me some ideas for a birthday party for a ten-year-old.",
+    "How do airplanes stay in the air?",
+    "Write a limerick about a cat who loves to sleep.",
+    "Explain the difference between a virus and a bacterium.",
+    "What should I pack for a weekend camping trip?",
+    "Describe a sunset over the mountains.",
+    "How can I improve my sleep?",
+    "What is machine learning?",
+    "Write a Python function that reverses a string.",
+    "Explain what a for loop does in programming.",
+    "How do I make a cup of green tea?",
+    "What causes the seasons on Earth?",
+    "Give three reasons why reading books is good for you.",
+    "Tell me about the history of the bicycle.",
+    "What is the Pythagorean theorem?",
+    "Write a short dialogue between a teacher and a student.",
+    "How do bees make honey?",
+    "What are some good habits for saving money?",
+    "Explain gravity to a five-year-old.",
+    "Describe your ideal weekend.",
+    "What is the difference between a noun and a verb?",
+    "Write a thank-you note to a friend who helped you move.",
+    "How does the internet work, in simple words?",
+    "What are the planets in our solar system?",
+    "Give me a workout plan for beginners.",
+    "Why do we need to drink water?",
+    "Write a story that starts with: The door creaked open.",
+    "What is a volcano and how does it erupt?",
+    "How do you make friends in a new city?",
+    "Explain the rules of chess briefly.",
+    "What are the main causes of air pollution?",
+    "Write a motivational message for someone starting a new job.",
+    "How does a refrigerator keep food cold?",
+    "What is the meaning of the word 'resilience'?",
+    "Describe the life cycle of a butterfly.",
+    "Give me five ideas for a healthy breakfast.",
+    "What is a good way to learn a new language?",
+    "Write a short fairy tale about a dragon and a princess.",
+    "Explain how a bank account works.",
+    "Why do leaves change color in the fall?",
+    "What are the benefits of learning to play a musical instrument?",
+    "How do I write a good cover letter?",
+    "Describe the city of Paris in a few sentences.",
+    "What is the difference between a lake and a sea?",
+    "Write a SQL query that selects all users older than 30.",
+    "Explain what DNA is.",
+    "How do I take care of a houseplant?",
+    "What are some fun things to do on a rainy day?",
+    "Tell me a joke about computers.",
+    "How does recycling help the environment?",
+    "What is the tallest mountain in the world?",
+    "Write a short speech for a school graduation.",
+    "Explain the difference between speed and velocity.",
+    "How do fish breathe underwater?",
+    "What is a healthy diet?",
+    "Describe how to ride a bicycle.",
+    "What is the history of the Olympic Games?",
+    "Give me tips for a job interview.",
+    "Write a poem about friendship.",
+    "How do magnets work?",
+    "What are the main parts of a cell?",
+    "Explain why the Moon has phases.",
+    "How can I reduce stress?",
+    "Write a product description for a reusable water bottle.",
+    "What is electricity?",
+    "Describe a busy market in the morning.",
+    "What are the benefits of walking every day?",
+    "Explain what an algorithm is with an example.",
+    "How do I bake chocolate chip cookies?",
+    "What is the largest animal on Earth?",
+    "Write a short mystery story set on a train.",
+    "What does a doctor do?",
+    "How does the heart pump blood?",
+    "Give me a list of ten common English verbs.",
+    "What is the importance of teamwork?",
+    "Explain how to plant a tree.",
+    "Why is it important to wear sunscreen?",
+    "Write a short review of a movie you like.",
+    "What is a black hole?",
+    "How do I organize my desk?",
+    "Describe the sounds of a forest at night.",
+    "What are renewable energy sources?",
+    "Write a letter to your future self.",
+    "How do trains work?",
+    "What is the difference between a city and a village?",
+    "Explain how to add two fractions.",
+    "What are good manners at the dinner table?",
+    "Write a short story about a robot who wants to paint.",
+    "How do clouds form?",
+    "What is the best way to study for an exam?",
+    "Describe the taste of a lemon.",
+    "What is a democracy?",
+    "Write a JavaScript function that adds two numbers.",
+]
+
+LOSS_DECAY = 0.8  # step k of the training-time test weighs 0.8^k (EAGLE3)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Data
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    eos = model.generation_config.eos_token_id
+    ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+def generate(model, tokenizer, prompts: list[str], gen_tokens: int, batch_size: int) -> list[dict]:
+    """Greedy continuations: [{'ids': LongTensor (prompt + generated, cut after eos), 'prompt_len'}]."""
+    encoded = []
+    for text in prompts:
+        chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
+        encoded.append(tokenizer(chat, add_special_tokens=False)["input_ids"])
+    eos = _eos_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+    results: list[dict | None] = [None] * len(encoded)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        width = max(len(encoded[i]) for i in chunk)
+        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, i in enumerate(chunk):  # left padding
+            ids[row, width - len(encoded[i]):] = torch.tensor(encoded[i])
+            mask[row, width - len(encoded[i]):] = 1
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=gen_tokens, do_sample=False,
+                                 pad_token_id=pad, eos_token_id=sorted(eos) or None)
+        for row, i in enumerate(chunk):
+            new = out[row, width:].tolist()
+            for j, token in enumerate(new):
+                if token in eos:
+                    new = new[:j + 1]
+                    break
+            results[i] = {"ids": torch.tensor(encoded[i] + new, dtype=torch.long), "prompt_len": len(encoded[i])}
+    return results
+
+
+def collect_features(model, sequences: list[dict], aux_ids: list[int], batch_size: int = 8) -> None:
+    """Adds 'features' [N, len(aux) * H] and 'choice' [N] (the base's argmax after each position)."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]["ids"]))
+    for start in range(0, len(order), batch_size):
+        chunk = [sequences[i] for i in order[start:start + batch_size]]
+        width = max(len(s["ids"]) for s in chunk)
+        ids = torch.zeros((len(chunk), width), dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, s in enumerate(chunk):  # right padding: real positions are unaffected
+            ids[row, :len(s["ids"])] = s["ids"]
+            mask[row, :len(s["ids"])] = 1
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        features = torch.cat([out.hidden_states[i] for i in aux_ids], dim=-1)
+        choice = out.logits.argmax(-1)
+        for row, s in enumerate(chunk):
+            n = len(s["ids"])
+            s["features"] = features[row, :n].clone()
+            s["choice"] = choice[row, :n].clone()
+
+
+def choose_vocab(sequences: list[dict], size: int, vocab_size: int) -> torch.Tensor:
+    """The target ids of the draft vocabulary, ascending: the `size` most frequent base choices."""
+    if size >= vocab_size:
+        return torch.arange(vocab_size)
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for s in sequences:
+        counts += torch.bincount(s["choice"], minlength=vocab_size)
+    ranked = sorted(range(vocab_size), key=lambda t: (-int(counts[t]), t))  # then the lowest ids
+    return torch.tensor(sorted(ranked[:size]), dtype=torch.long)
+
+
+class Batch:
+    """Right-padded rows; row t of a sequence is the base position t (see the module docstring)."""
+
+    def __init__(self, sequences: list[dict], steps: int, target_to_draft: torch.Tensor, pad_id: int):
+        rows = [len(s["ids"]) - 1 for s in sequences]  # rows t = 0 .. N-2 (x_{t+1} must exist)
+        width = max(rows)
+        b = len(sequences)
+        feat_dim = sequences[0]["features"].shape[-1]
+        self.features = torch.zeros(b, width, feat_dim)
+        self.position_ids = torch.arange(width)[None].expand(b, width)
+        self.key_padding = torch.zeros(b, width, dtype=torch.bool)
+        self.tokens = torch.full((steps, b, width), pad_id, dtype=torch.long)
+        self.labels = torch.full((steps, b, width), -100, dtype=torch.long)
+        self.target = torch.full((steps, b, width), -1, dtype=torch.long)  # target ids, for accuracy
+        self.generated = torch.zeros(steps, b, width, dtype=torch.bool)
+        for i, s in enumerate(sequences):
+            n, p = len(s["ids"]), s["prompt_len"]
+            self.features[i, :n - 1] = s["features"][:n - 1]
+            self.key_padding[i, :n - 1] = True
+            for k in range(steps):
+                count = n - 1 - k  # rows t with t + 1 + k <= n - 1
+                if count <= 0:
+                    continue
+                j = torch.arange(count) + 1 + k  # the token index fed at step k; the label is choice[j]
+                self.tokens[k, i, :count] = s["ids"][j]
+                self.target[k, i, :count] = s["choice"][j]
+                self.labels[k, i, :count] = target_to_draft[s["choice"][j]]
+                self.generated[k, i, :count] = j >= p - 1  # the label is a generated token's successor
+
+
+def make_batches(sequences: list[dict], batch_size: int, steps: int, target_to_draft, pad_id: int,
+                 shuffle: bool, rng: random.Random) -> list[Batch]:
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]["ids"]))
+    groups = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    if shuffle:
+        for group in groups:
+            rng.shuffle(group)
+        rng.shuffle(groups)
+    return [Batch([sequences[i] for i in group], steps, target_to_draft, pad_id) for group in groups]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Model and training
+
+
+def init_draft(base, draft_ids: torch.Tensor, aux_ids: list[int], seed: int) -> Eagle3Draft:
+    torch.manual_seed(seed)
+    config = Eagle3Draft.config_for_base(base.config, draft_vocab_size=len(draft_ids), aux_layer_ids=aux_ids)
+    draft = Eagle3Draft(config)
+    with torch.no_grad():
+        for module in draft.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.normal_(0.0, 0.02)
+        draft.embed_tokens.weight.copy_(base.get_input_embeddings().weight)
+        draft.lm_head.weight.copy_(base.get_output_embeddings().weight[draft_ids])
+        draft.norm.weight.copy_(base.model.norm.weight)
+        draft.set_vocab_map(draft_ids)
+    draft.aux_layer_ids = list(aux_ids)
+    return draft
+
+
+def run_batch(draft: Eagle3Draft, batch: Batch, steps: int):
+    embeds = [draft.embed_tokens(batch.tokens[k]) for k in range(steps)]
+    return draft.forward_ttt(batch.features, embeds, batch.position_ids, batch.key_padding)
+
+
+def batch_loss(outputs, batch: Batch) -> torch.Tensor:
+    """Cross-entropy per step over the labels in the draft vocabulary, step k weighted 0.8^k."""
+    total, weight = 0.0, 0.0
+    for k, (logits, _) in enumerate(outputs):
+        labels = batch.labels[k]
+        if (labels >= 0).any():
+            total = total + LOSS_DECAY ** k * F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                                              ignore_index=-100)
+            weight += LOSS_DECAY ** k
+    return total / max(weight, 1e-9)
+
+
+@torch.no_grad()
+def evaluate(draft: Eagle3Draft, batches: list[Batch], steps: int) -> dict:
+    """Held-out loss and top-1 accuracy per step over labels that follow generated tokens."""
+    draft.eval()
+    hits, counts, losses = [0] * steps, [0] * steps, []
+    for batch in batches:
+        outputs = run_batch(draft, batch, steps)
+        losses.append(float(batch_loss(outputs, batch)))
+        for k, (logits, _) in enumerate(outputs):
+            chosen = draft.draft_to_target(logits.argmax(-1))
+            where = batch.generated[k] & (batch.target[k] >= 0)
+            hits[k] += int((chosen[where] == batch.target[k][where]).sum())
+            counts[k] += int(where.sum())
+    draft.train()
+    return {"loss": sum(losses) / max(len(losses), 1),
+            "top1": [h / c if c else float("nan") for h, c in zip(hits, counts)], "tokens": counts}
+
+
+def train(draft: Eagle3Draft, train_seqs, held_seqs, args, target_to_draft, pad_id: int) -> list[dict]:
+    rng = random.Random(args.seed)
+    steps = args.ttt_steps
+    held = make_batches(held_seqs, args.batch_size, steps, target_to_draft, pad_id, False, rng) if held_seqs else []
+    params = [p for p in draft.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
+    per_epoch = math.ceil(len(train_seqs) / args.batch_size)
+    total = max(per_epoch * args.epochs, 1)
+    warmup = min(max(total // 20, 1), 50)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda i: min(1.0, (i + 1) / warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(i / total, 1.0)))))
+    history = []
+    draft.train()
+    for epoch in range(1, args.epochs + 1):
+        start = time.time()
+        batches = make_batches(train_seqs, args.batch_size, steps, target_to_draft, pad_id, True, rng)
+        running = 0.0
+        for batch in batches:
+            loss = batch_loss(run_batch(draft, batch, steps), batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            schedule.step()
+            running += loss.item()
+        record = {"epoch": epoch, "train_loss": running / max(len(batches), 1), "seconds": time.time() - start}
+        if held:
+            result = evaluate(draft, held, steps)
+            record.update(held_loss=result["loss"], held_top1=result["top1"], held_tokens=result["tokens"])
+            accuracies = "  ".join(f"step{k} top1 {a:.3f}" for k, a in enumerate(result["top1"][:2]))
+            log(f"epoch {epoch:3d}  train loss {record['train_loss']:.3f}  held-out loss {result['loss']:.3f}  "
+                f"{accuracies}  ({record['seconds']:.1f}s)")
+        else:
+            log(f"epoch {epoch:3d}  train loss {record['train_loss']:.3f}  ({record['seconds']:.1f}s)")
+        history.append(record)
+    return history
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m trt_llm.build.train_draft", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", required=True, help="the base model: a local Hugging Face folder")
+    parser.add_argument("--out", required=True, help="the draft folder to write (EAGLE authors' layout)")
+    parser.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many built-in prompts (<= {len(PROMPTS)})")
+    parser.add_argument("--gen-tokens", type=int, default=80, help="greedy tokens generated per prompt")
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (capped at the base's)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--ttt-steps", type=int, default=3, help="training-time-test steps unrolled (1 = none)")
+    parser.add_argument("--batch-size", type=int, default=8, help="sequences per optimizer step")
+    parser.add_argument("--gen-batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--weight-decay", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if not 1 <= args.prompts <= len(PROMPTS):
+        parser.error(f"--prompts must be 1..{len(PROMPTS)}")
+    if args.ttt_steps < 1 or args.epochs < 1 or args.gen_tokens < 1:
+        parser.error("--ttt-steps, --epochs and --gen-tokens must be at least 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    t0 = time.time()
+    tokenizer = AutoTokenizer.from_pretrained(args.base)
+    base = AutoModelForCausalLM.from_pretrained(args.base, dtype=torch.float32).eval()
+    layers = base.config.num_hidden_layers
+    aux_ids = default_aux_layer_ids(layers)
+    prompts = PROMPTS[:args.prompts]
+    log(f"base {args.base}: {layers} layers, hidden {base.config.hidden_size}, vocab {base.config.vocab_size}; "
+        f"features = hidden states entering layers {aux_ids}")
+
+    sequences = generate(base, tokenizer, prompts, args.gen_tokens, args.gen_batch_size)
+    generated = sum(len(s["ids"]) - s["prompt_len"] for s in sequences)
+    log(f"generated {generated} tokens for {len(prompts)} prompts ({time.time() - t0:.0f}s)")
+    collect_features(base, sequences, aux_ids)
+    log(f"collected features ({time.time() - t0:.0f}s)")
+
+    held_idx = set(range(9, len(sequences), 10)) if len(sequences) >= 10 else set()
+    train_seqs = [s for i, s in enumerate(sequences) if i not in held_idx]
+    held_seqs = [s for i, s in enumerate(sequences) if i in held_idx]
+    vocab_size = base.config.vocab_size
+    draft_ids = choose_vocab(train_seqs, min(args.draft_vocab, vocab_size), vocab_size)
+    target_to_draft = torch.full((vocab_size,), -100, dtype=torch.long)
+    target_to_draft[draft_ids] = torch.arange(len(draft_ids))
+
+    draft = init_draft(base, draft_ids, aux_ids, args.seed)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    log(f"draft: {count_parameters(draft) / 1e6:.1f}M trainable parameters, draft vocab {len(draft_ids)}; "
+        f"{len(train_seqs)} training / {len(held_seqs)} held-out sequences, {args.ttt_steps} TTT steps")
+    history = train(draft, train_seqs, held_seqs, args, target_to_draft, pad_id)
+
+    out = save_draft_eagle_format(draft, args.out)
+    report = {
+        "base": str(args.base), "prompts": len(prompts), "generated_tokens": generated,
+        "aux_layer_ids": aux_ids, "draft_vocab_size": len(draft_ids), "args": vars(args),
+        "history": history, "seconds": time.time() - t0,
+    }
+    (out / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    final = history[-1]
+    if "held_top1" in final:
+        log(f"held-out top-1: step0 {final['held_top1'][0]:.3f}" +
+            (f", step1 {final['held_top1'][1]:.3f}" if len(final["held_top1"]) > 1 else ""))
+    log(f"wrote {out} ({time.time() - t0:.0f}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
