@@ -1,0 +1,134 @@
+"""EAGLE3 speculative decoding is lossless: the same tokens as vanilla decoding, greedy or sampled,
+with log-probabilities, stop strings and logit bias, batched, whatever the draft proposes."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from helpers import PROMPTS, chat_request
+from trt_llm.runtime import eagle
+from trt_llm.runtime.eagle import SpecConfig
+from trt_llm.runtime.engine_dir import EngineDir
+from trt_llm.runtime.runner import Runner
+from trt_llm.schemas.input_file import parse_input_dict
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model, build_engine_for, tmp_path_factory):
+    """A 4-layer tiny Llama with a random EAGLE3 draft (it rarely guesses right)."""
+    from trt_llm.build.eagle_draft import Eagle3Draft, save_draft_eagle_format
+
+    base = tiny_model("llama", num_hidden_layers=4)
+    config = AutoModelForCausalLM.from_pretrained(base).config
+    torch.manual_seed(0)
+    draft = Eagle3Draft(Eagle3Draft.config_for_base(config, draft_vocab_size=200))
+    for param in draft.parameters():
+        if param.requires_grad:
+            param.data.normal_(0, 0.2)
+    draft.set_vocab_map(torch.randperm(config.vocab_size)[:200].sort().values)
+    folder = tmp_path_factory.mktemp("draft")
+    save_draft_eagle_format(draft, folder)
+    return build_engine_for(base, draft={"model": str(folder), "max_draft_tree_size": 24, "max_verify_tree_size": 16})
+
+
+def run(engine_dir, data, spec_decode=True, spec=SpecConfig(4, 3, 10)):
+    loaded = parse_input_dict(json.loads(json.dumps(data)))
+    runner = Runner(EngineDir.open(engine_dir), threads=1, spec=spec, spec_decode=spec_decode)
+    return runner.run(loaded, loaded.settings).responses, runner.spec_stats
+
+
+def assert_same(spec_responses, vanilla_responses):
+    for a, b in zip(spec_responses, vanilla_responses):
+        assert a.finish_reason == b.finish_reason and a.finish_reason != "error", a.error
+        assert a.output_token_ids == b.output_token_ids
+        assert a.output_text == b.output_text
+        if b.logprobs:
+            for step_a, step_b in zip(a.logprobs, b.logprobs):
+                assert [c.token_id for c in step_a] == [c.token_id for c in step_b]
+                np.testing.assert_allclose([c.logprob for c in step_a], [c.logprob for c in step_b], atol=1e-4)
+
+
+SETTINGS = {
+    "greedy": {"temperature": 0.0},
+    "sampled": {"temperature": 0.9, "top_k": 30, "top_p": 0.95, "seed": 11},
+}
+
+
+@pytest.mark.parametrize("mode", list(SETTINGS))
+def test_speculation_equals_vanilla_with_a_poor_draft(engine, mode):
+    data = {**SETTINGS[mode], "batch_size": 4, "max_generate_length": 32, "num_logprobs": 3,
+            "requests": [chat_request(p) for p in PROMPTS]}
+    spec, stats = run(engine, data)
+    assert stats.rounds > 0  # speculation really ran
+    assert_same(spec, run(engine, data, spec_decode=False)[0])
+
+
+@pytest.fixture
+def oracle_draft(monkeypatch):
+    """Replace the draft's tree with one whose main chain is what vanilla decoding will produce,
+    padded with wrong siblings: many tokens are accepted per round, so the KV compaction and the
+    batched bookkeeping of accepted paths are exercised."""
+    futures = {}
+
+    def tree(draft, state, draft_cache, hidden_root, spec, model, sampler, active, max_position):
+        for r in state:
+            future = futures[tuple(r.sequence.prompt_ids)][len(r.sequence.generated):]
+            r.tree, parent = [], -1
+            for depth, token in enumerate(future[: spec.draft_steps], start=1):
+                r.tree.append(eagle._Node(token, parent, depth, -float(depth), hidden_root[0]))
+                parent = len(r.tree) - 1
+                wrong = (token + 7) % model.dims["vocab_size"]
+                r.tree.append(eagle._Node(wrong, r.tree[parent].parent, depth, -depth - 0.5, hidden_root[0]))
+
+    monkeypatch.setattr(eagle, "_draft_tree", tree)
+    return futures
+
+
+@pytest.mark.parametrize("mode", list(SETTINGS))
+def test_accepted_paths_are_compacted_correctly(engine, oracle_draft, mode):
+    data = {**SETTINGS[mode], "batch_size": 3, "max_generate_length": 40,
+            "requests": [chat_request(p) for p in PROMPTS[:3]]}
+    vanilla = run(engine, data, spec_decode=False)[0]
+    for response in vanilla:
+        oracle_draft[tuple(_prompt_ids(engine, response))] = response.output_token_ids
+    spec, stats = run(engine, data, spec=SpecConfig(4, 4, 10))
+    assert_same(spec, vanilla)
+    assert stats.mean_accepted > 3  # 4 drafted + 1 bonus per round, less at the ends
+
+
+def _prompt_ids(engine_dir, response):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(EngineDir.open(engine_dir).tokenizer_dir)
+    return tokenizer(response.formatted_complete_request, add_special_tokens=False)["input_ids"]
+
+
+def test_stop_strings_and_logit_bias_under_speculation(engine):
+    base = {"temperature": 0.0, "batch_size": 2, "max_generate_length": 30}
+    free = run(engine, {**base, "requests": [chat_request(p) for p in PROMPTS[:2]]}, spec_decode=False)[0]
+    stop = free[0].output_text[4:9]
+    requests = [chat_request(PROMPTS[0], stop=stop), chat_request(PROMPTS[1], logit_bias={"100": 3.0, "5": -100.0})]
+    data = {**base, "requests": requests}
+    spec = run(engine, data)[0]
+    assert spec[0].finish_reason == "stop-words"
+    assert_same(spec, run(engine, data, spec_decode=False)[0])
+
+
+def test_disable_spec_decode_is_batch_wide(engine):
+    data = {"temperature": 0.0, "batch_size": 2, "max_generate_length": 8,
+            "requests": [chat_request(PROMPTS[0]), chat_request(PROMPTS[1], disable_spec_decode=True),
+                         chat_request(PROMPTS[2]), chat_request(PROMPTS[3])]}
+    responses, stats = run(engine, data)
+    # Only the second batch (requests 2, 3) speculated.
+    assert 0 < stats.emitted <= sum(r.generated_tokens for r in responses[2:])
+    assert_same(responses, run(engine, data, spec_decode=False)[0])
+
+
+def test_tree_sizes_beyond_the_engine_are_refused(engine):
+    with pytest.raises(ValueError, match="exceeds the engine's max_draft_tree_size 24"):
+        Runner(EngineDir.open(engine), spec=SpecConfig(5, 5, 10))
+    with pytest.raises(ValueError, match="exceeds the engine's max_verify_tree_size 16"):
+        Runner(EngineDir.open(engine), spec=SpecConfig(4, 3, 20))
