@@ -244,36 +244,47 @@ class TrtEngine:
 
     def run(self, inputs_embeds: np.ndarray, position_ids: np.ndarray, past_lengths: np.ndarray,
             query_lengths: np.ndarray, logits_indices: np.ndarray, cache: DeviceKVCache,
-            logits_out: np.ndarray, extra: dict[str, np.ndarray] | None = None) -> np.ndarray:
-        """One forward pass; the new tokens go into `cache`, the logits into `logits_out` (float32 [B, K, V])."""
+            logits_out: np.ndarray, extra: dict[str, np.ndarray] | None = None,
+            step_inputs: dict[str, np.ndarray] | None = None,
+            step_outputs: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """One forward pass; the new tokens go into `cache`, the logits into `logits_out` (float32 [B, K, V]).
+
+        extra, step_inputs: more inputs by name; step_outputs: more outputs by name, copied into
+        the given host arrays (the same contract as OrtEngine.run)."""
         cudart = self.cudart
         context = self._context_for(inputs_embeds.shape[1])
         # Host arrays stay referenced until the synchronize below: the copies are asynchronous.
         staged = [self._upload(context, name, array) for name, array in zip(
             SMALL_INPUTS, (inputs_embeds, position_ids, past_lengths, query_lengths, logits_indices))]
-        staged += [self._upload(context, name, array) for name, array in (extra or {}).items()]
+        staged += [self._upload(context, name, array)
+                   for name, array in (*(extra or {}).items(), *(step_inputs or {}).items())]
         for i in range(self.num_layers):
             for kind, past, present in (("key", cache.keys, cache.next_keys),
                                         ("value", cache.values, cache.next_values)):
                 context.set_input_shape(f"past_{kind}_{i}", cache.shape)
                 context.set_tensor_address(f"past_{kind}_{i}", past[i])
                 context.set_tensor_address(f"present_{kind}_{i}", present[i])
-        logits_buffer = self._buffers.setdefault("logits", DeviceBuffer(cudart))
-        logits_bytes = logits_out.size * self.dtypes["logits"].itemsize
-        context.set_tensor_address("logits", logits_buffer.reserve(logits_bytes))
+        outputs = {"logits": logits_out, **(step_outputs or {})}
+        device = {}
+        for name, host in outputs.items():
+            buffer = self._buffers.setdefault(name, DeviceBuffer(cudart))
+            device[name] = (buffer, host.size * self.dtypes[name].itemsize)
+            context.set_tensor_address(name, buffer.reserve(device[name][1]))
         with self.timer:
             if not context.execute_async_v3(self._stream_handle):
                 raise RuntimeError("TensorRT execute_async_v3 failed (see the TensorRT errors above)")
-        if self.dtypes["logits"] == logits_out.dtype:
-            _check(cudart, cudart.cudaMemcpyAsync(logits_out.ctypes.data, logits_buffer.ptr, logits_bytes,
+        converted = []
+        for name, host in outputs.items():
+            buffer, size = device[name]
+            # Straight into the caller's array when the dtypes agree; else through a staging array.
+            target = host if self.dtypes[name] == host.dtype else np.empty(host.shape, self.dtypes[name])
+            _check(cudart, cudart.cudaMemcpyAsync(target.ctypes.data, buffer.ptr, size,
                                                   cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost, self.stream))
-            _check(cudart, cudart.cudaStreamSynchronize(self.stream))
-        else:
-            host = np.empty(logits_out.shape, self.dtypes["logits"])
-            _check(cudart, cudart.cudaMemcpyAsync(host.ctypes.data, logits_buffer.ptr, logits_bytes,
-                                                  cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost, self.stream))
-            _check(cudart, cudart.cudaStreamSynchronize(self.stream))
-            logits_out[...] = host
+            if target is not host:
+                converted.append((host, target))
+        _check(cudart, cudart.cudaStreamSynchronize(self.stream))
+        for host, target in converted:
+            host[...] = target
         del staged
         cache.swap()
         self.last_step_ms = self.timer.elapsed_ms()

@@ -132,3 +132,24 @@ def test_tree_sizes_beyond_the_engine_are_refused(engine):
         Runner(EngineDir.open(engine), spec=SpecConfig(5, 5, 10))
     with pytest.raises(ValueError, match="exceeds the engine's max_verify_tree_size 16"):
         Runner(EngineDir.open(engine), spec=SpecConfig(4, 3, 20))
+
+
+def test_cli_profile_reports_speculation(engine, tmp_path):
+    from trt_llm.runtime.cli import main as run_main
+
+    data = {"temperature": 0.0, "batch_size": 2, "max_generate_length": 12,
+            "requests": [chat_request(p) for p in PROMPTS[:2]]}
+    (tmp_path / "in.json").write_text(json.dumps(data))
+    args = [str(tmp_path / "in.json"), "--engine-dir", str(engine), "-o", str(tmp_path / "out.json"), "--threads", "1",
+            "--draft-top-k", "4", "--draft-steps", "3", "--verify-tree-size", "8",
+            "--profile-output", str(tmp_path / "profile.json")]
+    assert run_main(args) == 0
+    profile = json.loads((tmp_path / "profile.json").read_text())
+    responses = json.loads((tmp_path / "out.json").read_text())["responses"]
+    speculative = profile["speculative"]
+    assert speculative["iterations"] > 0 and speculative["mean_accepted_length"] >= 1.0
+    # Every token after each request's first comes from a verification pass.
+    assert speculative["generated_tokens"] == sum(r["generated_tokens"] - 1 for r in responses)
+    assert {"draft", "verify", "accept"} <= set(profile["stages"])
+    assert run_main(args[:-2] + ["--no-spec-decode", "--profile-output", str(tmp_path / "p2.json")]) == 0
+    assert json.loads((tmp_path / "p2.json").read_text())["speculative"]["iterations"] == 0
