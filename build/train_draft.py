@@ -388,6 +388,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data-cache", help="a file keeping the generations and features between runs")
     args = parser.parse_args(argv)
     if not 1 <= args.prompts <= len(PROMPTS):
         parser.error(f"--prompts must be 1..{len(PROMPTS)}")
@@ -411,11 +412,21 @@ def main(argv=None) -> int:
     log(f"base {args.base}: {layers} layers, hidden {base.config.hidden_size}, vocab {base.config.vocab_size}; "
         f"features = hidden states entering layers {aux_ids}")
 
-    sequences = generate(base, tokenizer, prompts, args.gen_tokens, args.gen_batch_size)
+    key = {"base": str(Path(args.base).expanduser().resolve()), "prompts": prompts, "gen_tokens": args.gen_tokens,
+           "aux": aux_ids}
+    cached = torch.load(args.data_cache, weights_only=True) if args.data_cache and Path(args.data_cache).is_file() else None
+    if cached is not None and cached.get("key") == json.dumps(key):
+        sequences = cached["sequences"]
+        log(f"read {len(sequences)} sequences from {args.data_cache}")
+    else:
+        sequences = generate(base, tokenizer, prompts, args.gen_tokens, args.gen_batch_size)
+        log(f"generated {sum(len(s['ids']) - s['prompt_len'] for s in sequences)} tokens for {len(prompts)} prompts "
+            f"({time.time() - t0:.0f}s)")
+        collect_features(base, sequences, aux_ids)
+        log(f"collected features ({time.time() - t0:.0f}s)")
+        if args.data_cache:
+            torch.save({"key": json.dumps(key), "sequences": sequences}, args.data_cache)
     generated = sum(len(s["ids"]) - s["prompt_len"] for s in sequences)
-    log(f"generated {generated} tokens for {len(prompts)} prompts ({time.time() - t0:.0f}s)")
-    collect_features(base, sequences, aux_ids)
-    log(f"collected features ({time.time() - t0:.0f}s)")
 
     held_idx = set(range(9, len(sequences), 10)) if len(sequences) >= 10 else set()
     train_seqs = [s for i, s in enumerate(sequences) if i not in held_idx]

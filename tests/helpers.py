@@ -44,3 +44,22 @@ def _load(model_dir: str):
     if model_dir not in _MODELS:
         _MODELS[model_dir] = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     return _MODELS[model_dir]
+
+
+LORA_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def make_adapter(base_dir, out_dir, seed, rank=4, targets=LORA_MODULES, rslora=False):
+    """A random PEFT adapter (LoRA B is zero when PEFT initialises it; randomise both)."""
+    import peft
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base_dir)
+    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets), use_rslora=rslora,
+                             init_lora_weights=False)
+    wrapped = peft.get_peft_model(model, config)
+    for name, param in wrapped.named_parameters():
+        if "lora_" in name:
+            param.data.normal_(0, 0.3)
+    wrapped.save_pretrained(out_dir)
+    return str(out_dir)

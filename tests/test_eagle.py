@@ -153,3 +153,21 @@ def test_cli_profile_reports_speculation(engine, tmp_path):
     assert {"draft", "verify", "accept"} <= set(profile["stages"])
     assert run_main(args[:-2] + ["--no-spec-decode", "--profile-output", str(tmp_path / "p2.json")]) == 0
     assert json.loads((tmp_path / "p2.json").read_text())["speculative"]["iterations"] == 0
+
+
+def test_lora_under_speculation(tiny_model, build_engine_for, engine, tmp_path):
+    """The draft stays the base's; the verified tokens are the adapter's own, so output is exact."""
+    from helpers import make_adapter
+
+    base = tiny_model("llama", num_hidden_layers=4)
+    manifest = json.loads((engine / "manifest.json").read_text())
+    draft_dir = manifest["build_config"]["draft"]["model"]
+    both = build_engine_for(base, lora={"max_rank": 4}, draft={"model": draft_dir, "max_draft_tree_size": 24,
+                                                                "max_verify_tree_size": 16})
+    adapter = make_adapter(base, tmp_path / "adapter", seed=3, rank=4)
+    data = {"temperature": 0.0, "batch_size": 2, "max_generate_length": 16, "available_lora_weights": {"a": adapter},
+            "requests": [chat_request(PROMPTS[0], lora_name="a"), chat_request(PROMPTS[1])]}
+    spec, stats = run(both, data)
+    assert stats.rounds > 0
+    assert_same(spec, run(both, data, spec_decode=False)[0])
+    assert spec[0].output_token_ids != run(both, {**data, "requests": [chat_request(PROMPTS[0])]})[0][0].output_token_ids

@@ -6,25 +6,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from helpers import chat_request, run_input
+from helpers import chat_request, make_adapter, run_input
 
 peft = pytest.importorskip("peft")
-
-ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def make_adapter(base_dir, out_dir, seed, rank=4, targets=ALL, rslora=False):
-    """A random PEFT adapter (LoRA B is zero when PEFT initialises it; randomise both)."""
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(base_dir)
-    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets), use_rslora=rslora,
-                             init_lora_weights=False)
-    wrapped = peft.get_peft_model(model, config)
-    for name, param in wrapped.named_parameters():
-        if "lora_" in name:
-            param.data.normal_(0, 0.3)
-    wrapped.save_pretrained(out_dir)
-    return str(out_dir)
 
 
 def peft_greedy(base_dir, adapter_dir, prompt_ids, n, merged=False):

@@ -1,0 +1,437 @@
+"""The EAGLE3 draft: its math against transformers' building blocks, the exportable graph against the
+eager forward (prefill, token by token, tree, training-time test), the published file formats, and the
+CPU trainer end to end on a tiny model."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers.models.llama import modeling_llama as hf_llama
+
+from trt_llm.build import eagle_draft as ed
+from trt_llm.build.eagle_draft import DraftGraph, Eagle3Draft, load_draft, save_draft_eagle_format
+
+DRAFT_VOCAB = 96
+LAYERS = 6  # default aux ids [2, 3, 3]
+
+
+@pytest.fixture(scope="module")
+def base(tiny_model):
+    path = tiny_model("llama", num_hidden_layers=LAYERS)
+    return path, AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def random_draft(base_model, draft_vocab=DRAFT_VOCAB, seed=0) -> Eagle3Draft:
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(Eagle3Draft.config_for_base(base_model.config, draft_vocab_size=draft_vocab))
+    vocab = base_model.config.vocab_size
+    with torch.no_grad():
+        for name, param in draft.named_parameters():
+            if name == "embed_tokens.weight":
+                param.copy_(base_model.get_input_embeddings().weight)
+            elif param.dim() == 2:
+                param.normal_(0.0, 0.1)
+            else:  # norms: not all ones, so a dropped or swapped norm shows
+                param.copy_(1.0 + 0.2 * torch.randn_like(param))
+        draft.set_vocab_map(torch.randperm(vocab)[:draft_vocab].sort().values)
+    draft.aux_layer_ids = ed.default_aux_layer_ids(LAYERS)
+    return draft.eval()
+
+
+def embedding(base_model):
+    return base_model.get_input_embeddings().weight.detach()
+
+
+def assert_same_draft(a: Eagle3Draft, b: Eagle3Draft):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sorted(sa) == sorted(sb)
+    for name in sa:
+        assert sa[name].dtype == sb[name].dtype, name
+        assert torch.equal(sa[name], sb[name]), name
+    assert a.aux_layer_ids == b.aux_layer_ids
+    assert a.dims == b.dims
+
+
+# ---------------------------------------------------------------------------------------------------
+# The math
+
+
+def test_state_dict_names_are_the_published_ones(base):
+    draft = random_draft(base[1])
+    assert set(draft.state_dict()) == {
+        "embed_tokens.weight", "fc.weight", "midlayer.hidden_norm.weight", "midlayer.input_layernorm.weight",
+        "midlayer.post_attention_layernorm.weight", "midlayer.self_attn.q_proj.weight",
+        "midlayer.self_attn.k_proj.weight", "midlayer.self_attn.v_proj.weight", "midlayer.self_attn.o_proj.weight",
+        "midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight", "midlayer.mlp.down_proj.weight",
+        "norm.weight", "lm_head.weight", "d2t", "t2d",
+    }
+    h = base[1].config.hidden_size
+    assert draft.fc.weight.shape == (h, 3 * h)
+    assert draft.midlayer.self_attn.q_proj.weight.shape == (4 * 16, 2 * h)
+    assert draft.midlayer.self_attn.k_proj.weight.shape == (2 * 16, 2 * h)
+    assert draft.midlayer.self_attn.o_proj.weight.shape == (h, 4 * 16)
+    assert draft.lm_head.weight.shape == (DRAFT_VOCAB, h)
+    target = draft.draft_to_target(torch.arange(DRAFT_VOCAB))
+    assert torch.equal(draft.t2d.nonzero().squeeze(-1), target)
+
+
+def hf_reference(draft: Eagle3Draft, features, embeds, position_ids):
+    """The EAGLE3 layer written with transformers' Llama pieces (RMSNorm, rotary, repeat_kv, MLP)."""
+    cfg = LlamaConfig(**{k: v for k, v in draft.config.items() if k != ed.AUX_KEY})
+    layer, d = draft.midlayer, draft.dims
+
+    def norm(module):
+        hf = hf_llama.LlamaRMSNorm(d.hidden_size, eps=d.rms_norm_eps)
+        hf.weight.data.copy_(module.weight)
+        return hf
+
+    hidden = features @ draft.fc.weight.T
+    x = torch.cat([norm(layer.input_layernorm)(embeds), norm(layer.hidden_norm)(hidden)], dim=-1)
+    b, s, _ = x.shape
+    q = (x @ layer.self_attn.q_proj.weight.T).view(b, s, d.num_heads, d.head_dim).transpose(1, 2)
+    k = (x @ layer.self_attn.k_proj.weight.T).view(b, s, d.kv_heads, d.head_dim).transpose(1, 2)
+    v = (x @ layer.self_attn.v_proj.weight.T).view(b, s, d.kv_heads, d.head_dim).transpose(1, 2)
+    cos, sin = hf_llama.LlamaRotaryEmbedding(cfg)(x, position_ids)
+    q, k = hf_llama.apply_rotary_pos_emb(q, k, cos, sin)
+    groups = d.num_heads // d.kv_heads
+    k, v = hf_llama.repeat_kv(k, groups), hf_llama.repeat_kv(v, groups)
+    scores = (q @ k.transpose(-1, -2)) / d.head_dim ** 0.5
+    scores = scores.masked_fill(~torch.ones(s, s, dtype=torch.bool).tril(), float("-inf"))
+    attn = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, s, -1)
+    h = hidden + attn @ layer.self_attn.o_proj.weight.T
+    mlp = hf_llama.LlamaMLP(cfg)
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        getattr(mlp, name).weight.data.copy_(getattr(layer.mlp, name).weight)
+    h = h + mlp(norm(layer.post_attention_layernorm)(h))
+    return norm(draft.norm)(h) @ draft.lm_head.weight.T, h
+
+
+def test_forward_train_matches_transformers_pieces(base):
+    draft = random_draft(base[1])
+    torch.manual_seed(1)
+    features = torch.randn(2, 9, 3 * 64)
+    embeds = draft.embed_tokens(torch.randint(0, 512, (2, 9)))
+    positions = torch.arange(9)[None].expand(2, 9) + torch.tensor([[0], [300]])  # llama3 rope scaling range too
+    with torch.no_grad():
+        logits, hidden = draft.forward_train(features, embeds, positions)
+        ref_logits, ref_hidden = hf_reference(draft, features, embeds, positions)
+    torch.testing.assert_close(hidden, ref_hidden, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+    # features (3H) go through fc; an H-wide hidden does not
+    with torch.no_grad():
+        again, _ = draft.forward_train(draft.project_features(features), embeds, positions)
+    torch.testing.assert_close(again, logits)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The graph (the eager stand-in op until ours takes a tree mask)
+
+
+def run_graph(graph, embeds, hidden, positions, past_lengths, query_lengths, tree_mask, cache, logits_indices=None):
+    b, s, _ = embeds.shape
+    if logits_indices is None:
+        logits_indices = torch.arange(s, dtype=torch.int32)[None].expand(b, s)
+    with torch.no_grad():
+        logits, hidden_out, key, value = graph(
+            embeds, hidden, positions.int(), torch.as_tensor(past_lengths, dtype=torch.int32),
+            torch.as_tensor(query_lengths, dtype=torch.int32), tree_mask, logits_indices.int(), *cache)
+    return logits, hidden_out, (key, value)
+
+
+def empty_cache(draft, batch, capacity=48):
+    d = draft.dims
+    return (torch.zeros(batch, d.kv_heads, capacity, d.head_dim), torch.zeros(batch, d.kv_heads, capacity, d.head_dim))
+
+
+def causal(batch, seq):
+    return torch.ones(seq, seq, dtype=torch.bool).tril()[None].repeat(batch, 1, 1)
+
+
+@pytest.fixture(scope="module")
+def setup(base):
+    draft = random_draft(base[1])
+    torch.manual_seed(2)
+    s = 10
+    hidden = draft.project_features(torch.randn(2, s, 3 * 64)).detach()
+    embeds = draft.embed_tokens(torch.randint(0, 512, (2, s))).detach()
+    positions = torch.arange(s)[None].expand(2, s)
+    with torch.no_grad():
+        logits, hidden_out = draft.forward_train(hidden, embeds, positions)
+    return draft, DraftGraph(draft, max_positions=128), hidden, embeds, positions, logits, hidden_out
+
+
+def test_graph_prefill_matches_forward_train(setup):
+    draft, graph, hidden, embeds, positions, logits, hidden_out = setup
+    lengths = [10, 6]  # ragged: row 1 is right-padded
+    got_logits, got_hidden, _ = run_graph(graph, embeds, hidden, positions, [0, 0], lengths, causal(2, 10),
+                                          empty_cache(draft, 2))
+    assert got_logits.dtype == torch.float32 and got_logits.shape == (2, 10, DRAFT_VOCAB)
+    torch.testing.assert_close(got_logits[0], logits[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got_hidden[0], hidden_out[0], rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        short_logits, short_hidden = draft.forward_train(hidden[1:, :6], embeds[1:, :6], positions[1:, :6])
+    torch.testing.assert_close(got_logits[1, :6], short_logits[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got_hidden[1, :6], short_hidden[0], rtol=1e-4, atol=1e-4)
+    # tree_mask None means causal; logits_indices picks rows
+    picked, _, _ = run_graph(graph, embeds, hidden, positions, [0, 0], lengths, None, empty_cache(draft, 2),
+                             torch.tensor([[9, 0], [5, 2]]))
+    torch.testing.assert_close(picked[0], logits[0, [9, 0]], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(picked[1], short_logits[0, [5, 2]], rtol=1e-4, atol=1e-4)
+
+
+def test_graph_token_by_token_matches_forward_train(setup):
+    draft, graph, hidden, embeds, positions, logits, hidden_out = setup
+    cache = empty_cache(draft, 2)
+    first = 3  # a short prefill, then one token at a time
+    _, _, cache = run_graph(graph, embeds[:, :first], hidden[:, :first], positions[:, :first], [0, 0], [first, first],
+                            causal(2, first), cache)
+    for t in range(first, 10):
+        step_logits, step_hidden, cache = run_graph(
+            graph, embeds[:, t:t + 1], hidden[:, t:t + 1], positions[:, t:t + 1], [t, t], [1, 1],
+            torch.ones(2, 1, 1, dtype=torch.bool), cache)
+        torch.testing.assert_close(step_logits[:, 0], logits[:, t], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(step_hidden[:, 0], hidden_out[:, t], rtol=1e-4, atol=1e-4)
+
+
+def test_graph_tree_matches_each_path(setup):
+    """A token tree over a cached prefix: every node sees the prefix and its ancestors only."""
+    draft, graph, hidden, embeds, positions, _, _ = setup
+    prefix = 4
+    parents = [-1, 0, 0, 1, 2, 1]  # node 0 is the root (depth 0)
+    nodes = len(parents)
+    depth = [0] * nodes
+    mask = torch.zeros(1, nodes, nodes, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        mask[0, i, i] = True
+        if p >= 0:
+            depth[i] = depth[p] + 1
+            mask[0, i] |= mask[0, p]
+    torch.manual_seed(3)
+    tree_embeds = draft.embed_tokens(torch.randint(0, 512, (1, nodes))).detach()
+    tree_hidden = torch.randn(1, nodes, 64)
+    tree_positions = torch.tensor([[prefix + x for x in depth]])
+    _, _, cache = run_graph(graph, embeds[:1, :prefix], hidden[:1, :prefix], positions[:1, :prefix], [0], [prefix],
+                            causal(1, prefix), empty_cache(draft, 1))
+    got_logits, got_hidden, _ = run_graph(graph, tree_embeds, tree_hidden, tree_positions, [prefix], [nodes], mask,
+                                          cache)
+    for i in range(nodes):
+        path = [j for j in range(nodes) if mask[0, i, j]]  # ancestors in depth order (parents come first)
+        seq_embeds = torch.cat([embeds[:1, :prefix], tree_embeds[:, path]], 1)
+        seq_hidden = torch.cat([hidden[:1, :prefix], tree_hidden[:, path]], 1)
+        with torch.no_grad():
+            ref_logits, ref_hidden = draft.forward_train(seq_hidden, seq_embeds, torch.arange(prefix + len(path))[None])
+        torch.testing.assert_close(got_logits[0, i], ref_logits[0, -1], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got_hidden[0, i], ref_hidden[0, -1], rtol=1e-4, atol=1e-4)
+    # forward_train with the equivalent explicit mask gives the same as the graph
+    full = torch.zeros(1, prefix + nodes, prefix + nodes, dtype=torch.bool)
+    full[0, :prefix, :prefix] = torch.ones(prefix, prefix, dtype=torch.bool).tril()
+    full[0, prefix:, :prefix] = True
+    full[0, prefix:, prefix:] = mask[0]
+    with torch.no_grad():
+        explicit, _ = draft.forward_train(torch.cat([hidden[:1, :prefix], tree_hidden], 1),
+                                          torch.cat([embeds[:1, :prefix], tree_embeds], 1),
+                                          torch.cat([positions[:1, :prefix], tree_positions], 1), full)
+    torch.testing.assert_close(got_logits[0], explicit[0, prefix:], rtol=1e-4, atol=1e-4)
+
+
+def test_training_time_test_is_what_the_runtime_computes(setup):
+    """Step k of forward_ttt at row t == the graph's k-th draft token after a cache of rows 0..t."""
+    draft, graph, hidden, _, positions, _, _ = setup
+    torch.manual_seed(4)
+    steps = 3
+    tokens = [draft.embed_tokens(torch.randint(0, 512, (2, 10))).detach() for _ in range(steps)]
+    with torch.no_grad():
+        results = draft.forward_ttt(hidden, tokens, positions)
+        step0, _ = draft.forward_train(hidden, tokens[0], positions)
+    torch.testing.assert_close(results[0][0], step0)
+    for t in (0, 4, 9):
+        _, out, cache = run_graph(graph, tokens[0][:, :t + 1], hidden[:, :t + 1], positions[:, :t + 1], [0, 0],
+                                  [t + 1, t + 1], causal(2, t + 1), empty_cache(draft, 2))
+        h = out[:, t:t + 1]
+        for k in range(1, steps):
+            logits, h, cache = run_graph(graph, tokens[k][:, t:t + 1], h, torch.full((2, 1), t + k), [t + k, t + k],
+                                         [1, 1], torch.ones(2, 1, 1, dtype=torch.bool), cache)
+            torch.testing.assert_close(logits[:, 0], results[k][0][:, t], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(h[:, 0], results[k][1][:, t], rtol=1e-4, atol=1e-4)
+
+
+def test_reference_op_matches_the_plugin_without_a_tree():
+    torch.manual_seed(5)
+    b, s, hq, hkv, d, cap = 2, 5, 4, 2, 8, 16
+    qkv = torch.randn(b, s, (hq + 2 * hkv) * d)
+    past_k, past_v = torch.randn(b, hkv, cap, d), torch.randn(b, hkv, cap, d)
+    past, new = torch.tensor([3, 0], dtype=torch.int32), torch.tensor([5, 2], dtype=torch.int32)
+    pos = (past[:, None] + torch.arange(s)[None]).int()
+    freqs = torch.outer(torch.arange(64).float(), 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d))
+    args = (qkv, past_k, past_v, past, new, pos, freqs.cos(), freqs.sin())
+    ours = ed.reference_tree_attention(*args, None, hq, hkv, 0.3)
+    if ed._op_takes_tree_mask():
+        plugin = torch.ops.trt_llm.attention(*args, None, hq, hkv, 0.3)
+    else:
+        plugin = torch.ops.trt_llm.attention(*args, hq, hkv, 0.3)
+    for a, p in zip(ours, plugin):
+        torch.testing.assert_close(a, p)
+    # an explicit causal tree mask is the same as none
+    again = ed.reference_tree_attention(*args, causal(b, s), hq, hkv, 0.3)
+    for a, p in zip(again, ours):
+        torch.testing.assert_close(a, p)
+
+
+@pytest.mark.skipif(not ed._op_takes_tree_mask(), reason="the attention op takes no tree_mask yet")
+def test_plugin_tree_mask_matches_the_stand_in():
+    torch.manual_seed(6)
+    b, s, hq, hkv, d, cap = 2, 5, 4, 2, 8, 16
+    qkv = torch.randn(b, s, (hq + 2 * hkv) * d)
+    past_k, past_v = torch.randn(b, hkv, cap, d), torch.randn(b, hkv, cap, d)
+    past, new = torch.tensor([3, 6], dtype=torch.int32), torch.tensor([5, 4], dtype=torch.int32)
+    pos = torch.tensor([[3, 4, 4, 5, 5], [6, 7, 8, 7, 0]], dtype=torch.int32)
+    mask = causal(b, s)
+    mask[0, 2, 1] = False  # node 2 is a sibling of node 1
+    mask[0, 3:, :] = torch.tensor([[1, 1, 0, 1, 0], [1, 0, 1, 0, 1]], dtype=torch.bool)
+    mask[1, 3, 2] = False
+    freqs = torch.outer(torch.arange(64).float(), 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d))
+    args = (qkv, past_k, past_v, past, new, pos, freqs.cos(), freqs.sin(), mask, hq, hkv, 0.3)
+    ours = ed.reference_tree_attention(*args)
+    plugin = torch.ops.trt_llm.attention(*args)
+    torch.testing.assert_close(plugin[0][0], ours[0][0])
+    torch.testing.assert_close(plugin[0][1, :4], ours[0][1, :4])
+    torch.testing.assert_close(plugin[1], ours[1])
+    torch.testing.assert_close(plugin[2], ours[2])
+
+
+@pytest.mark.skipif(not ed._op_takes_tree_mask(), reason="the attention op takes no tree_mask yet")
+def test_draft_graph_exports(setup, tmp_path):
+    import onnx
+
+    _, graph, *_ = setup
+    path = ed.export_draft_graph(graph, tmp_path / "draft.onnx")
+    model = onnx.load(str(path))
+    assert [i.name for i in model.graph.input] == ed.DRAFT_INPUT_NAMES
+    assert [o.name for o in model.graph.output] == ed.DRAFT_OUTPUT_NAMES
+
+
+# ---------------------------------------------------------------------------------------------------
+# Files
+
+
+def test_eagle_format_round_trip(base, tmp_path):
+    draft = random_draft(base[1])
+    draft.aux_layer_ids = [1, 3, 4]  # not the default: travels in the config
+    out = save_draft_eagle_format(draft, tmp_path / "eagle")
+    config = json.loads((out / "config.json").read_text())
+    assert config["draft_vocab_size"] == DRAFT_VOCAB and config["num_hidden_layers"] == 1
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert "embed_tokens.weight" not in load_file(str(out / "model.safetensors"))
+    loaded = load_draft(out, base[1].config, embedding(base[1]))
+    assert loaded.source_format == "eagle" and loaded.aux_layer_ids == [1, 3, 4]
+    assert_same_draft(loaded, draft)
+    # ... and again from pytorch_model.bin (the EAGLE authors' own checkpoints)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "config.json").write_text((out / "config.json").read_text())
+    torch.save(load_file(str(out / "model.safetensors")), tmp_path / "bin" / "pytorch_model.bin")
+    assert_same_draft(load_draft(tmp_path / "bin", base[1].config, embedding(base[1])), draft)
+
+
+def _write(folder, config, tensors):
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    return folder
+
+
+def test_specforge_modelopt_and_speculators_files_load_the_same(base, tmp_path):
+    draft = random_draft(base[1])
+    state = {k: v.clone() for k, v in draft.state_dict().items()}
+    config = {k: v for k, v in draft.config.items() if k != ed.AUX_KEY}
+
+    # SpecForge: its own architecture name and the embedding inside
+    specforge = _write(tmp_path / "specforge", {**config, "architectures": ["LlamaForCausalLMEagle3"]}, state)
+    # ModelOpt: eagle_module./layers.0. names, no t2d, output-of-layer aux ids in eagle_config
+    modelopt_state = {}
+    for name, tensor in state.items():
+        if name in ("t2d", "embed_tokens.weight"):
+            continue
+        if name.startswith("midlayer."):
+            name = "layers.0." + name[len("midlayer."):]
+        modelopt_state[name if name in ("lm_head.weight", "d2t") else "eagle_module." + name] = tensor
+    modelopt = _write(tmp_path / "modelopt", {**config, "architectures": ["LlamaForCausalLMEagle3"], "eagle_config": {
+        "eagle_aux_hidden_state_layer_ids": [1, 2, 2], "use_aux_hidden_state": True}}, modelopt_state)
+    # vLLM speculators: nested config, input-of-layer aux ids, layers.0. names
+    speculators_state = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v
+                         for k, v in state.items()}
+    speculators = _write(tmp_path / "speculators", {
+        "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+        "transformer_layer_config": {**config, "draft_vocab_size": None}, "draft_vocab_size": DRAFT_VOCAB,
+        "norm_before_residual": False, "eagle_aux_hidden_state_layer_ids": [2, 3, 3],
+        "speculators_config": {"algorithm": "eagle3"}}, speculators_state)
+
+    for folder, fmt in ((specforge, "specforge"), (modelopt, "modelopt"), (speculators, "speculators")):
+        loaded = load_draft(folder, base[1].config, embedding(base[1]))
+        assert loaded.source_format == fmt
+        assert_same_draft(loaded, draft)
+
+
+def test_missing_lm_head_and_d2t_come_from_the_base(base, tmp_path):
+    draft = random_draft(base[1], draft_vocab=512)  # full vocabulary
+    state = {k: v for k, v in draft.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d",
+                                                                         "embed_tokens.weight")}
+    config = {k: v for k, v in draft.config.items() if k != ed.AUX_KEY}
+    folder = _write(tmp_path / "full", config, state)
+    with pytest.raises(ValueError, match="base_lm_head"):  # the tiny llama's head is untied
+        load_draft(folder, base[1].config, embedding(base[1]))
+    head = base[1].get_output_embeddings().weight.detach()
+    loaded = load_draft(folder, base[1].config, embedding(base[1]), base_lm_head=head)
+    assert torch.equal(loaded.lm_head.weight, head)
+    assert torch.equal(loaded.d2t, torch.zeros(512, dtype=torch.long)) and bool(loaded.t2d.all())
+    # a reduced vocabulary without its own head cannot borrow the base's
+    small = random_draft(base[1])
+    state = {k: v for k, v in small.state_dict().items() if k != "lm_head.weight"}
+    folder = _write(tmp_path / "small", {k: v for k, v in small.config.items() if k != ed.AUX_KEY}, state)
+    with pytest.raises(ValueError, match="lm_head"):
+        load_draft(folder, base[1].config, embedding(base[1]), base_lm_head=head)
+
+
+def test_shape_errors_name_the_file_and_tensor(base, tmp_path):
+    draft = random_draft(base[1])
+    config = {k: v for k, v in draft.config.items() if k != ed.AUX_KEY}
+    state = dict(draft.state_dict())
+    bad = _write(tmp_path / "bad_q", config, {**state, "midlayer.self_attn.q_proj.weight": torch.zeros(64, 64)})
+    with pytest.raises(ValueError, match=r"bad_q/model\.safetensors: tensor 'midlayer\.self_attn\.q_proj\.weight'"):
+        load_draft(bad, base[1].config, embedding(base[1]))
+    bad = _write(tmp_path / "bad_fc", config, {**state, "fc.weight": torch.zeros(64, 2 * 64)})
+    with pytest.raises(ValueError, match=r"model\.safetensors: tensor 'fc\.weight' has shape \[64, 128\]"):
+        load_draft(bad, base[1].config, embedding(base[1]))
+    bad = _write(tmp_path / "bad_hidden", {**config, "hidden_size": 32}, state)
+    with pytest.raises(ValueError, match="hidden size is 64"):
+        load_draft(bad, base[1].config, embedding(base[1]))
+    bad = _write(tmp_path / "bad_extra", config, {**state, "midlayer.self_attn.qkv_proj.weight": torch.zeros(1)})
+    with pytest.raises(ValueError, match="unexpected tensor 'midlayer.self_attn.qkv_proj.weight'"):
+        load_draft(bad, base[1].config, embedding(base[1]))
+    bad = _write(tmp_path / "bad_aux", {**config, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 9]}},
+                 state)
+    with pytest.raises(ValueError, match="aux layer ids"):
+        load_draft(bad, base[1].config, embedding(base[1]))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The trainer
+
+
+def test_train_draft_end_to_end(base, tmp_path, capsys):
+    from trt_llm.build import train_draft
+
+    out = tmp_path / "trained"
+    assert train_draft.main(["--base", str(base[0]), "--out", str(out), "--prompts", "12", "--gen-tokens", "10",
+                             "--epochs", "2", "--draft-vocab", "64", "--threads", "1", "--batch-size", "4"]) == 0
+    err = capsys.readouterr().err
+    assert "epoch   2" in err and "step0 top1" in err and "step1 top1" in err
+    report = json.loads((out / "train_report.json").read_text())
+    assert len(report["history"]) == 2 and report["aux_layer_ids"] == [2, 3, 3]
+    draft = load_draft(out, base[1].config, embedding(base[1]))
+    assert draft.dims.draft_vocab_size == 64 and draft.aux_layer_ids == [2, 3, 3]
+    assert int(draft.t2d.sum()) == 64
+    # the draft vocabulary holds the LM head rows it was initialised from, in target-id order
+    target = draft.draft_to_target(torch.arange(64))
+    assert bool((target[1:] > target[:-1]).all())
