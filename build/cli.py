@@ -25,8 +25,6 @@ class BuildError(RuntimeError):
 
 def build_engine(config: BuildConfig, progress: bool = True) -> Path:
     """Build the engine directory described by `config`; returns its path."""
-    import torch
-
     from trt_llm.build import engine_dir as writer
     from trt_llm.build.checkpoint import TORCH_DTYPES, load_checkpoint
     from trt_llm.build.cpu_backend import compile_cpu

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trt_llm.build.decoder import rms_norm
-from trt_llm.plugins import attention as _attention  # registers torch.ops.trt_llm.attention
+from trt_llm.plugins import attention as _attention  # noqa: F401 - registers torch.ops.trt_llm.attention
 from trt_llm.plugins.attention import rotate_half_rope
 
 log = logging.getLogger(__name__)
@@ -371,57 +371,6 @@ def t2d_from_d2t(d2t: Tensor, vocab_size: int) -> Tensor:
 # The graph: one draft step over new tokens with a KV cache, through our attention op.
 
 
-def _op_takes_tree_mask() -> bool:
-    schema = torch.ops.trt_llm.attention.default._schema
-    return any(argument.name == "tree_mask" for argument in schema.arguments)
-
-
-def reference_tree_attention(qkv, past_key, past_value, past_lengths, query_lengths, position_ids,
-                             cos_cache, sin_cache, tree_mask, num_heads: int, kv_num_heads: int, scale: float):
-    """Eager stand-in for `torch.ops.trt_llm.attention` with a tree mask (same contract).
-
-    Query i of row b sees the cache slots < past_lengths[b] and the new tokens j with
-    tree_mask[b, i, j] (None: j <= i); the new tokens are written at past_lengths[b] + j.
-    """
-    batch, seq, _ = qkv.shape
-    _, _, capacity, head_dim = past_key.shape
-    heads = qkv.view(batch, seq, num_heads + 2 * kv_num_heads, head_dim)
-    q, k, v = heads.split([num_heads, kv_num_heads, kv_num_heads], dim=2)
-    positions = position_ids.long()
-    cos, sin = cos_cache[positions], sin_cache[positions]
-    q, k = rotate_half_rope(q, cos, sin), rotate_half_rope(k, cos, sin)
-    past, new = past_lengths.long(), query_lengths.long()
-    slots = torch.arange(capacity)
-    offset = slots[None, :] - past[:, None]  # [B, L]: which new token a slot holds
-    written = (offset >= 0) & (offset < new[:, None])
-    source = offset.clamp(0, seq - 1)[:, None, :, None].expand(batch, kv_num_heads, capacity, head_dim)
-    present_key = torch.where(written[:, None, :, None], torch.gather(k.transpose(1, 2), 2, source), past_key)
-    present_value = torch.where(written[:, None, :, None], torch.gather(v.transpose(1, 2), 2, source), past_value)
-    if tree_mask is None:
-        tree_mask = torch.ones(seq, seq, dtype=torch.bool).tril()[None].expand(batch, seq, seq)
-    among_new = torch.gather(tree_mask.bool(), 2, offset.clamp(0, seq - 1)[:, None, :].expand(batch, seq, capacity))
-    visible = (slots[None, None, :] < past[:, None, None]) | (written[:, None, :] & among_new)  # [B, S, L]
-    group = num_heads // kv_num_heads
-    keys = present_key.repeat_interleave(group, dim=1)
-    values = present_value.repeat_interleave(group, dim=1)
-    scores = (q.transpose(1, 2) @ keys.transpose(-1, -2)) * scale
-    scores = scores.masked_fill(~visible[:, None], float("-inf"))
-    valid_query = torch.arange(seq)[None, :] < new[:, None]
-    probs = torch.nan_to_num(scores.softmax(-1), nan=0.0)
-    out = (probs @ values).transpose(1, 2).reshape(batch, seq, num_heads * head_dim)
-    return out * valid_query[:, :, None].to(out.dtype), present_key, present_value
-
-
-def tree_attention(qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos_cache, sin_cache,
-                   tree_mask, num_heads: int, kv_num_heads: int, scale: float):
-    """Our attention op with a tree mask; the eager stand-in while the op does not take one yet."""
-    if _op_takes_tree_mask():
-        return torch.ops.trt_llm.attention(qkv, past_key, past_value, past_lengths, query_lengths, position_ids,
-                                           cos_cache, sin_cache, tree_mask, num_heads, kv_num_heads, scale)
-    return reference_tree_attention(qkv, past_key, past_value, past_lengths, query_lengths, position_ids,
-                                    cos_cache, sin_cache, tree_mask, num_heads, kv_num_heads, scale)
-
-
 class DraftGraph(nn.Module):
     """One draft step over new tokens with a fixed-capacity KV cache (the exported graph).
 
@@ -431,7 +380,10 @@ class DraftGraph(nn.Module):
     past_key [B,Hkv,L,D], past_value [B,Hkv,L,D])
       -> (logits [B,K,draft_vocab] float32, hidden_out [B,S,H] (midlayer output before `norm`),
           present_key, present_value)
-    `fc` is not in the graph: the runtime applies `fc_weight` to the target features.
+    `fc` is not in the graph: the runtime applies `fc_weight` to the target features. Attention is our
+    op (torch.ops.trt_llm.attention with its tree_mask): query i of row b sees the cache slots before
+    past_lengths[b] and the new tokens j with tree_mask[b, i, j]; build/export.py's export_draft
+    writes the ONNX graph.
     """
 
     def __init__(self, draft: Eagle3Draft, max_positions: int = 4096, dtype: torch.dtype = torch.float32):
@@ -461,7 +413,7 @@ class DraftGraph(nn.Module):
         normed_hidden = rms_norm(hidden, self.hidden_norm, eps)
         x = torch.cat([rms_norm(inputs_embeds, self.input_norm, eps), normed_hidden], dim=-1)
         qkv = F.linear(x, self.qkv_weight)
-        attn, present_key, present_value = tree_attention(
+        attn, present_key, present_value = torch.ops.trt_llm.attention(
             qkv, past_key, past_value, past_lengths, query_lengths, position_ids, self.cos_cache, self.sin_cache,
             tree_mask, d.num_heads, d.kv_heads, d.head_dim ** -0.5,
         )
@@ -473,53 +425,6 @@ class DraftGraph(nn.Module):
         picked = rms_norm(torch.gather(hidden_out, 1, index), self.final_norm, eps)
         logits = F.linear(picked, self.lm_head).float()
         return logits, hidden_out, present_key, present_value
-
-
-DRAFT_INPUT_NAMES = ["inputs_embeds", "hidden", "position_ids", "past_lengths", "query_lengths", "tree_mask",
-                     "logits_indices", "past_key", "past_value"]
-DRAFT_OUTPUT_NAMES = ["logits", "hidden_out", "present_key", "present_value"]
-
-
-def export_draft_graph(graph: DraftGraph, path, dtype: torch.dtype = torch.float32) -> Path:
-    """Export `graph` to ONNX (custom attention node + function body), like build/export.py does.
-
-    Needs the attention op with its tree_mask input (its ONNX translation is then our op's).
-    """
-    import warnings
-
-    from torch.export import Dim
-
-    from trt_llm.build.export import ONNX_OPSET, finish_custom_nodes, save_model
-
-    if not _op_takes_tree_mask():
-        raise RuntimeError("torch.ops.trt_llm.attention takes no tree_mask yet: the draft graph cannot be exported")
-    d = graph.dims
-    batch, seq, kept, capacity = 2, 5, 3, 16
-    example = (
-        torch.zeros(batch, seq, d.hidden_size, dtype=dtype), torch.zeros(batch, seq, d.hidden_size, dtype=dtype),
-        torch.arange(seq, dtype=torch.int32).repeat(batch, 1), torch.zeros(batch, dtype=torch.int32),
-        torch.full((batch,), seq, dtype=torch.int32),
-        torch.ones(seq, seq, dtype=torch.bool).tril().repeat(batch, 1, 1),
-        torch.zeros(batch, kept, dtype=torch.int32),
-        torch.zeros(batch, d.kv_heads, capacity, d.head_dim, dtype=dtype),
-        torch.zeros(batch, d.kv_heads, capacity, d.head_dim, dtype=dtype),
-    )
-    b, s, k, c = Dim("batch"), Dim("seq"), Dim("kept"), Dim("capacity")
-    shapes = ({0: b, 1: s}, {0: b, 1: s}, {0: b, 1: s}, {0: b}, {0: b}, {0: b, 1: s, 2: s}, {0: b, 1: k},
-              {0: b, 2: c}, {0: b, 2: c})
-    graph.eval()
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            graph, example, dynamo=True, opset_version=ONNX_OPSET, input_names=DRAFT_INPUT_NAMES,
-            output_names=DRAFT_OUTPUT_NAMES, dynamic_shapes=shapes,
-            custom_translation_table={torch.ops.trt_llm.attention.default: _attention.onnx_translation},
-            optimize=True, verbose=False,
-        )
-    model = program.model_proto
-    finish_custom_nodes(model)
-    save_model(model, Path(path))
-    return Path(path)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -750,7 +655,6 @@ def count_parameters(module: nn.Module) -> int:
 
 
 __all__ = [
-    "AUX_KEY", "DRAFT_INPUT_NAMES", "DRAFT_OUTPUT_NAMES", "DraftDims", "DraftGraph", "Eagle3Draft",
-    "default_aux_layer_ids", "export_draft_graph", "load_draft", "reference_tree_attention",
-    "save_draft_eagle_format", "t2d_from_d2t", "tree_attention",
+    "AUX_KEY", "DraftDims", "DraftGraph", "Eagle3Draft", "default_aux_layer_ids", "load_draft",
+    "save_draft_eagle_format", "t2d_from_d2t",
 ]

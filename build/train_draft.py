@@ -204,8 +204,9 @@ def generate(model, tokenizer, prompts: list[str], gen_tokens: int, batch_size: 
     return results
 
 
-def collect_features(model, sequences: list[dict], aux_ids: list[int], batch_size: int = 8) -> None:
-    """Adds 'features' [N, len(aux) * H] and 'choice' [N] (the base's argmax after each position)."""
+def collect_features(model, sequences: list[dict], aux_ids: list[int], batch_size: int = 8, top_k: int = 16) -> None:
+    """Adds 'features' [N, len(aux) * H], 'choice' [N] (the base's argmax after each position) and
+    'top_ids'/'top_probs' [N, top_k] (its most likely next tokens and their probabilities)."""
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]["ids"]))
     for start in range(0, len(order), batch_size):
         chunk = [sequences[i] for i in order[start:start + batch_size]]
@@ -219,10 +220,12 @@ def collect_features(model, sequences: list[dict], aux_ids: list[int], batch_siz
             out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
         features = torch.cat([out.hidden_states[i] for i in aux_ids], dim=-1)
         choice = out.logits.argmax(-1)
+        top_probs, top_ids = out.logits.float().softmax(-1).topk(top_k, dim=-1)
         for row, s in enumerate(chunk):
             n = len(s["ids"])
             s["features"] = features[row, :n].clone()
             s["choice"] = choice[row, :n].clone()
+            s["top_ids"], s["top_probs"] = top_ids[row, :n].clone(), top_probs[row, :n].clone()
 
 
 def choose_vocab(sequences: list[dict], size: int, vocab_size: int) -> torch.Tensor:
@@ -239,7 +242,8 @@ def choose_vocab(sequences: list[dict], size: int, vocab_size: int) -> torch.Ten
 class Batch:
     """Right-padded rows; row t of a sequence is the base position t (see the module docstring)."""
 
-    def __init__(self, sequences: list[dict], steps: int, target_to_draft: torch.Tensor, pad_id: int):
+    def __init__(self, sequences: list[dict], steps: int, target_to_draft: torch.Tensor, pad_id: int,
+                 soft: bool = False):
         rows = [len(s["ids"]) - 1 for s in sequences]  # rows t = 0 .. N-2 (x_{t+1} must exist)
         width = max(rows)
         b = len(sequences)
@@ -251,6 +255,9 @@ class Batch:
         self.labels = torch.full((steps, b, width), -100, dtype=torch.long)
         self.target = torch.full((steps, b, width), -1, dtype=torch.long)  # target ids, for accuracy
         self.generated = torch.zeros(steps, b, width, dtype=torch.bool)
+        top_k = sequences[0]["top_ids"].shape[-1] if soft else 0
+        self.soft_ids = torch.zeros(steps, b, width, top_k, dtype=torch.long)  # draft ids
+        self.soft_probs = torch.zeros(steps, b, width, top_k)  # renormalised over the draft vocabulary
         for i, s in enumerate(sequences):
             n, p = len(s["ids"]), s["prompt_len"]
             self.features[i, :n - 1] = s["features"][:n - 1]
@@ -264,17 +271,22 @@ class Batch:
                 self.target[k, i, :count] = s["choice"][j]
                 self.labels[k, i, :count] = target_to_draft[s["choice"][j]]
                 self.generated[k, i, :count] = j >= p - 1  # the label is a generated token's successor
+                if soft:
+                    ids = target_to_draft[s["top_ids"][j]]
+                    probs = s["top_probs"][j] * (ids >= 0)
+                    self.soft_ids[k, i, :count] = ids.clamp(min=0)
+                    self.soft_probs[k, i, :count] = probs / probs.sum(-1, keepdim=True).clamp(min=1e-9)
 
 
 def make_batches(sequences: list[dict], batch_size: int, steps: int, target_to_draft, pad_id: int,
-                 shuffle: bool, rng: random.Random) -> list[Batch]:
+                 shuffle: bool, rng: random.Random, soft: bool = False) -> list[Batch]:
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]["ids"]))
     groups = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     if shuffle:
         for group in groups:
             rng.shuffle(group)
         rng.shuffle(groups)
-    return [Batch([sequences[i] for i in group], steps, target_to_draft, pad_id) for group in groups]
+    return [Batch([sequences[i] for i in group], steps, target_to_draft, pad_id, soft) for group in groups]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -303,14 +315,21 @@ def run_batch(draft: Eagle3Draft, batch: Batch, steps: int):
 
 
 def batch_loss(outputs, batch: Batch) -> torch.Tensor:
-    """Cross-entropy per step over the labels in the draft vocabulary, step k weighted 0.8^k."""
+    """Cross-entropy per step, step k weighted 0.8^k: against the base's choice where it is in the draft
+    vocabulary, or (soft targets) against the base's top-k distribution restricted to the draft vocabulary."""
     total, weight = 0.0, 0.0
     for k, (logits, _) in enumerate(outputs):
         labels = batch.labels[k]
-        if (labels >= 0).any():
-            total = total + LOSS_DECAY ** k * F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                                                              ignore_index=-100)
-            weight += LOSS_DECAY ** k
+        if not (labels >= 0).any():
+            continue
+        if batch.soft_ids.shape[-1]:
+            log_probs = logits.log_softmax(-1).gather(-1, batch.soft_ids[k])
+            rows = batch.soft_probs[k].sum(-1) > 0
+            loss = -(batch.soft_probs[k] * log_probs).sum(-1)[rows].mean()
+        else:
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+        total = total + LOSS_DECAY ** k * loss
+        weight += LOSS_DECAY ** k
     return total / max(weight, 1e-9)
 
 
@@ -335,7 +354,8 @@ def evaluate(draft: Eagle3Draft, batches: list[Batch], steps: int) -> dict:
 def train(draft: Eagle3Draft, train_seqs, held_seqs, args, target_to_draft, pad_id: int) -> list[dict]:
     rng = random.Random(args.seed)
     steps = args.ttt_steps
-    held = make_batches(held_seqs, args.batch_size, steps, target_to_draft, pad_id, False, rng) if held_seqs else []
+    soft = args.soft_top_k > 0
+    held = make_batches(held_seqs, args.batch_size, steps, target_to_draft, pad_id, False, rng, soft) if held_seqs else []
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
     per_epoch = math.ceil(len(train_seqs) / args.batch_size)
@@ -347,7 +367,7 @@ def train(draft: Eagle3Draft, train_seqs, held_seqs, args, target_to_draft, pad_
     draft.train()
     for epoch in range(1, args.epochs + 1):
         start = time.time()
-        batches = make_batches(train_seqs, args.batch_size, steps, target_to_draft, pad_id, True, rng)
+        batches = make_batches(train_seqs, args.batch_size, steps, target_to_draft, pad_id, True, rng, soft)
         running = 0.0
         for batch in batches:
             loss = batch_loss(run_batch(draft, batch, steps), batch)
@@ -388,6 +408,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--soft-top-k", type=int, default=16,
+                        help="distil the base's top-k next-token distribution (0: its argmax only)")
     parser.add_argument("--data-cache", help="a file keeping the generations and features between runs")
     args = parser.parse_args(argv)
     if not 1 <= args.prompts <= len(PROMPTS):
@@ -422,8 +444,12 @@ def main(argv=None) -> int:
         sequences = generate(base, tokenizer, prompts, args.gen_tokens, args.gen_batch_size)
         log(f"generated {sum(len(s['ids']) - s['prompt_len'] for s in sequences)} tokens for {len(prompts)} prompts "
             f"({time.time() - t0:.0f}s)")
-        collect_features(base, sequences, aux_ids)
+        collect_features(base, sequences, aux_ids, top_k=max(args.soft_top_k, 1))
         log(f"collected features ({time.time() - t0:.0f}s)")
+        if args.data_cache:
+            torch.save({"key": json.dumps(key), "sequences": sequences}, args.data_cache)
+    if "top_ids" not in sequences[0] or sequences[0]["top_ids"].shape[-1] < args.soft_top_k:  # an older cache
+        collect_features(base, sequences, aux_ids, top_k=max(args.soft_top_k, 1))
         if args.data_cache:
             torch.save({"key": json.dumps(key), "sequences": sequences}, args.data_cache)
     generated = sum(len(s["ids"]) - s["prompt_len"] for s in sequences)

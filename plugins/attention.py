@@ -39,7 +39,6 @@ import onnxscript
 import torch
 from onnx import helper
 from onnxscript import opset18 as op
-from onnxscript.onnx_types import FLOAT
 from torch import Tensor
 
 DOMAIN = "trt"
@@ -189,7 +188,6 @@ def TreeAttentionPlugin(  # noqa: N802 - the function's name is the node's op ty
     zero = op.Constant(value_ints=[0])
     one = op.Constant(value_ints=[1])
     two = op.Constant(value_ints=[2])
-    three = op.Constant(value_ints=[3])
     q_heads = op.Unsqueeze(op.Constant(value_int=num_heads), zero)
     kv_heads = op.Unsqueeze(op.Constant(value_int=kv_num_heads), zero)
     batch = op.Shape(qkv, start=0, end=1)

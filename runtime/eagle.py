@@ -21,13 +21,14 @@ op sees every cached slot; its cache only keeps the caught-up context between ro
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from trt_llm.runtime.generate import END_OF_SEQUENCE, MAX_LENGTH, STOP_WORDS, Model, Sequence, record_step
+from trt_llm.runtime.generate import Model, Sequence, append_token, prefill, record_step
 from trt_llm.runtime.sampler import Sampler
 
 
@@ -56,6 +57,7 @@ class _Row:
     sequence: Sequence
     committed: int  # tokens in the base cache (the root is the next one)
     draft_committed: int  # tokens in the draft cache
+    draft_offset: int  # the position of the draft cache's first token (after a reused prefix)
     root: int  # last emitted token, not yet in the base cache
     pending_tokens: list[int]  # draft catch-up: the tokens ...
     pending_features: np.ndarray  # ... and the base features [n, 3H] before each of them
@@ -117,8 +119,6 @@ def generate_eagle(model: Model, draft: Draft, sequences: list[Sequence], sample
     stage = profiler.stage if profiler else (lambda name: nullcontext())
     stats = stats if stats is not None else SpecStats()
     batch = len(sequences)
-    vocab = model.dims["vocab_size"]
-    feature_width = draft.fc.shape[1]
     tree_nodes = spec.draft_top_k * spec.draft_steps
     longest = max(len(s.prompt_ids) + s.max_new_tokens for s in sequences)
     cache = model.new_cache(batch, longest + spec.verify_tree_size + 1)
@@ -126,31 +126,22 @@ def generate_eagle(model: Model, draft: Draft, sequences: list[Sequence], sample
     max_position = (model.max_positions or 1 << 30) - 1
     extra = lora_inputs or {}
 
-    # Prefill: logits at each prompt's last token, features at every prompt token.
-    lengths = np.array([len(s.prompt_ids) for s in sequences], dtype=np.int32)
-    width = int(lengths.max())
-    token_ids = np.zeros((batch, width), dtype=np.int64)
-    for row, s in enumerate(sequences):
-        token_ids[row, : lengths[row]] = s.prompt_ids
-    logits = np.empty((batch, 1, vocab), dtype=np.float32)
-    features = np.empty((batch, width, feature_width), dtype=model.embedding.dtype)
-    with stage("prefill"):
-        model.engine.run(model.embedding[token_ids], np.broadcast_to(np.arange(width, dtype=np.int32), (batch, width)),
-                         np.zeros(batch, np.int32), lengths, (lengths - 1)[:, None], cache, logits, extra,
-                         {"tree_mask": _causal(lengths, width)}, {"hidden_states": features})
-    if profiler:
-        profiler.count("prefill_computed_tokens", int(lengths.sum()))
+    # Prefill: logits at each prompt's last token, features at every prefilled token. A reused
+    # system prompt has no features: the draft's context then starts after it (it only proposes).
+    logits, past, lengths, features = prefill(model, sequences, cache, extra, stage, profiler)
     first = sampler.sample(torch.from_numpy(logits[:, 0]), list(range(batch)))
+    now = time.perf_counter()
     active, rows = [], {}
     for row, s in enumerate(sequences):
         token = int(first[row])
         if num_logprobs:
             record_step(s, torch.from_numpy(logits[row, 0]), token, num_logprobs)
-        if not _emit(model, s, token):
+        if not append_token(model, s, token, now):
             active.append(row)
-            n = int(lengths[row])
-            rows[row] = _Row(s, committed=n, draft_committed=0, root=token,
-                             pending_tokens=s.prompt_ids[1:] + [token], pending_features=features[row, :n].copy())
+            start, n = int(past[row]), int(lengths[row])
+            rows[row] = _Row(s, committed=start + n, draft_committed=0, draft_offset=start, root=token,
+                             pending_tokens=s.prompt_ids[start + 1:] + [token],
+                             pending_features=features[row, :n].copy())
 
     while active:
         if active != sorted(rows):  # rows finished: compact both caches and the batch inputs
@@ -188,22 +179,6 @@ def generate_eagle(model: Model, draft: Draft, sequences: list[Sequence], sample
         profiler.count("spec_emitted", stats.emitted)
 
 
-def _emit(model: Model, s: Sequence, token: int) -> bool:
-    """Append one token; True when the sequence is finished."""
-    s.generated.append(token)
-    if s.first_token_time is None:
-        import time
-
-        s.first_token_time = time.perf_counter()
-    if token in model.eos:
-        s.finish_reason = END_OF_SEQUENCE
-    elif s.detokenizer is not None and s.detokenizer.add(token):
-        s.finish_reason = STOP_WORDS
-    elif len(s.generated) >= s.max_new_tokens:
-        s.finish_reason = MAX_LENGTH
-    return s.finish_reason is not None
-
-
 def _draft_catch_up(draft: Draft, state: list[_Row], draft_cache) -> np.ndarray:
     """Feed the draft the tokens accepted last round with the base's features; returns the draft's
     hidden output at each row's last one (the root's parent state) [B, H]."""
@@ -217,7 +192,8 @@ def _draft_catch_up(draft: Draft, state: list[_Row], draft_cache) -> np.ndarray:
         feats[i, : counts[i]] = r.pending_features
     hidden = feats @ draft.fc.T  # the draft's fc, applied here so its graph takes one hidden input
     past = np.array([r.draft_committed for r in state], dtype=np.int32)
-    positions = past[:, None] + np.arange(width, dtype=np.int32)[None, :]
+    offsets = np.array([r.draft_offset for r in state], dtype=np.int32)
+    positions = (offsets + past)[:, None] + np.arange(width, dtype=np.int32)[None, :]
     logits = np.empty((batch, 1, len(draft.d2t)), dtype=np.float32)
     hidden_out = np.empty((batch, width, hidden_size), dtype=draft.embedding.dtype)
     draft.engine.run(draft.embedding[tokens], positions, past, counts, (counts - 1)[:, None], draft_cache,
@@ -356,7 +332,7 @@ def _accept(model: Model, s: Sequence, r: _Row, nodes: list[int], logits: np.nda
         if num_logprobs:
             record_step(s, step_logits, token, num_logprobs)
         emitted.append(token)
-        if _emit(model, s, token):
+        if append_token(model, s, token, time.perf_counter()):
             return emitted, path, True
         child = children.get(node, {}).get(token)
         if child is None:

@@ -80,25 +80,7 @@ def generate(model: Model, sequences: list[Sequence], sampler: Sampler, num_logp
     vocab = model.dims["vocab_size"]
     active = list(range(len(sequences)))  # original row of each cache row, ascending
 
-    # Prefill: right-padded prompts, logits only at each prompt's last token. A row with a reused
-    # prefix starts from that prefix's KV and prefills only the rest (a prefill on a non-empty cache).
-    past = np.array([_restore(cache, row, s.reused) for row, s in enumerate(sequences)], dtype=np.int32)
-    lengths = np.array([len(s.prompt_ids) for s in sequences], dtype=np.int32) - past
-    width = int(lengths.max())
-    token_ids = np.zeros((len(sequences), width), dtype=np.int64)
-    for row, s in enumerate(sequences):
-        token_ids[row, : lengths[row]] = s.prompt_ids[past[row]:]
-    positions = past[:, None] + np.arange(width, dtype=np.int32)[None, :]
-    logits = np.empty((len(sequences), 1, vocab), dtype=np.float32)
-    with stage("prefill"):
-        model.engine.run(model.embedding[token_ids], positions, past, lengths, (lengths - 1)[:, None], cache,
-                         logits, extra, *model.eagle_io(len(sequences), width))
-    if profiler:
-        profiler.count("prefill_computed_tokens", int(lengths.sum()))
-        profiler.count("prefill_reused_tokens", int(past.sum()))
-    for row, s in enumerate(sequences):
-        if s.save_prefix:
-            s.saved = _snapshot(cache, row, s.prompt_ids[: s.save_prefix])
+    logits, _, _, _ = prefill(model, sequences, cache, extra, stage, profiler)
 
     while True:
         with stage("sample"):
@@ -108,20 +90,7 @@ def generate(model: Model, sequences: list[Sequence], sampler: Sampler, num_logp
             if num_logprobs:
                 _record_logprobs([sequences[r] for r in active], step_logits, sampled, num_logprobs)
         now = time.perf_counter()
-        still = []
-        for row, token in zip(active, tokens):
-            s = sequences[row]
-            s.generated.append(token)
-            if s.first_token_time is None:
-                s.first_token_time = now
-            if token in model.eos:
-                s.finish_reason = END_OF_SEQUENCE
-            elif s.detokenizer is not None and s.detokenizer.add(token):
-                s.finish_reason = STOP_WORDS
-            elif len(s.generated) >= s.max_new_tokens:
-                s.finish_reason = MAX_LENGTH
-            else:
-                still.append(row)
+        still = [row for row, token in zip(active, tokens) if not append_token(model, sequences[row], token, now)]
         if not still:
             return
         if still != active:
@@ -138,6 +107,49 @@ def generate(model: Model, sequences: list[Sequence], sampler: Sampler, num_logp
                              logits, extra, *model.eagle_io(len(active), 1))
         if profiler:
             profiler.count("decode_tokens", len(active))
+
+
+def prefill(model: Model, sequences: list[Sequence], cache, extra: dict, stage, profiler):
+    """The batch's first pass: right-padded prompts, logits at each prompt's last token.
+
+    A row with a reused prefix starts from that prefix's KV and prefills only the rest (a prefill on a
+    non-empty cache); a row asked to save its prefix gets a snapshot of it afterwards. Returns
+    (logits [B, 1, V], reused per row, prefilled per row, an EAGLE base's features [B, S, F] or None).
+    """
+    batch = len(sequences)
+    past = np.array([_restore(cache, row, s.reused) for row, s in enumerate(sequences)], dtype=np.int32)
+    lengths = np.array([len(s.prompt_ids) for s in sequences], dtype=np.int32) - past
+    width = int(lengths.max())
+    token_ids = np.zeros((batch, width), dtype=np.int64)
+    for row, s in enumerate(sequences):
+        token_ids[row, : lengths[row]] = s.prompt_ids[past[row]:]
+    positions = past[:, None] + np.arange(width, dtype=np.int32)[None, :]
+    logits = np.empty((batch, 1, model.dims["vocab_size"]), dtype=np.float32)
+    step_inputs, step_outputs = model.eagle_io(batch, width)
+    with stage("prefill"):
+        model.engine.run(model.embedding[token_ids], positions, past, lengths, (lengths - 1)[:, None], cache,
+                         logits, extra, step_inputs, step_outputs)
+    if profiler:
+        profiler.count("prefill_computed_tokens", int(lengths.sum()))
+        profiler.count("prefill_reused_tokens", int(past.sum()))
+    for row, s in enumerate(sequences):
+        if s.save_prefix:
+            s.saved = _snapshot(cache, row, s.prompt_ids[: s.save_prefix])
+    return logits, past, lengths, step_outputs.get("hidden_states")
+
+
+def append_token(model: Model, s: Sequence, token: int, now: float) -> bool:
+    """Append one generated token; True when that finishes the sequence (and says why)."""
+    s.generated.append(token)
+    if s.first_token_time is None:
+        s.first_token_time = now
+    if token in model.eos:
+        s.finish_reason = END_OF_SEQUENCE
+    elif s.detokenizer is not None and s.detokenizer.add(token):
+        s.finish_reason = STOP_WORDS
+    elif len(s.generated) >= s.max_new_tokens:
+        s.finish_reason = MAX_LENGTH
+    return s.finish_reason is not None
 
 
 def _record_logprobs(rows: list[Sequence], logits: torch.Tensor, sampled: torch.Tensor, k: int) -> None:

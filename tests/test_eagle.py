@@ -171,3 +171,17 @@ def test_lora_under_speculation(tiny_model, build_engine_for, engine, tmp_path):
     assert stats.rounds > 0
     assert_same(spec, run(both, data, spec_decode=False)[0])
     assert spec[0].output_token_ids != run(both, {**data, "requests": [chat_request(PROMPTS[0])]})[0][0].output_token_ids
+
+
+def test_system_prompt_cache_under_speculation(engine):
+    system = "You answer questions about the sea, briefly and kindly, in plain words."
+    def req(question, save=False):
+        return {"messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+                "save_system_prompt_kv_cache": save}
+    data = {"temperature": 0.0, "batch_size": 2, "max_generate_length": 16,
+            "requests": [req("Why is it salty?", save=True), req("Hi"), req("How deep is it?"), req("Hello")]}
+    spec, stats = run(engine, data)
+    assert stats.rounds > 0
+    assert [r.reused_tokens > 0 for r in spec] == [False, False, True, True]
+    assert_same(spec, run(engine, {**data, "requests": [req(q) for q in ("Why is it salty?", "Hi", "How deep is it?",
+                                                                      "Hello")]}, spec_decode=False)[0])

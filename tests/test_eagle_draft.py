@@ -257,59 +257,42 @@ def test_training_time_test_is_what_the_runtime_computes(setup):
             torch.testing.assert_close(h[:, 0], results[k][1][:, t], rtol=1e-4, atol=1e-4)
 
 
-def test_reference_op_matches_the_plugin_without_a_tree():
-    torch.manual_seed(5)
-    b, s, hq, hkv, d, cap = 2, 5, 4, 2, 8, 16
-    qkv = torch.randn(b, s, (hq + 2 * hkv) * d)
-    past_k, past_v = torch.randn(b, hkv, cap, d), torch.randn(b, hkv, cap, d)
-    past, new = torch.tensor([3, 0], dtype=torch.int32), torch.tensor([5, 2], dtype=torch.int32)
-    pos = (past[:, None] + torch.arange(s)[None]).int()
-    freqs = torch.outer(torch.arange(64).float(), 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d))
-    args = (qkv, past_k, past_v, past, new, pos, freqs.cos(), freqs.sin())
-    ours = ed.reference_tree_attention(*args, None, hq, hkv, 0.3)
-    if ed._op_takes_tree_mask():
-        plugin = torch.ops.trt_llm.attention(*args, None, hq, hkv, 0.3)
-    else:
-        plugin = torch.ops.trt_llm.attention(*args, hq, hkv, 0.3)
-    for a, p in zip(ours, plugin):
-        torch.testing.assert_close(a, p)
-    # an explicit causal tree mask is the same as none
-    again = ed.reference_tree_attention(*args, causal(b, s), hq, hkv, 0.3)
-    for a, p in zip(again, ours):
-        torch.testing.assert_close(a, p)
+def test_draft_graph_on_onnxruntime_matches_eager(setup, tmp_path):
+    """The exported graph, lowered for the cpu backend: a ragged prefill, then a tree over the cache."""
+    import onnxruntime as ort
 
+    from trt_llm.build.cpu_backend import compile_cpu
+    from trt_llm.build.export import DRAFT_INPUTS, export_draft
 
-@pytest.mark.skipif(not ed._op_takes_tree_mask(), reason="the attention op takes no tree_mask yet")
-def test_plugin_tree_mask_matches_the_stand_in():
-    torch.manual_seed(6)
-    b, s, hq, hkv, d, cap = 2, 5, 4, 2, 8, 16
-    qkv = torch.randn(b, s, (hq + 2 * hkv) * d)
-    past_k, past_v = torch.randn(b, hkv, cap, d), torch.randn(b, hkv, cap, d)
-    past, new = torch.tensor([3, 6], dtype=torch.int32), torch.tensor([5, 4], dtype=torch.int32)
-    pos = torch.tensor([[3, 4, 4, 5, 5], [6, 7, 8, 7, 0]], dtype=torch.int32)
-    mask = causal(b, s)
-    mask[0, 2, 1] = False  # node 2 is a sibling of node 1
-    mask[0, 3:, :] = torch.tensor([[1, 1, 0, 1, 0], [1, 0, 1, 0, 1]], dtype=torch.bool)
-    mask[1, 3, 2] = False
-    freqs = torch.outer(torch.arange(64).float(), 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d))
-    args = (qkv, past_k, past_v, past, new, pos, freqs.cos(), freqs.sin(), mask, hq, hkv, 0.3)
-    ours = ed.reference_tree_attention(*args)
-    plugin = torch.ops.trt_llm.attention(*args)
-    torch.testing.assert_close(plugin[0][0], ours[0][0])
-    torch.testing.assert_close(plugin[0][1, :4], ours[0][1, :4])
-    torch.testing.assert_close(plugin[1], ours[1])
-    torch.testing.assert_close(plugin[2], ours[2])
+    draft, graph, hidden, embeds, positions, _, _ = setup
+    d = draft.dims
+    engine = compile_cpu(export_draft(graph, d.hidden_size, d.kv_heads, d.head_dim, tmp_path / "model.onnx",
+                                      torch.float32))
+    session = ort.InferenceSession(str(engine), providers=["CPUExecutionProvider"])
 
+    def both(embeds, hidden, positions, past, lengths, mask, cache, picks):
+        eager = run_graph(graph, embeds, hidden, positions, past, lengths, mask, cache, picks)
+        feeds = [embeds, hidden, positions.int(), torch.tensor(past, dtype=torch.int32),
+                 torch.tensor(lengths, dtype=torch.int32), mask, picks.int(), *cache]
+        logits, hidden_out, key, value = session.run(None, {n: t.numpy() for n, t in zip(DRAFT_INPUTS, feeds)})
+        for row, n in enumerate(lengths):
+            torch.testing.assert_close(torch.from_numpy(hidden_out[row, :n]), eager[1][row, :n], rtol=1e-4, atol=1e-4)
+            end = past[row] + n
+            torch.testing.assert_close(torch.from_numpy(key[row, :, :end]), eager[2][0][row, :, :end], rtol=1e-4,
+                                       atol=1e-4)
+            torch.testing.assert_close(torch.from_numpy(value[row, :, :end]), eager[2][1][row, :, :end], rtol=1e-4,
+                                       atol=1e-4)
+        torch.testing.assert_close(torch.from_numpy(logits), eager[0], rtol=1e-4, atol=1e-4)
+        return eager[2]
 
-@pytest.mark.skipif(not ed._op_takes_tree_mask(), reason="the attention op takes no tree_mask yet")
-def test_draft_graph_exports(setup, tmp_path):
-    import onnx
-
-    _, graph, *_ = setup
-    path = ed.export_draft_graph(graph, tmp_path / "draft.onnx")
-    model = onnx.load(str(path))
-    assert [i.name for i in model.graph.input] == ed.DRAFT_INPUT_NAMES
-    assert [o.name for o in model.graph.output] == ed.DRAFT_OUTPUT_NAMES
+    cache = both(embeds, hidden, positions, [0, 0], [10, 6], causal(2, 10), empty_cache(draft, 2),
+                 torch.tensor([[9, 3], [5, 0]]))
+    mask = causal(2, 4)
+    mask[0, 2, 1] = mask[0, 3, 1] = False  # row 0: nodes 1 and 2 are siblings under node 0
+    mask[0, 3, 2] = True
+    tree_positions = torch.tensor([[10, 11, 11, 12], [6, 7, 8, 9]])
+    both(embeds[:, :4].flip(1), hidden[:, :4].flip(1).contiguous(), tree_positions, [10, 6], [4, 3], mask, cache,
+         torch.tensor([[3, 1], [2, 2]]))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import run_input
 from trt_llm.runtime.engine_dir import EngineDir
 from trt_llm.runtime.prefix_cache import Entry, PrefixCache
 from trt_llm.runtime.runner import Runner
