@@ -293,7 +293,8 @@ def make_batches(sequences: list[dict], batch_size: int, steps: int, target_to_d
 # Model and training
 
 
-def init_draft(base, draft_ids: torch.Tensor, aux_ids: list[int], seed: int) -> Eagle3Draft:
+def init_draft(base, draft_ids: torch.Tensor, aux_ids: list[int], seed: int, init_layer: int | None = None,
+               freeze_head: bool = False) -> Eagle3Draft:
     torch.manual_seed(seed)
     config = Eagle3Draft.config_for_base(base.config, draft_vocab_size=len(draft_ids), aux_layer_ids=aux_ids)
     draft = Eagle3Draft(config)
@@ -305,6 +306,21 @@ def init_draft(base, draft_ids: torch.Tensor, aux_ids: list[int], seed: int) -> 
         draft.lm_head.weight.copy_(base.get_output_embeddings().weight[draft_ids])
         draft.norm.weight.copy_(base.model.norm.weight)
         draft.set_vocab_map(draft_ids)
+        if init_layer is not None:  # the midlayer starts as base layer `init_layer` on the hidden half
+            layer, mid, h = base.model.layers[init_layer], draft.midlayer, base.config.hidden_size
+            mid.hidden_norm.weight.copy_(layer.input_layernorm.weight)
+            mid.post_attention_layernorm.weight.copy_(layer.post_attention_layernorm.weight)
+            for name in ("q_proj", "k_proj", "v_proj"):
+                getattr(mid.self_attn, name).weight[:, h:].copy_(getattr(layer.self_attn, name).weight)
+            mid.self_attn.o_proj.weight.copy_(layer.self_attn.o_proj.weight)
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                getattr(mid.mlp, name).weight.copy_(getattr(layer.mlp, name).weight)
+            fc = torch.zeros_like(draft.fc.weight)
+            fc[:, -h:] = torch.eye(h)  # starts as the last feature (the deepest hidden state)
+            draft.fc.weight.copy_(fc + 0.02 * torch.randn_like(fc))
+    if freeze_head:
+        draft.lm_head.weight.requires_grad_(False)
+        draft.norm.weight.requires_grad_(False)
     draft.aux_layer_ids = list(aux_ids)
     return draft
 
@@ -410,6 +426,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--soft-top-k", type=int, default=16,
                         help="distil the base's top-k next-token distribution (0: its argmax only)")
+    parser.add_argument("--init-layer", type=int, help="start the midlayer from this base layer's weights")
+    parser.add_argument("--freeze-head", action="store_true", help="keep the LM head and norm at the base's")
     parser.add_argument("--data-cache", help="a file keeping the generations and features between runs")
     args = parser.parse_args(argv)
     if not 1 <= args.prompts <= len(PROMPTS):
@@ -462,7 +480,7 @@ def main(argv=None) -> int:
     target_to_draft = torch.full((vocab_size,), -100, dtype=torch.long)
     target_to_draft[draft_ids] = torch.arange(len(draft_ids))
 
-    draft = init_draft(base, draft_ids, aux_ids, args.seed)
+    draft = init_draft(base, draft_ids, aux_ids, args.seed, args.init_layer, args.freeze_head)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     log(f"draft: {count_parameters(draft) / 1e6:.1f}M trainable parameters, draft vocab {len(draft_ids)}; "
         f"{len(train_seqs)} training / {len(held_seqs)} held-out sequences, {args.ttt_steps} TTT steps")

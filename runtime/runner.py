@@ -20,8 +20,8 @@ from trt_llm.runtime.prefix_cache import PrefixCache
 from trt_llm.runtime.profiler import Profiler
 from trt_llm.runtime.prompt import Prompt, PromptError, PromptFormatter
 from trt_llm.runtime.sampler import Sampler, SamplingParams
-from trt_llm.schemas.input_file import InputSettings, LoadedInput, Request, RequestError
 from trt_llm.runtime.token_bytes import TokenBytes
+from trt_llm.schemas.input_file import InputSettings, LoadedInput, Request, RequestError
 from trt_llm.schemas.output_file import LogprobCandidate, OutputFile, Response
 
 log = logging.getLogger(__name__)

@@ -156,3 +156,24 @@ def test_profile_validates_and_agrees_with_output(engine, tmp_path, capsys):
     assert {"prefill", "decode_step", "sample", "prepare"} <= set(profile["stages"])
     assert profile["peak_memory_mb"] > 0
     assert "time to first token" in capsys.readouterr().err
+
+
+def test_an_engine_failure_costs_only_its_batch(engine, monkeypatch):
+    """A batch whose engine call fails gets error responses; the batches around it still run."""
+    from trt_llm.runtime import runner as runner_module
+
+    real = runner_module.generate
+    calls = []
+
+    def flaky(model, sequences, *args, **kwargs):
+        calls.append(len(sequences))
+        if len(calls) == 2:
+            raise RuntimeError("simulated engine failure")
+        return real(model, sequences, *args, **kwargs)
+
+    monkeypatch.setattr(runner_module, "generate", flaky)
+    data = {"batch_size": 2, "temperature": 0.0, "max_generate_length": 4,
+            "requests": [chat_request(p) for p in PROMPTS]}
+    responses = run_input(engine, data).responses
+    assert [r.finish_reason == "error" for r in responses] == [False, False, True, True]
+    assert "simulated engine failure" in responses[2].error and responses[3].batch_idx == 1
