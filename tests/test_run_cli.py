@@ -177,3 +177,18 @@ def test_an_engine_failure_costs_only_its_batch(engine, monkeypatch):
     responses = run_input(engine, data).responses
     assert [r.finish_reason == "error" for r in responses] == [False, False, True, True]
     assert "simulated engine failure" in responses[2].error and responses[3].batch_idx == 1
+
+
+def test_cpu_run_never_imports_tensorrt_or_cuda(engine, tmp_path):
+    import subprocess
+    import sys
+
+    data = {"temperature": 0.0, "max_generate_length": 3, "requests": [chat_request("hi")]}
+    script = ("import sys\nfrom trt_llm.runtime.cli import main\n"
+              f"code = main([{str(write(tmp_path / 'in.json', data))!r}, '--engine-dir', {str(engine)!r}, '-o', "
+              f"{str(tmp_path / 'out.json')!r}, '--threads', '1'])\n"
+              "loaded = [m for m in sys.modules if m.split('.')[0] in ('tensorrt', 'tensorrt_rtx', 'cuda')]\n"
+              "print('LOADED', loaded)\nsys.exit(code)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "LOADED []" in result.stdout
