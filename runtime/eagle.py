@@ -190,7 +190,9 @@ def _draft_catch_up(draft: Draft, state: list[_Row], draft_cache) -> np.ndarray:
     for i, r in enumerate(state):
         tokens[i, : counts[i]] = r.pending_tokens
         feats[i, : counts[i]] = r.pending_features
-    hidden = feats @ draft.fc.T  # the draft's fc, applied here so its graph takes one hidden input
+    # The draft's fc, applied here so its graph takes one hidden input; as one 2-D matmul (numpy's
+    # stacked 3-D matmul does not use BLAS).
+    hidden = (feats.reshape(-1, feats.shape[-1]) @ draft.fc.T).reshape(batch, width, -1)
     past = np.array([r.draft_committed for r in state], dtype=np.int32)
     offsets = np.array([r.draft_offset for r in state], dtype=np.int32)
     positions = (offsets + past)[:, None] + np.arange(width, dtype=np.int32)[None, :]
