@@ -547,8 +547,9 @@ def main(argv=None) -> int:
         log(f"round {r + 1}/{args.rounds}: " + ", ".join(
             f"{name} b{b} {runs[(name, b)][-1]['decode_tok_s']:.1f}" for name, b in plan) + " tok/s")
 
-    # Per (engine, batch): best over all runs; median over the "clean" runs (other processes used
-    # < CLEAN_LOAD cores meanwhile), or over all runs when none was clean.
+    # Per (engine, batch): best and median over the "clean" runs (other processes used < CLEAN_LOAD
+    # cores meanwhile). With no clean run, over all runs, and the row is marked disturbed: a ratio
+    # that involves it is unreliable (a busy neighbour slows a 2-thread run 2-10x).
     rows = []
     for name, b in plan:
         all_runs = runs[(name, b)]
@@ -556,17 +557,17 @@ def main(argv=None) -> int:
         pool = clean or all_runs
         rows.append(dict(
             engine=name, batch=b,
-            decode_tok_s_best=max(x["decode_tok_s"] for x in all_runs),
+            decode_tok_s_best=max(x["decode_tok_s"] for x in pool),
             decode_tok_s_median=statistics.median(x["decode_tok_s"] for x in pool),
-            ttft_ms_best=min(x["ttft_s"] * 1000 for x in all_runs),
+            ttft_ms_best=min(x["ttft_s"] * 1000 for x in pool),
             ttft_ms_median=statistics.median(x["ttft_s"] * 1000 for x in pool),
-            clean_runs=len(clean), runs=all_runs))
+            clean_runs=len(clean), disturbed=not clean, runs=all_runs))
     for row in rows:
         row["fraction_of_bandwidth_limit"] = row["decode_tok_s_best"] / row["batch"] / limit
     dirty = [row for row in rows if row["clean_runs"] < len(row["runs"])]
     if dirty:
         warnings.append("WARNING: other processes used >= %.2f cores during some timed runs (%s); those runs are "
-                        "left out of the medians" % (CLEAN_LOAD, ", ".join(
+                        "left out where a clean run exists; rows without one are marked *" % (CLEAN_LOAD, ", ".join(
                             f"{r['engine']} b{r['batch']}: {len(r['runs']) - r['clean_runs']}" for r in dirty)))
     by = {(row["engine"], row["batch"]): row for row in rows}
 
@@ -578,10 +579,12 @@ def main(argv=None) -> int:
             ref = by.get((other, row["batch"]))
             row[key] = ratio(row, ref)
             row[key + "_median"] = ratio(row, ref, "decode_tok_s_median")
+            row[key + "_reliable"] = bool(ref) and not (row["disturbed"] or ref["disturbed"])
 
     def target(a, b, goal):
         a, b = by.get(a), by.get(b)
-        return dict(best=ratio(a, b), median=ratio(a, b, "decode_tok_s_median"), target=goal)
+        return dict(best=ratio(a, b), median=ratio(a, b, "decode_tok_s_median"), target=goal,
+                    reliable=bool(a and b) and not (a["disturbed"] or b["disturbed"]))
 
     targets = {
         "trt-llm / transformers, batch 1": target(("trt-llm", 1), ("transformers", 1), 2.0),
@@ -607,21 +610,26 @@ def main(argv=None) -> int:
     print("| engine | batch | decode tok/s best | decode tok/s median | TTFT ms best / median "
           "| x transformers | x GenAI | % of bandwidth limit | clean runs |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    star = lambda flag: "" if flag else "*"  # noqa: E731
     for row in rows:
-        print(f"| {row['engine']} | {row['batch']} | {row['decode_tok_s_best']:.1f} | "
-              f"{row['decode_tok_s_median']:.1f} | {row['ttft_ms_best']:.0f} / {row['ttft_ms_median']:.0f} | "
-              f"{fmt(row['vs_transformers'])} | {fmt(row['vs_genai'])} | "
+        print(f"| {row['engine']} | {row['batch']} | {row['decode_tok_s_best']:.1f}{star(not row['disturbed'])} | "
+              f"{row['decode_tok_s_median']:.1f}{star(not row['disturbed'])} | "
+              f"{row['ttft_ms_best']:.0f} / {row['ttft_ms_median']:.0f} | "
+              f"{fmt(row['vs_transformers'])}{star(row['vs_transformers_reliable'] or row['vs_transformers'] is None)} | "
+              f"{fmt(row['vs_genai'])}{star(row['vs_genai_reliable'] or row['vs_genai'] is None)} | "
               f"{fmt(row['fraction_of_bandwidth_limit'], '.0%')} | {row['clean_runs']}/{len(row['runs'])} |")
     print(f"\nDecode tok/s = B x (N - 1) / (time from the first token to the last); TTFT includes the prefill. "
-          f"Ratios and % of limit use the best run (the machine is shared: the best run is the least disturbed); "
-          f"medians are over the clean runs (other processes < {CLEAN_LOAD} cores).")
+          f"Best and median are over the clean runs (other processes used < {CLEAN_LOAD} cores meanwhile); "
+          f"ratios and % of limit use the best. * = no clean run (all runs disturbed): unreliable.")
     print(f"Bandwidth limit: read bandwidth {bandwidth / 1e9:.1f} GB/s (fastest of torch sum, torch gemv and "
           f"numpy gemv over 512 MB, {args.threads} threads) / {weight_bytes / 1e6:.0f} MB of weights per decode step "
           f"= {limit:.1f} steps/s, i.e. B x {limit:.1f} tok/s at batch B (KV-cache reads not counted).\n")
     for label, t in targets.items():
         if t["best"] is not None:
-            print(f"- {label}: {t['best']:.2f} (medians: {t['median']:.2f}); target >= {t['target']}: "
-                  f"{'ok' if t['best'] >= t['target'] else 'BELOW TARGET'}")
+            verdict = "ok" if t["best"] >= t["target"] else "BELOW TARGET"
+            if not t["reliable"]:
+                verdict += " (unreliable: no clean run on one side)"
+            print(f"- {label}: {t['best']:.2f} (medians: {t['median']:.2f}); target >= {t['target']}: {verdict}")
     for name, b in plan:
         if name != "trt-llm":
             c = check.get(f"{name}/b{b}")
