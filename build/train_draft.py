@@ -151,6 +151,106 @@ PROMPTS = [
     "Describe the taste of a lemon.",
     "What is a democracy?",
     "Write a JavaScript function that adds two numbers.",
+    "What is the difference between a hurricane and a tornado?",
+    "Write a short bedtime story about a sleepy bear.",
+    "Explain how vaccines work.",
+    "Give me five tips for writing clear emails.",
+    "What is the role of the kidneys in the human body?",
+    "Describe a day in the life of a farmer.",
+    "How do solar panels produce electricity?",
+    "Write a haiku about the first snow of winter.",
+    "What are the main differences between cats and dogs as pets?",
+    "Explain what inflation means in economics.",
+    "How do I start running if I have never exercised before?",
+    "Write a short poem about the moon.",
+    "What is the purpose of a museum?",
+    "Describe how bread is made.",
+    "Give me a simple explanation of how a car engine works.",
+    "What are some tips for taking better photos with a phone?",
+    "Write a Python function that checks whether a number is prime.",
+    "Explain the difference between a list and a tuple in Python.",
+    "How does the stock market work?",
+    "What are the health benefits of eating vegetables?",
+    "Write a story about a lost key that opens a secret door.",
+    "Why do birds migrate?",
+    "Explain how a compass works.",
+    "What should I know before adopting a dog?",
+    "Describe the Great Wall of China.",
+    "How can I be more confident when speaking in public?",
+    "Write a short letter to a pen pal in another country.",
+    "What is the difference between an ocean and a river?",
+    "Explain what a noun phrase is, with examples.",
+    "How do earthquakes happen?",
+    "Give me a packing list for a beach holiday.",
+    "What is artificial intelligence used for today?",
+    "Write a poem about a city at night.",
+    "How do I cook rice on the stove?",
+    "Explain the basics of photosynthesis and respiration together.",
+    "What makes a good friend?",
+    "Describe the rules of football (soccer) in simple terms.",
+    "How does a library organize its books?",
+    "Write a short story about a girl who can talk to animals.",
+    "What are the stages of the water treatment process?",
+    "Explain what a computer's memory does.",
+    "How do I make a budget for a month?",
+    "What is the difference between a planet and a star?",
+    "Write instructions for making a paper airplane.",
+    "What are some ways to save energy at home?",
+    "Explain the difference between HTTP and HTTPS.",
+    "Describe the smell of rain.",
+    "How do penguins survive in the cold?",
+    "Write a short speech thanking a teacher.",
+    "What are the main food groups?",
+    "How does a microwave oven heat food?",
+    "Explain what a prime number is.",
+    "Write a tweet announcing a new coffee shop opening.",
+    "What is the history of the printing press?",
+    "How can students manage their time better?",
+    "Describe a peaceful garden.",
+    "What is the difference between renting and buying a house?",
+    "Explain how a bill becomes a law, in simple words.",
+    "Write a recipe for a fruit salad.",
+    "Why is sleep important for children?",
+    "How do submarines dive and surface?",
+    "What are the benefits of learning history?",
+    "Write a funny story about a dog who steals socks.",
+    "Explain what a spreadsheet is used for.",
+    "How do I prepare for a long flight?",
+    "What is the function of the lungs?",
+    "Describe the four seasons in a few sentences each.",
+    "Give me some tips for keeping a plant alive indoors.",
+    "Write a short poem about coffee.",
+    "What is climate change and why does it matter?",
+    "Explain the difference between a square and a rectangle.",
+    "How do people in different countries greet each other?",
+    "Write a review of a restaurant you enjoyed.",
+    "What is a healthy morning routine?",
+    "How do phones connect to the internet?",
+    "Explain what an ecosystem is.",
+    "Write a story about an astronaut on a lonely planet.",
+    "What are the main causes of traffic jams?",
+    "How can I learn to cook?",
+    "Describe the northern lights.",
+    "What is the difference between a fruit and a vegetable?",
+    "Explain what recursion means in programming.",
+    "Write a short note apologizing for being late.",
+    "How do hot air balloons fly?",
+    "What are the benefits of drinking tea?",
+    "Give me ideas for a science fair project.",
+    "What is the role of a firefighter?",
+    "Write a poem about a river.",
+    "How does composting work?",
+    "Explain the difference between weather forecasts and climate models.",
+    "Describe how to brush your teeth properly.",
+    "What are some tips for a first day at a new school?",
+    "Write a story about a baker who bakes magical bread.",
+    "How do glasses help people see better?",
+    "What is the water footprint of food?",
+    "Explain how to tie a shoelace.",
+    "What do bees do in winter?",
+    "Write a short advertisement for a bicycle.",
+    "How do I keep my computer safe from viruses?",
+    "What is the difference between a hobby and a job?",
 ]
 
 LOSS_DECAY = 0.8  # step k of the training-time test weighs 0.8^k (EAGLE3)
@@ -173,7 +273,7 @@ def _eos_ids(model, tokenizer) -> set[int]:
 
 
 def generate(model, tokenizer, prompts: list[str], gen_tokens: int, batch_size: int) -> list[dict]:
-    """Greedy continuations: [{'ids': LongTensor (prompt + generated, cut after eos), 'prompt_len'}]."""
+    """Greedy continuations: [{'ids': LongTensor (prompt + generated, cut after eos), 'prompt_len', 'eos_end'}]."""
     encoded = []
     for text in prompts:
         chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
@@ -195,18 +295,20 @@ def generate(model, tokenizer, prompts: list[str], gen_tokens: int, batch_size: 
             out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=gen_tokens, do_sample=False,
                                  pad_token_id=pad, eos_token_id=sorted(eos) or None)
         for row, i in enumerate(chunk):
-            new = out[row, width:].tolist()
+            new, ended = out[row, width:].tolist(), False
             for j, token in enumerate(new):
                 if token in eos:
-                    new = new[:j + 1]
+                    new, ended = new[:j + 1], True
                     break
-            results[i] = {"ids": torch.tensor(encoded[i] + new, dtype=torch.long), "prompt_len": len(encoded[i])}
+            results[i] = {"ids": torch.tensor(encoded[i] + new, dtype=torch.long), "prompt_len": len(encoded[i]),
+                          "eos_end": ended}
     return results
 
 
 def collect_features(model, sequences: list[dict], aux_ids: list[int], batch_size: int = 8, top_k: int = 16) -> None:
     """Adds 'features' [N, len(aux) * H], 'choice' [N] (the base's argmax after each position) and
-    'top_ids'/'top_probs' [N, top_k] (its most likely next tokens and their probabilities)."""
+    'top_ids'/'top_probs' [N, top_k] (its most likely next tokens and their probabilities) and 'final'
+    [N, H] (its last hidden state after the final norm: the base's logits are lm_head(final))."""
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]["ids"]))
     for start in range(0, len(order), batch_size):
         chunk = [sequences[i] for i in order[start:start + batch_size]]
@@ -226,6 +328,7 @@ def collect_features(model, sequences: list[dict], aux_ids: list[int], batch_siz
             s["features"] = features[row, :n].clone()
             s["choice"] = choice[row, :n].clone()
             s["top_ids"], s["top_probs"] = top_ids[row, :n].clone(), top_probs[row, :n].clone()
+            s["final"] = out.hidden_states[-1][row, :n].clone()
 
 
 def choose_vocab(sequences: list[dict], size: int, vocab_size: int) -> torch.Tensor:
@@ -258,18 +361,21 @@ class Batch:
         top_k = sequences[0]["top_ids"].shape[-1] if soft else 0
         self.soft_ids = torch.zeros(steps, b, width, top_k, dtype=torch.long)  # draft ids
         self.soft_probs = torch.zeros(steps, b, width, top_k)  # renormalised over the draft vocabulary
+        self.final = torch.zeros(steps, b, width, sequences[0]["final"].shape[-1])  # the base's normed hidden
         for i, s in enumerate(sequences):
             n, p = len(s["ids"]), s["prompt_len"]
+            last = n - 2 if s.get("eos_end") else n - 1  # the last j whose choice was (or would be) emitted
             self.features[i, :n - 1] = s["features"][:n - 1]
             self.key_padding[i, :n - 1] = True
             for k in range(steps):
-                count = n - 1 - k  # rows t with t + 1 + k <= n - 1
+                count = last - k  # rows t with t + 1 + k <= last
                 if count <= 0:
                     continue
                 j = torch.arange(count) + 1 + k  # the token index fed at step k; the label is choice[j]
                 self.tokens[k, i, :count] = s["ids"][j]
                 self.target[k, i, :count] = s["choice"][j]
                 self.labels[k, i, :count] = target_to_draft[s["choice"][j]]
+                self.final[k, i, :count] = s["final"][j]
                 self.generated[k, i, :count] = j >= p - 1  # the label is a generated token's successor
                 if soft:
                     ids = target_to_draft[s["top_ids"][j]]
@@ -330,11 +436,13 @@ def run_batch(draft: Eagle3Draft, batch: Batch, steps: int):
     return draft.forward_ttt(batch.features, embeds, batch.position_ids, batch.key_padding)
 
 
-def batch_loss(outputs, batch: Batch) -> torch.Tensor:
+def batch_loss(outputs, batch: Batch, draft: Eagle3Draft | None = None, hidden_weight: float = 0.0) -> torch.Tensor:
     """Cross-entropy per step, step k weighted 0.8^k: against the base's choice where it is in the draft
-    vocabulary, or (soft targets) against the base's top-k distribution restricted to the draft vocabulary."""
+    vocabulary, or (soft targets) against the base's top-k distribution restricted to the draft vocabulary;
+    plus, with hidden_weight, a smooth-L1 pull of norm(hidden_out) towards the base's own normed last
+    hidden state at the same position (what the base's LM head reads)."""
     total, weight = 0.0, 0.0
-    for k, (logits, _) in enumerate(outputs):
+    for k, (logits, hidden_out) in enumerate(outputs):
         labels = batch.labels[k]
         if not (labels >= 0).any():
             continue
@@ -344,6 +452,9 @@ def batch_loss(outputs, batch: Batch) -> torch.Tensor:
             loss = -(batch.soft_probs[k] * log_probs).sum(-1)[rows].mean()
         else:
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+        if hidden_weight:
+            rows = batch.target[k] >= 0
+            loss = loss + hidden_weight * F.smooth_l1_loss(draft.norm(hidden_out)[rows], batch.final[k][rows])
         total = total + LOSS_DECAY ** k * loss
         weight += LOSS_DECAY ** k
     return total / max(weight, 1e-9)
@@ -351,9 +462,10 @@ def batch_loss(outputs, batch: Batch) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(draft: Eagle3Draft, batches: list[Batch], steps: int) -> dict:
-    """Held-out loss and top-1 accuracy per step over labels that follow generated tokens."""
+    """Held-out loss and top-1/top-5 accuracy per step over the labels that follow generated tokens (step k
+    is fed the true previous tokens, so its accuracy is the one it has when steps 0..k-1 were right)."""
     draft.eval()
-    hits, counts, losses = [0] * steps, [0] * steps, []
+    hits, hits5, counts, losses = [0] * steps, [0] * steps, [0] * steps, []
     for batch in batches:
         outputs = run_batch(draft, batch, steps)
         losses.append(float(batch_loss(outputs, batch)))
@@ -361,10 +473,13 @@ def evaluate(draft: Eagle3Draft, batches: list[Batch], steps: int) -> dict:
             chosen = draft.draft_to_target(logits.argmax(-1))
             where = batch.generated[k] & (batch.target[k] >= 0)
             hits[k] += int((chosen[where] == batch.target[k][where]).sum())
+            top5 = draft.draft_to_target(logits.topk(min(5, logits.shape[-1]), dim=-1).indices)
+            hits5[k] += int((top5[where] == batch.target[k][where][:, None]).any(-1).sum())
             counts[k] += int(where.sum())
     draft.train()
     return {"loss": sum(losses) / max(len(losses), 1),
-            "top1": [h / c if c else float("nan") for h, c in zip(hits, counts)], "tokens": counts}
+            "top1": [h / c if c else float("nan") for h, c in zip(hits, counts)],
+            "top5": [h / c if c else float("nan") for h, c in zip(hits5, counts)], "tokens": counts}
 
 
 def train(draft: Eagle3Draft, train_seqs, held_seqs, args, target_to_draft, pad_id: int) -> list[dict]:
@@ -386,7 +501,7 @@ def train(draft: Eagle3Draft, train_seqs, held_seqs, args, target_to_draft, pad_
         batches = make_batches(train_seqs, args.batch_size, steps, target_to_draft, pad_id, True, rng, soft)
         running = 0.0
         for batch in batches:
-            loss = batch_loss(run_batch(draft, batch, steps), batch)
+            loss = batch_loss(run_batch(draft, batch, steps), batch, draft, args.hidden_loss)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -396,8 +511,10 @@ def train(draft: Eagle3Draft, train_seqs, held_seqs, args, target_to_draft, pad_
         record = {"epoch": epoch, "train_loss": running / max(len(batches), 1), "seconds": time.time() - start}
         if held:
             result = evaluate(draft, held, steps)
-            record.update(held_loss=result["loss"], held_top1=result["top1"], held_tokens=result["tokens"])
-            accuracies = "  ".join(f"step{k} top1 {a:.3f}" for k, a in enumerate(result["top1"][:2]))
+            record.update(held_loss=result["loss"], held_top1=result["top1"], held_top5=result["top5"],
+                          held_tokens=result["tokens"])
+            accuracies = "  ".join(f"step{k} top1 {a:.3f} (top5 {b:.3f})"
+                                   for k, (a, b) in enumerate(zip(result["top1"][:2], result["top5"][:2])))
             log(f"epoch {epoch:3d}  train loss {record['train_loss']:.3f}  held-out loss {result['loss']:.3f}  "
                 f"{accuracies}  ({record['seconds']:.1f}s)")
         else:
@@ -415,18 +532,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="the draft folder to write (EAGLE authors' layout)")
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many built-in prompts (<= {len(PROMPTS)})")
     parser.add_argument("--gen-tokens", type=int, default=80, help="greedy tokens generated per prompt")
-    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (capped at the base's)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--ttt-steps", type=int, default=3, help="training-time-test steps unrolled (1 = none)")
-    parser.add_argument("--batch-size", type=int, default=8, help="sequences per optimizer step")
-    parser.add_argument("--gen-batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=4, help="sequences per optimizer step")
+    parser.add_argument("--gen-batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--soft-top-k", type=int, default=16,
                         help="distil the base's top-k next-token distribution (0: its argmax only)")
-    parser.add_argument("--init-layer", type=int, help="start the midlayer from this base layer's weights")
+    parser.add_argument("--hidden-loss", type=float, default=0.0,
+                        help="weight of the pull towards the base's last hidden state (0: off)")
+    parser.add_argument("--init-layer", type=int, default=-1,
+                        help="start the midlayer from this base layer's weights (default: the last one)")
+    parser.add_argument("--random-init", action="store_true", help="start the midlayer from random weights")
     parser.add_argument("--freeze-head", action="store_true", help="keep the LM head and norm at the base's")
     parser.add_argument("--data-cache", help="a file keeping the generations and features between runs")
     args = parser.parse_args(argv)
@@ -466,10 +587,13 @@ def main(argv=None) -> int:
         log(f"collected features ({time.time() - t0:.0f}s)")
         if args.data_cache:
             torch.save({"key": json.dumps(key), "sequences": sequences}, args.data_cache)
-    if "top_ids" not in sequences[0] or sequences[0]["top_ids"].shape[-1] < args.soft_top_k:  # an older cache
+    if "final" not in sequences[0] or sequences[0]["top_ids"].shape[-1] < args.soft_top_k:  # an older cache
         collect_features(base, sequences, aux_ids, top_k=max(args.soft_top_k, 1))
         if args.data_cache:
             torch.save({"key": json.dumps(key), "sequences": sequences}, args.data_cache)
+    eos = _eos_ids(base, tokenizer)
+    for s in sequences:  # (caches written before eos_end existed)
+        s.setdefault("eos_end", int(s["ids"][-1]) in eos and len(s["ids"]) > s["prompt_len"])
     generated = sum(len(s["ids"]) - s["prompt_len"] for s in sequences)
 
     held_idx = set(range(9, len(sequences), 10)) if len(sequences) >= 10 else set()
@@ -480,7 +604,8 @@ def main(argv=None) -> int:
     target_to_draft = torch.full((vocab_size,), -100, dtype=torch.long)
     target_to_draft[draft_ids] = torch.arange(len(draft_ids))
 
-    draft = init_draft(base, draft_ids, aux_ids, args.seed, args.init_layer, args.freeze_head)
+    draft = init_draft(base, draft_ids, aux_ids, args.seed, None if args.random_init else args.init_layer,
+                       args.freeze_head)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     log(f"draft: {count_parameters(draft) / 1e6:.1f}M trainable parameters, draft vocab {len(draft_ids)}; "
         f"{len(train_seqs)} training / {len(held_seqs)} held-out sequences, {args.ttt_steps} TTT steps")
