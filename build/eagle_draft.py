@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,8 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trt_llm.build.decoder import rms_norm
-from trt_llm.plugins import attention as _attention  # noqa: F401 - registers torch.ops.trt_llm.attention
-from trt_llm.plugins.attention import rotate_half_rope
+from trt_llm.plugins.attention import rotate_half_rope  # (importing it registers torch.ops.trt_llm.attention)
 
 log = logging.getLogger(__name__)
 
@@ -388,7 +388,7 @@ class DraftGraph(nn.Module):
 
     def __init__(self, draft: Eagle3Draft, max_positions: int = 4096, dtype: torch.dtype = torch.float32):
         super().__init__()
-        d = self.dims = draft.dims
+        self.dims = draft.dims
         layer = draft.midlayer
         frozen = lambda t: nn.Parameter(t.detach().clone(), requires_grad=False)  # noqa: E731
         self.input_norm = frozen(layer.input_layernorm.weight)
@@ -646,6 +646,9 @@ def save_draft_eagle_format(draft: Eagle3Draft, out_dir, config: dict | None = N
             tensor = tensor.to(dtype)
         state[name] = tensor.clone()
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    (out / "model.safetensors").chmod(0o666 & ~umask)  # save_file leaves it private
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return out
 

@@ -3,26 +3,32 @@
     python -m trt_llm.build.train_draft --base HF_DIR --out DRAFT_DIR [--prompts N] [--gen-tokens T]
         [--epochs E] [--draft-vocab V] [--threads 2]
 
-Recipe:
- 1. Data: the built-in chat prompts below (the first N), through the base tokenizer's chat template,
-    each continued greedily by transformers for up to T tokens (stopping at end-of-sequence). One
-    more forward per sequence collects the features (`hidden_states[i]` for the aux ids, i.e. the
-    hidden states entering base layers 2, L//2, L-3) and the base's own next-token choice at every
-    position (its argmax, which is what the runtime's greedy verification accepts).
- 2. Draft vocabulary: the V most frequent base choices over the training split (then the lowest
-    token ids, for a BPE roughly the most frequent merges, to fill V); d2t/t2d accordingly.
+Recipe (defaults in brackets):
+ 1. Data: the built-in chat prompts below (the first N [all 210]), through the base tokenizer's chat
+    template, each continued greedily by transformers for up to T [96] tokens (stopping at end of
+    sequence). One more forward per sequence collects the features (`hidden_states[i]` for the aux
+    ids: the hidden states entering base layers 2, L//2, L-3), the base's own next-token choice
+    (argmax) and top-k [16] distribution at every position, and its last (normed) hidden state.
+ 2. Draft vocabulary: the V [8192] most frequent base choices over the training split (then the
+    lowest token ids, for a BPE roughly the most frequent merges, to fill V); d2t/t2d accordingly.
  3. Model: one draft layer shaped like a base layer; embedding from the base (frozen), LM head from
-    the base's LM head rows of the draft vocabulary, final norm from the base's; fc, the midlayer,
-    the norm and the LM head are trained with AdamW (warm-up, cosine decay).
+    the base's LM head rows of the draft vocabulary, final norm from the base's. The midlayer starts
+    as the base's last layer on its hidden half (norms, q/k/v columns of the hidden, o_proj, MLP; the
+    embedding half small random) and fc as picking the deepest feature (--random-init: all random).
+    fc, the midlayer, the norm and the LM head are trained with AdamW (lr 1e-3, warm-up, cosine decay,
+    batches of 4 sequences, E [8] epochs).
  4. Loss: at base position t the step-0 input is (fc(features_t), embed(x_{t+1})) and the label is
-    the base's choice for x_{t+2}; EAGLE3's training-time test unrolls `--ttt-steps` steps, step k
+    the base's choice for x_{t+2}; EAGLE3's training-time test unrolls `--ttt-steps` [3] steps, step k
     feeding the draft's own step-(k-1) hidden output (see Eagle3Draft.forward_ttt for the exact
-    attention and positions) with label the base's choice for x_{t+2+k}. Cross-entropy over draft
-    ids where the label is in the draft vocabulary, step k weighted 0.8^k.
- 5. Held-out: every 10th prompt. Each epoch prints the loss and the top-1 accuracy of steps 0 and 1
-    on the held-out prompts' generated tokens (a label outside the draft vocabulary counts as a miss).
+    attention and positions) with label the base's choice for x_{t+2+k}. Per step: cross-entropy
+    against the base's top-k distribution restricted to the draft vocabulary (--soft-top-k 0: against
+    its argmax), plus --hidden-loss [1.0] x smooth-L1 between norm(hidden_out) and the base's own last
+    normed hidden state at that position (what its LM head reads); step k weighted 0.8^k.
+ 5. Held-out: every 10th prompt. Each epoch prints the loss and the top-1 (top-5) accuracy of steps 0
+    and 1 on the held-out prompts' generated tokens (a label outside the draft vocabulary counts as a
+    miss; step 1 is fed the true step-0 token, so it is its accuracy when step 0 was right).
  6. Saved with save_draft_eagle_format (config.json + model.safetensors, the EAGLE authors' layout)
-    plus train_report.json.
+    plus train_report.json (arguments, per-epoch figures, timing).
 """
 
 from __future__ import annotations
@@ -346,7 +352,7 @@ class Batch:
     """Right-padded rows; row t of a sequence is the base position t (see the module docstring)."""
 
     def __init__(self, sequences: list[dict], steps: int, target_to_draft: torch.Tensor, pad_id: int,
-                 soft: bool = False):
+                 soft: bool = False, generated_only: bool = False):
         rows = [len(s["ids"]) - 1 for s in sequences]  # rows t = 0 .. N-2 (x_{t+1} must exist)
         width = max(rows)
         b = len(sequences)
@@ -382,17 +388,24 @@ class Batch:
                     probs = s["top_probs"][j] * (ids >= 0)
                     self.soft_ids[k, i, :count] = ids.clamp(min=0)
                     self.soft_probs[k, i, :count] = probs / probs.sum(-1, keepdim=True).clamp(min=1e-9)
+        if generated_only:  # no loss where the label follows a prompt token
+            self.labels[~self.generated] = -100
+            self.soft_probs[~self.generated] = 0.0
+            self.target_for_loss = self.target.masked_fill(~self.generated, -1)
+        else:
+            self.target_for_loss = self.target
 
 
 def make_batches(sequences: list[dict], batch_size: int, steps: int, target_to_draft, pad_id: int,
-                 shuffle: bool, rng: random.Random, soft: bool = False) -> list[Batch]:
+                 shuffle: bool, rng: random.Random, soft: bool = False, generated_only: bool = False) -> list[Batch]:
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]["ids"]))
     groups = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     if shuffle:
         for group in groups:
             rng.shuffle(group)
         rng.shuffle(groups)
-    return [Batch([sequences[i] for i in group], steps, target_to_draft, pad_id, soft) for group in groups]
+    return [Batch([sequences[i] for i in group], steps, target_to_draft, pad_id, soft, generated_only)
+            for group in groups]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -453,7 +466,7 @@ def batch_loss(outputs, batch: Batch, draft: Eagle3Draft | None = None, hidden_w
         else:
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
         if hidden_weight:
-            rows = batch.target[k] >= 0
+            rows = batch.target_for_loss[k] >= 0
             loss = loss + hidden_weight * F.smooth_l1_loss(draft.norm(hidden_out)[rows], batch.final[k][rows])
         total = total + LOSS_DECAY ** k * loss
         weight += LOSS_DECAY ** k
@@ -498,7 +511,8 @@ def train(draft: Eagle3Draft, train_seqs, held_seqs, args, target_to_draft, pad_
     draft.train()
     for epoch in range(1, args.epochs + 1):
         start = time.time()
-        batches = make_batches(train_seqs, args.batch_size, steps, target_to_draft, pad_id, True, rng, soft)
+        batches = make_batches(train_seqs, args.batch_size, steps, target_to_draft, pad_id, True, rng, soft,
+                               args.generated_only)
         running = 0.0
         for batch in batches:
             loss = batch_loss(run_batch(draft, batch, steps), batch, draft, args.hidden_loss)
@@ -531,7 +545,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--base", required=True, help="the base model: a local Hugging Face folder")
     parser.add_argument("--out", required=True, help="the draft folder to write (EAGLE authors' layout)")
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many built-in prompts (<= {len(PROMPTS)})")
-    parser.add_argument("--gen-tokens", type=int, default=80, help="greedy tokens generated per prompt")
+    parser.add_argument("--gen-tokens", type=int, default=96, help="greedy tokens generated per prompt")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (capped at the base's)")
     parser.add_argument("--threads", type=int, default=2)
@@ -543,8 +557,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--soft-top-k", type=int, default=16,
                         help="distil the base's top-k next-token distribution (0: its argmax only)")
-    parser.add_argument("--hidden-loss", type=float, default=0.0,
+    parser.add_argument("--hidden-loss", type=float, default=1.0,
                         help="weight of the pull towards the base's last hidden state (0: off)")
+    parser.add_argument("--generated-only", action="store_true",
+                        help="train only on labels that follow generated tokens (not on the prompts)")
     parser.add_argument("--init-layer", type=int, default=-1,
                         help="start the midlayer from this base layer's weights (default: the last one)")
     parser.add_argument("--random-init", action="store_true", help="start the midlayer from random weights")

@@ -418,3 +418,33 @@ def test_train_draft_end_to_end(base, tmp_path, capsys):
     # the draft vocabulary holds the LM head rows it was initialised from, in target-id order
     target = draft.draft_to_target(torch.arange(64))
     assert bool((target[1:] > target[:-1]).all())
+
+
+def test_training_rows_line_up():
+    """Row t, step k: fed token x[t+1+k], label the base's choice after it, 'generated' when that
+    label follows a generated token; nothing after an end-of-sequence token is a label."""
+    from trt_llm.build.train_draft import Batch
+
+    n, prompt_len, steps = 9, 4, 3
+    ids = torch.arange(100, 100 + n)
+    choice = torch.arange(200, 200 + n)
+    seq = {"ids": ids, "prompt_len": prompt_len, "eos_end": True, "features": torch.randn(n, 6), "choice": choice,
+           "top_ids": torch.stack([choice, choice + 1], -1), "top_probs": torch.tensor([[0.75, 0.25]] * n),
+           "final": torch.randn(n, 2)}
+    target_to_draft = torch.full((300,), -100, dtype=torch.long)
+    target_to_draft[200:207] = torch.arange(7)  # choices 207, 208 are outside the draft vocabulary
+    batch = Batch([seq], steps, target_to_draft, pad_id=0, soft=True)
+    last = n - 2  # the sequence ended with eos: its own successor is no label
+    for k in range(steps):
+        for t in range(n - 1):
+            j = t + 1 + k
+            if j > last:
+                assert batch.labels[k, 0, t] == -100 and batch.target[k, 0, t] == -1
+                continue
+            assert batch.tokens[k, 0, t] == ids[j] and batch.target[k, 0, t] == choice[j]
+            assert batch.labels[k, 0, t] == (j if j <= 6 else -100)
+            assert bool(batch.generated[k, 0, t]) == (j >= prompt_len - 1)
+            assert torch.equal(batch.final[k, 0, t], seq["final"][j])
+            expected = [0.75, 0.25] if j <= 5 else [1.0, 0.0] if j == 6 else [0.0, 0.0]  # renormalised in-vocab
+            torch.testing.assert_close(batch.soft_probs[k, 0, t], torch.tensor(expected))
+    assert torch.equal(batch.features[0], seq["features"][:n - 1])
