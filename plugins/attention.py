@@ -30,6 +30,8 @@ Facets:
     without our plugin (ONNX Runtime, TensorRT-RTX) can run it.
  3. `lower_for_onnxruntime`: rewrites the node to `com.microsoft.GroupQueryAttention`, whose CPU kernel
     does rotary, the in-place cache write and the ragged causal attention in one call.
+ 4. `register_tensorrt_plugin`: both node types as `tensorrt.plugin` plugins whose kernel is
+    `attention_kernel` (plain torch, any device, safe to capture in a CUDA graph).
 """
 
 from __future__ import annotations
@@ -427,6 +429,66 @@ TENSORRT_PLUGIN_IDS = tuple(f"{TENSORRT_PLUGIN_NAMESPACE}::{name}" for name in O
 _tensorrt_registered = False
 
 
+def attention_kernel(
+    qkv: Tensor, past_key: Tensor, past_value: Tensor, past_lengths: Tensor, query_lengths: Tensor,
+    position_ids: Tensor, cos_cache: Tensor, sin_cache: Tensor, tree_mask: Tensor | None,
+    num_heads: int, kv_num_heads: int, scale: float, out: list[Tensor] | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The plugin's kernel: the op of facet 1 on tensors of any one device, in plain torch.
+
+    Same inputs and results as `attention`; with `out` (output, present_key, present_value) the
+    results are written there, which may be the very memory of past_key / past_value (all of past
+    is read before anything is written). Unlike the reference it is written for the device: every
+    index tensor is made on the inputs' device, grouped-query heads are broadcast rather than
+    repeated, the softmax runs in float32, and nothing reads a value back to the host, so the
+    kernel can be captured in a CUDA graph (its shapes depend on the input shapes only).
+    """
+    device = qkv.device
+    batch, seq, _ = qkv.shape
+    capacity, head_dim = past_key.shape[2], past_key.shape[3]
+    group = num_heads // kv_num_heads
+    heads = qkv.view(batch, seq, num_heads + 2 * kv_num_heads, head_dim)
+    q, k, v = heads.split([num_heads, kv_num_heads, kv_num_heads], dim=2)
+    positions = position_ids.long()
+    cos, sin = cos_cache[positions], sin_cache[positions]  # [B, S, D/2]
+    q, k = rotate_half_rope(q, cos, sin), rotate_half_rope(k, cos, sin)
+
+    # The cache write: slot j of a row takes new token j - past when that is one of its new tokens.
+    offset = torch.arange(capacity, device=device)[None, :] - past_lengths.long()[:, None]  # [B, L]
+    written = (offset >= 0) & (offset < query_lengths.long()[:, None])
+    source = offset.clamp(0, seq - 1)
+    index = source[:, None, :, None].expand(batch, kv_num_heads, capacity, head_dim)
+    write = written[:, None, :, None]
+    present_key = torch.where(write, torch.gather(k.transpose(1, 2), 2, index), past_key)
+    present_value = torch.where(write, torch.gather(v.transpose(1, 2), 2, index), past_value)
+
+    # Visibility [B, S, L]: cached slots always; a new token's slot where the tree (or causality) allows.
+    if tree_mask is None:
+        steps = torch.arange(seq, device=device)
+        allowed = source[:, None, :] <= steps[None, :, None]
+    else:
+        allowed = torch.gather(tree_mask, 2, source[:, None, :].expand(batch, seq, capacity))
+    visible = (offset < 0)[:, None, :] | (written[:, None, :] & allowed)
+
+    # Query head h reads kv head h // group: queries as [B, Hkv, group * S, D] against [B, Hkv, L, D].
+    queries = q.transpose(1, 2).reshape(batch, kv_num_heads, group * seq, head_dim)
+    scores = (queries @ present_key.transpose(-1, -2)).float() * scale  # [B, Hkv, group * S, L]
+    scores = scores.view(batch, kv_num_heads, group, seq, capacity)
+    scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
+    # A padded query may see nothing at all: its NaN row is zeroed here and below.
+    probs = torch.nan_to_num(scores.softmax(-1), nan=0.0).to(qkv.dtype)
+    context = probs.view(batch, kv_num_heads, group * seq, capacity) @ present_value  # [B, Hkv, group*S, D]
+    output = context.view(batch, kv_num_heads * group, seq, head_dim).transpose(1, 2)
+    output = output.reshape(batch, seq, num_heads * head_dim)
+    valid_query = torch.arange(seq, device=device)[None, :] < query_lengths.long()[:, None]
+    output = output * valid_query[:, :, None].to(output.dtype)
+    if out is None:
+        return output, present_key, present_value
+    for target, result in zip(out, (output, present_key, present_value)):
+        target.copy_(result)
+    return tuple(out)
+
+
 def _tensorrt_as_torch(tensor) -> Tensor:
     """A torch view of a `tensorrt.plugin.Tensor` (device memory, no copy)."""
     import tensorrt as trt
@@ -473,17 +535,14 @@ def _register_one(trtp, plugin_id: str, input_names: list[str]) -> None:
         return output, past_key.like(), past_value.like()
 
     def run(*args):
-        # The reference on the plugin's device buffers. `torch.device("cuda")` as a context puts the
-        # reference's own aranges on the GPU too. The runtime may bind the cache as both past and
-        # present (the same memory): the reference reads all of past before anything is written.
+        # attention_kernel on the plugin's device buffers, on TensorRT's stream (the views are made
+        # inside the stream context, so nothing waits on another stream, also under graph capture).
         tensors, (num_heads, kv_num_heads, scale, outputs, stream) = args[:count], args[count:]
-        inputs = [_tensorrt_as_torch(t) for t in tensors]
-        tree_mask = inputs[8] if count == 9 else None
-        targets = [_tensorrt_as_torch(t) for t in outputs]
-        with torch.cuda.stream(torch.cuda.ExternalStream(stream)), torch.device("cuda"), torch.no_grad():
-            results = attention(*inputs[:8], tree_mask, num_heads, kv_num_heads, scale)
-            for target, result in zip(targets, results):
-                target.copy_(result)
+        with torch.cuda.stream(torch.cuda.ExternalStream(stream)), torch.no_grad():
+            inputs = [_tensorrt_as_torch(t) for t in tensors]
+            targets = [_tensorrt_as_torch(t) for t in outputs]
+            attention_kernel(*inputs[:8], inputs[8] if count == 9 else None, num_heads, kv_num_heads, scale,
+                             out=targets)
 
     # tensorrt.plugin reads the parameter names and real annotation objects of these functions.
     import inspect
