@@ -9,21 +9,47 @@ they swap after each step. The graph (function body or plugin) writes every slot
 this is correct whatever TensorRT does with the memory; binding one buffer as both (in place, as the
 cpu backend does) saves the copy and half the memory but needs checking on a GPU first.
 
+CUDA graphs (on unless `cuda_graphs=False` or TRT_LLM_CUDA_GRAPHS=0): decode steps (one new token
+per row) are captured with cudart stream capture around execute_async_v3 and replayed, one graph
+per (profile, input shapes, bound device addresses); runtime/cuda_graphs.py holds the keys and the
+policy. The small inputs are copied into their fixed device buffers before the launch and the
+outputs copied back after it, outside the graph. TensorRT-RTX engines use TensorRT-RTX's own
+whole-graph capture on the decode context instead (its JIT swaps in shape-specialized kernels, which
+a capture of ours would freeze at whatever ran first). A capture that fails costs only speed.
+
 Importable without a GPU or TensorRT; constructing a TrtEngine there raises BackendUnavailable with
 one line saying what is missing.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from trt_llm.runtime.cuda_graphs import CAPTURE, REPLAY, GraphCache, step_key
 from trt_llm.runtime.trt_import import (BackendUnavailable, cuda_device_count, import_cudart, import_tensorrt,
                                         make_logger)
 
 SMALL_INPUTS = ("inputs_embeds", "position_ids", "past_lengths", "query_lengths", "logits_indices")
+GRAPHS_ENV = "TRT_LLM_CUDA_GRAPHS"
+log = logging.getLogger(__name__)
+
+
+def cuda_graphs_requested(flag: bool | None = None) -> bool:
+    """The constructor flag when given, else TRT_LLM_CUDA_GRAPHS (default on; 0/false/off/no = off)."""
+    if flag is not None:
+        return bool(flag)
+    value = os.environ.get(GRAPHS_ENV, "1").strip().lower()
+    if value in ("1", "true", "on", "yes", ""):
+        return True
+    if value in ("0", "false", "off", "no"):
+        return False
+    raise ValueError(f"{GRAPHS_ENV}={value!r}: expected 1/true/on/yes or 0/false/off/no")
 
 
 def _check(cudart, result):
@@ -183,7 +209,10 @@ class CudaTimer:
 
 
 class TrtEngine:
-    def __init__(self, engine_path: Path, num_layers: int, backend: str = "tensorrt"):
+    def __init__(self, engine_path: Path, num_layers: int, backend: str = "tensorrt",
+                 cuda_graphs: bool | None = None):
+        """cuda_graphs: capture and replay decode steps (None: TRT_LLM_CUDA_GRAPHS, default on)."""
+        graphs = cuda_graphs_requested(cuda_graphs)
         trt = import_tensorrt(backend)
         count, why = cuda_device_count()
         if count == 0:
@@ -193,28 +222,49 @@ class TrtEngine:
             from trt_llm.plugins.attention import register_tensorrt_plugin
 
             register_tensorrt_plugin()
-        self.trt, self.cudart = trt, import_cudart()
-        self.num_layers = num_layers
+        cudart = import_cudart()
         self._logger = make_logger(trt)
         self._runtime = trt.Runtime(self._logger)
-        self.engine = self._runtime.deserialize_cuda_engine(Path(engine_path).read_bytes())
-        if self.engine is None:
+        engine = self._runtime.deserialize_cuda_engine(Path(engine_path).read_bytes())
+        if engine is None:
             raise RuntimeError(f"{engine_path}: {backend} could not deserialize the plan (built for "
                                f"another GPU or TensorRT version? see the TensorRT errors above)")
+        self._setup(trt, cudart, engine, num_layers, backend, graphs)
+
+    def _setup(self, trt, cudart, engine, num_layers: int, backend: str, graphs: bool) -> None:
+        """Everything after deserializing (separate so that tests can drive it with fakes)."""
+        self.trt, self.cudart, self.engine = trt, cudart, engine
+        self.num_layers, self.backend = num_layers, backend
         self.stream = _check(self.cudart, self.cudart.cudaStreamCreate())
         self._stream_handle = int(self.stream)
+        self.profile_max_seq = [int(engine.get_tensor_profile_shape("inputs_embeds", p)[2][1])
+                                for p in range(engine.num_optimization_profiles)]
+        decode_profile = min(range(len(self.profile_max_seq)), key=lambda p: (self.profile_max_seq[p], p))
+        native = graphs and backend == "tensorrt-rtx" and hasattr(engine, "create_runtime_config") \
+            and hasattr(trt, "CudaGraphStrategy")
+        self.graph_mode = "native" if native else "capture" if graphs else "off"
         # One execution context per optimization profile (0 = prefill, 1 = decode/verify): switching
         # a single context's profile costs more than holding a second context.
-        self.contexts, self.profile_max_seq = [], []
-        for profile in range(self.engine.num_optimization_profiles):
-            context = self.engine.create_execution_context()
+        self.contexts, self._runtime_configs = [], []
+        for profile in range(engine.num_optimization_profiles):
+            if native and profile == decode_profile:
+                config = engine.create_runtime_config()
+                config.cuda_graph_strategy = trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
+                self._runtime_configs.append(config)  # kept for the context's life
+                context = engine.create_execution_context(config)
+            else:
+                context = engine.create_execution_context()
             context.set_optimization_profile_async(profile, self._stream_handle)
             self.contexts.append(context)
-            self.profile_max_seq.append(self.engine.get_tensor_profile_shape("inputs_embeds", profile)[2][1])
         _check(self.cudart, self.cudart.cudaStreamSynchronize(self.stream))
-        self.dtypes = {name: np.dtype(trt.nptype(self.engine.get_tensor_dtype(name)))
-                       for name in (self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors))}
-        cache_shape = self.engine.get_tensor_shape("past_key_0")  # [-1, Hkv, -1, D]
+        if native:
+            log.info("CUDA graphs: TensorRT-RTX whole-graph capture on the decode context (profile %d)",
+                     decode_profile)
+        self.graphs = GraphCache(self._destroy_graph, enabled=self.graph_mode == "capture")
+        self._torch_pool = None  # the torch memory pool of the plugin's work memory in captured graphs
+        self.dtypes = {name: np.dtype(trt.nptype(engine.get_tensor_dtype(name)))
+                       for name in (engine.get_tensor_name(i) for i in range(engine.num_io_tensors))}
+        cache_shape = engine.get_tensor_shape("past_key_0")  # [-1, Hkv, -1, D]
         self.kv_heads, self.head_dim = int(cache_shape[1]), int(cache_shape[3])
         self._buffers: dict[str, DeviceBuffer] = {}
         self.timer = CudaTimer(self.cudart, self.stream)
@@ -224,23 +274,22 @@ class TrtEngine:
         return DeviceKVCache(self.cudart, self.stream, self.num_layers, batch, self.kv_heads, capacity,
                              self.head_dim, self.dtypes["past_key_0"])
 
-    def _context_for(self, seq: int):
+    def _context_index(self, seq: int) -> int:
         """The profile with the smallest range that holds `seq` new tokens per row."""
         fitting = [(max_seq, i) for i, max_seq in enumerate(self.profile_max_seq) if seq <= max_seq]
         if not fitting:
             raise ValueError(f"{seq} new tokens per row exceed the engine's largest profile "
                              f"({max(self.profile_max_seq)})")
-        return self.contexts[min(fitting)[1]]
+        return min(fitting)[1]
 
-    def _upload(self, context, name: str, array: np.ndarray) -> None:
+    def _upload(self, name: str, array: np.ndarray) -> tuple[np.ndarray, int]:
+        """Copy a host input into its device buffer (asynchronously); returns (the host array to keep
+        alive until the stream is synchronized, the device address)."""
         array = np.ascontiguousarray(array, dtype=self.dtypes[name])
-        buffer = self._buffers.setdefault(name, DeviceBuffer(self.cudart))
-        ptr = buffer.reserve(array.nbytes)
+        ptr = self._buffers.setdefault(name, DeviceBuffer(self.cudart)).reserve(array.nbytes)
         _check(self.cudart, self.cudart.cudaMemcpyAsync(
             ptr, array.ctypes.data, array.nbytes, self.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, self.stream))
-        context.set_input_shape(name, array.shape)
-        context.set_tensor_address(name, ptr)
-        return array  # kept alive by the caller until the stream is synchronized
+        return array, ptr
 
     def run(self, inputs_embeds: np.ndarray, position_ids: np.ndarray, past_lengths: np.ndarray,
             query_lengths: np.ndarray, logits_indices: np.ndarray, cache: DeviceKVCache,
@@ -252,33 +301,50 @@ class TrtEngine:
         extra, step_inputs: more inputs by name; step_outputs: more outputs by name, copied into
         the given host arrays (the same contract as OrtEngine.run)."""
         cudart = self.cudart
-        context = self._context_for(inputs_embeds.shape[1])
-        # Host arrays stay referenced until the synchronize below: the copies are asynchronous.
-        staged = [self._upload(context, name, array) for name, array in zip(
-            SMALL_INPUTS, (inputs_embeds, position_ids, past_lengths, query_lengths, logits_indices))]
-        staged += [self._upload(context, name, array)
-                   for name, array in (*(extra or {}).items(), *(step_inputs or {}).items())]
+        index = self._context_index(inputs_embeds.shape[1])
+        # (name, shape for an input / None for an output, device address) of every tensor bound.
+        bindings: list[tuple[str, tuple[int, ...] | None, int]] = []
+        staged = []  # host arrays stay referenced until the synchronize below: the copies are asynchronous
+        for name, array in (*zip(SMALL_INPUTS, (inputs_embeds, position_ids, past_lengths, query_lengths,
+                                                logits_indices)),
+                            *(extra or {}).items(), *(step_inputs or {}).items()):
+            host, ptr = self._upload(name, array)
+            staged.append(host)
+            bindings.append((name, host.shape, ptr))
         for i in range(self.num_layers):
             for kind, past, present in (("key", cache.keys, cache.next_keys),
                                         ("value", cache.values, cache.next_values)):
-                context.set_input_shape(f"past_{kind}_{i}", cache.shape)
-                context.set_tensor_address(f"past_{kind}_{i}", past[i])
-                context.set_tensor_address(f"present_{kind}_{i}", present[i])
+                bindings.append((f"past_{kind}_{i}", cache.shape, past[i]))
+                bindings.append((f"present_{kind}_{i}", None, present[i]))
         outputs = {"logits": logits_out, **(step_outputs or {})}
-        device = {}
+        sizes = {}
         for name, host in outputs.items():
-            buffer = self._buffers.setdefault(name, DeviceBuffer(cudart))
-            device[name] = (buffer, host.size * self.dtypes[name].itemsize)
-            context.set_tensor_address(name, buffer.reserve(device[name][1]))
+            sizes[name] = host.size * self.dtypes[name].itemsize
+            ptr = self._buffers.setdefault(name, DeviceBuffer(cudart)).reserve(sizes[name])
+            bindings.append((name, None, ptr))
+
+        key = step_key(index, bindings, inputs_embeds.shape[1]) if self.graph_mode == "capture" else None
+        action = self.graphs.decide(key)
+        context = self.contexts[index]
         with self.timer:
-            if not context.execute_async_v3(self._stream_handle):
-                raise RuntimeError("TensorRT execute_async_v3 failed (see the TensorRT errors above)")
+            if action == REPLAY:
+                _check(cudart, cudart.cudaGraphLaunch(self.graphs.graph(key), self.stream))
+            else:
+                for name, shape, ptr in bindings:
+                    if shape is not None:
+                        context.set_input_shape(name, shape)
+                    context.set_tensor_address(name, ptr)
+                if not context.execute_async_v3(self._stream_handle):
+                    raise RuntimeError("TensorRT execute_async_v3 failed (see the TensorRT errors above)")
+        if action == CAPTURE:
+            # After the plain run of this very step (which flushed TensorRT's work for the shapes):
+            # recording executes nothing, so the step's results are the plain run's.
+            self._capture(key, context, cache)
         converted = []
         for name, host in outputs.items():
-            buffer, size = device[name]
             # Straight into the caller's array when the dtypes agree; else through a staging array.
             target = host if self.dtypes[name] == host.dtype else np.empty(host.shape, self.dtypes[name])
-            _check(cudart, cudart.cudaMemcpyAsync(target.ctypes.data, buffer.ptr, size,
+            _check(cudart, cudart.cudaMemcpyAsync(target.ctypes.data, self._buffers[name].ptr, sizes[name],
                                                   cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost, self.stream))
             if target is not host:
                 converted.append((host, target))
@@ -290,7 +356,58 @@ class TrtEngine:
         self.last_step_ms = self.timer.elapsed_ms()
         return logits_out
 
+    def _capture(self, key, context, cache: DeviceKVCache) -> None:
+        """Record the context's execution with its current bindings as a graph for `key`."""
+        cudart = self.cudart
+        capturable = getattr(context, "is_stream_capturable", None)
+        if capturable is not None and not capturable(self._stream_handle):
+            self.graphs.capture_failed(key, "TensorRT reports that this execution context cannot be captured")
+            return
+        graph = None
+        try:
+            with self._capture_allocations():
+                # Thread-local: only this thread's unsafe calls (a synchronize in a kernel) break the capture.
+                _check(cudart, cudart.cudaStreamBeginCapture(
+                    self.stream, cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal))
+                try:
+                    executed = context.execute_async_v3(self._stream_handle)
+                finally:
+                    err, graph = cudart.cudaStreamEndCapture(self.stream)
+            if not executed:
+                raise RuntimeError("execute_async_v3 failed while capturing")
+            _check(cudart, (err,))
+            graph_exec = _check(cudart, cudart.cudaGraphInstantiate(graph, 0))
+        except Exception as error:  # noqa: BLE001 - any failure means: this shape runs without a graph
+            cudart.cudaGetLastError()  # capture errors are not sticky; leave no error pending
+            self.graphs.capture_failed(key, str(error) or type(error).__name__)
+            return
+        finally:
+            if graph is not None and int(graph) != 0:
+                cudart.cudaGraphDestroy(graph)
+        self.graphs.captured(key, graph_exec)
+        log.info("CUDA graph captured: decode step, batch %d, KV capacity %d (%d graphs held)",
+                 cache.batch, cache.capacity, len(self.graphs))
+
+    def _capture_allocations(self):
+        """Where torch allocates while a graph is captured: the `tensorrt` plugin's kernel is torch, and
+        the work memory a captured graph writes must stay its own. A private pool, kept for the
+        engine's life, is never handed to allocations outside captures (nor freed by empty_cache)."""
+        if self.backend != "tensorrt":
+            return nullcontext()
+        import torch
+
+        if not torch.cuda.is_available():
+            return nullcontext()
+        if self._torch_pool is None:
+            self._torch_pool = torch.cuda.MemPool()
+        return torch.cuda.use_mem_pool(self._torch_pool)
+
+    def _destroy_graph(self, graph_exec) -> None:
+        self.cudart.cudaGraphExecDestroy(graph_exec)
+
     def close(self) -> None:
+        if getattr(self, "graphs", None) is not None:
+            self.graphs.clear()
         for buffer in self._buffers.values():
             buffer.free()
         self._buffers = {}
