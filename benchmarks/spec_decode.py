@@ -16,12 +16,22 @@ import statistics
 import time
 from pathlib import Path
 
+# None of these is among the prompts the draft trainer uses (checked at start-up), nor close to one:
+# acceptance on the draft's own training prompts would flatter it.
 PROMPTS = [
-    "Explain how a bicycle works.", "Write a short story about a lighthouse keeper.",
-    "What are the benefits of drinking water?", "Describe the water cycle.",
-    "Give me a recipe for pancakes.", "Why do leaves change colour in autumn?",
-    "How does a computer store information?", "Tell me about the history of the printing press.",
+    "Explain how a refrigerator keeps food cold.", "Write a limerick about a forgetful wizard.",
+    "What should I pack for a weekend trip to the beach?", "Why do cats purr?",
+    "Describe a day in the life of a lighthouse keeper.", "Explain the rules of basketball.",
+    "What are good habits for a healthy morning routine?", "What is the best way to learn to juggle?",
 ]
+
+
+def check_unseen(prompts: list[str]) -> None:
+    from trt_llm.build.draft_prompts import MAX_PROMPTS, prompt_set
+
+    seen = set(prompt_set(MAX_PROMPTS)) & set(prompts)
+    if seen:
+        raise SystemExit(f"benchmark prompts the draft may have been trained on: {sorted(seen)}")
 
 
 def build(base: Path, draft: Path, work_dir: Path) -> Path:
@@ -59,6 +69,7 @@ def main() -> None:
     from trt_llm.runtime.runner import Runner
     from trt_llm.schemas.input_file import parse_input_dict
 
+    check_unseen(PROMPTS)
     engine_dir = EngineDir.open(build(args.base, args.draft, args.work_dir))
     spec = SpecConfig(args.draft_top_k, args.draft_steps, args.verify_tree_size)
     runners = {"vanilla": Runner(engine_dir, args.threads, spec_decode=False),

@@ -4,7 +4,8 @@
         [--epochs E] [--draft-vocab V] [--threads 2]
 
 Recipe (defaults in brackets):
- 1. Data: the built-in chat prompts below (the first N [all 210]), through the base tokenizer's chat
+ 1. Data: the built-in chat prompts of build/draft_prompts.py (the first N [the 210 hand-written
+    ones; up to 1,810 with templates crossed with topics]), through the base tokenizer's chat
     template, each continued greedily by transformers for up to T [96] tokens (stopping at end of
     sequence). One more forward per sequence collects the features (`hidden_states[i]` for the aux
     ids: the hidden states entering base layers 2, L//2, L-3), the base's own next-token choice
@@ -44,220 +45,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from trt_llm.build.draft_prompts import HANDWRITTEN, MAX_PROMPTS, prompt_set
 from trt_llm.build.eagle_draft import Eagle3Draft, count_parameters, default_aux_layer_ids, save_draft_eagle_format
 
-PROMPTS = [
-    "Write a short poem about the ocean.",
-    "Explain photosynthesis in simple terms.",
-    "What are three tips for staying productive while working from home?",
-    "Tell me a short story about a brave little mouse.",
-    "How does a rainbow form?",
-    "Give me a recipe for a quick vegetable soup.",
-    "What is the difference between weather and climate?",
-    "Describe the water cycle.",
-    "Write a haiku about autumn leaves.",
-    "Why is the sky blue?",
-    "List five fruits that are high in vitamin C.",
-    "Explain what a computer program is to a child.",
-    "What are the benefits of regular exercise?",
-    "Write a friendly email inviting a colleague to lunch.",
-    "How do plants grow from seeds?",
-    "Summarize the story of Cinderella.",
-    "What is the capital of Australia, and what is it known for?",
-    "Give me some ideas for a birthday party for a ten-year-old.",
-    "How do airplanes stay in the air?",
-    "Write a limerick about a cat who loves to sleep.",
-    "Explain the difference between a virus and a bacterium.",
-    "What should I pack for a weekend camping trip?",
-    "Describe a sunset over the mountains.",
-    "How can I improve my sleep?",
-    "What is machine learning?",
-    "Write a Python function that reverses a string.",
-    "Explain what a for loop does in programming.",
-    "How do I make a cup of green tea?",
-    "What causes the seasons on Earth?",
-    "Give three reasons why reading books is good for you.",
-    "Tell me about the history of the bicycle.",
-    "What is the Pythagorean theorem?",
-    "Write a short dialogue between a teacher and a student.",
-    "How do bees make honey?",
-    "What are some good habits for saving money?",
-    "Explain gravity to a five-year-old.",
-    "Describe your ideal weekend.",
-    "What is the difference between a noun and a verb?",
-    "Write a thank-you note to a friend who helped you move.",
-    "How does the internet work, in simple words?",
-    "What are the planets in our solar system?",
-    "Give me a workout plan for beginners.",
-    "Why do we need to drink water?",
-    "Write a story that starts with: The door creaked open.",
-    "What is a volcano and how does it erupt?",
-    "How do you make friends in a new city?",
-    "Explain the rules of chess briefly.",
-    "What are the main causes of air pollution?",
-    "Write a motivational message for someone starting a new job.",
-    "How does a refrigerator keep food cold?",
-    "What is the meaning of the word 'resilience'?",
-    "Describe the life cycle of a butterfly.",
-    "Give me five ideas for a healthy breakfast.",
-    "What is a good way to learn a new language?",
-    "Write a short fairy tale about a dragon and a princess.",
-    "Explain how a bank account works.",
-    "Why do leaves change color in the fall?",
-    "What are the benefits of learning to play a musical instrument?",
-    "How do I write a good cover letter?",
-    "Describe the city of Paris in a few sentences.",
-    "What is the difference between a lake and a sea?",
-    "Write a SQL query that selects all users older than 30.",
-    "Explain what DNA is.",
-    "How do I take care of a houseplant?",
-    "What are some fun things to do on a rainy day?",
-    "Tell me a joke about computers.",
-    "How does recycling help the environment?",
-    "What is the tallest mountain in the world?",
-    "Write a short speech for a school graduation.",
-    "Explain the difference between speed and velocity.",
-    "How do fish breathe underwater?",
-    "What is a healthy diet?",
-    "Describe how to ride a bicycle.",
-    "What is the history of the Olympic Games?",
-    "Give me tips for a job interview.",
-    "Write a poem about friendship.",
-    "How do magnets work?",
-    "What are the main parts of a cell?",
-    "Explain why the Moon has phases.",
-    "How can I reduce stress?",
-    "Write a product description for a reusable water bottle.",
-    "What is electricity?",
-    "Describe a busy market in the morning.",
-    "What are the benefits of walking every day?",
-    "Explain what an algorithm is with an example.",
-    "How do I bake chocolate chip cookies?",
-    "What is the largest animal on Earth?",
-    "Write a short mystery story set on a train.",
-    "What does a doctor do?",
-    "How does the heart pump blood?",
-    "Give me a list of ten common English verbs.",
-    "What is the importance of teamwork?",
-    "Explain how to plant a tree.",
-    "Why is it important to wear sunscreen?",
-    "Write a short review of a movie you like.",
-    "What is a black hole?",
-    "How do I organize my desk?",
-    "Describe the sounds of a forest at night.",
-    "What are renewable energy sources?",
-    "Write a letter to your future self.",
-    "How do trains work?",
-    "What is the difference between a city and a village?",
-    "Explain how to add two fractions.",
-    "What are good manners at the dinner table?",
-    "Write a short story about a robot who wants to paint.",
-    "How do clouds form?",
-    "What is the best way to study for an exam?",
-    "Describe the taste of a lemon.",
-    "What is a democracy?",
-    "Write a JavaScript function that adds two numbers.",
-    "What is the difference between a hurricane and a tornado?",
-    "Write a short bedtime story about a sleepy bear.",
-    "Explain how vaccines work.",
-    "Give me five tips for writing clear emails.",
-    "What is the role of the kidneys in the human body?",
-    "Describe a day in the life of a farmer.",
-    "How do solar panels produce electricity?",
-    "Write a haiku about the first snow of winter.",
-    "What are the main differences between cats and dogs as pets?",
-    "Explain what inflation means in economics.",
-    "How do I start running if I have never exercised before?",
-    "Write a short poem about the moon.",
-    "What is the purpose of a museum?",
-    "Describe how bread is made.",
-    "Give me a simple explanation of how a car engine works.",
-    "What are some tips for taking better photos with a phone?",
-    "Write a Python function that checks whether a number is prime.",
-    "Explain the difference between a list and a tuple in Python.",
-    "How does the stock market work?",
-    "What are the health benefits of eating vegetables?",
-    "Write a story about a lost key that opens a secret door.",
-    "Why do birds migrate?",
-    "Explain how a compass works.",
-    "What should I know before adopting a dog?",
-    "Describe the Great Wall of China.",
-    "How can I be more confident when speaking in public?",
-    "Write a short letter to a pen pal in another country.",
-    "What is the difference between an ocean and a river?",
-    "Explain what a noun phrase is, with examples.",
-    "How do earthquakes happen?",
-    "Give me a packing list for a beach holiday.",
-    "What is artificial intelligence used for today?",
-    "Write a poem about a city at night.",
-    "How do I cook rice on the stove?",
-    "Explain the basics of photosynthesis and respiration together.",
-    "What makes a good friend?",
-    "Describe the rules of football (soccer) in simple terms.",
-    "How does a library organize its books?",
-    "Write a short story about a girl who can talk to animals.",
-    "What are the stages of the water treatment process?",
-    "Explain what a computer's memory does.",
-    "How do I make a budget for a month?",
-    "What is the difference between a planet and a star?",
-    "Write instructions for making a paper airplane.",
-    "What are some ways to save energy at home?",
-    "Explain the difference between HTTP and HTTPS.",
-    "Describe the smell of rain.",
-    "How do penguins survive in the cold?",
-    "Write a short speech thanking a teacher.",
-    "What are the main food groups?",
-    "How does a microwave oven heat food?",
-    "Explain what a prime number is.",
-    "Write a tweet announcing a new coffee shop opening.",
-    "What is the history of the printing press?",
-    "How can students manage their time better?",
-    "Describe a peaceful garden.",
-    "What is the difference between renting and buying a house?",
-    "Explain how a bill becomes a law, in simple words.",
-    "Write a recipe for a fruit salad.",
-    "Why is sleep important for children?",
-    "How do submarines dive and surface?",
-    "What are the benefits of learning history?",
-    "Write a funny story about a dog who steals socks.",
-    "Explain what a spreadsheet is used for.",
-    "How do I prepare for a long flight?",
-    "What is the function of the lungs?",
-    "Describe the four seasons in a few sentences each.",
-    "Give me some tips for keeping a plant alive indoors.",
-    "Write a short poem about coffee.",
-    "What is climate change and why does it matter?",
-    "Explain the difference between a square and a rectangle.",
-    "How do people in different countries greet each other?",
-    "Write a review of a restaurant you enjoyed.",
-    "What is a healthy morning routine?",
-    "How do phones connect to the internet?",
-    "Explain what an ecosystem is.",
-    "Write a story about an astronaut on a lonely planet.",
-    "What are the main causes of traffic jams?",
-    "How can I learn to cook?",
-    "Describe the northern lights.",
-    "What is the difference between a fruit and a vegetable?",
-    "Explain what recursion means in programming.",
-    "Write a short note apologizing for being late.",
-    "How do hot air balloons fly?",
-    "What are the benefits of drinking tea?",
-    "Give me ideas for a science fair project.",
-    "What is the role of a firefighter?",
-    "Write a poem about a river.",
-    "How does composting work?",
-    "Explain the difference between weather forecasts and climate models.",
-    "Describe how to brush your teeth properly.",
-    "What are some tips for a first day at a new school?",
-    "Write a story about a baker who bakes magical bread.",
-    "How do glasses help people see better?",
-    "What is the water footprint of food?",
-    "Explain how to tie a shoelace.",
-    "What do bees do in winter?",
-    "Write a short advertisement for a bicycle.",
-    "How do I keep my computer safe from viruses?",
-    "What is the difference between a hobby and a job?",
-]
 
 LOSS_DECAY = 0.8  # step k of the training-time test weighs 0.8^k (EAGLE3)
 
@@ -544,7 +334,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m trt_llm.build.train_draft", description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, help="the base model: a local Hugging Face folder")
     parser.add_argument("--out", required=True, help="the draft folder to write (EAGLE authors' layout)")
-    parser.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many built-in prompts (<= {len(PROMPTS)})")
+    parser.add_argument("--prompts", type=int, default=len(HANDWRITTEN),
+                        help=f"how many built-in prompts (<= {MAX_PROMPTS}; beyond the {len(HANDWRITTEN)} hand-written ones, "
+                             "templates crossed with topics)")
     parser.add_argument("--gen-tokens", type=int, default=96, help="greedy tokens generated per prompt")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (capped at the base's)")
@@ -567,8 +359,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--freeze-head", action="store_true", help="keep the LM head and norm at the base's")
     parser.add_argument("--data-cache", help="a file keeping the generations and features between runs")
     args = parser.parse_args(argv)
-    if not 1 <= args.prompts <= len(PROMPTS):
-        parser.error(f"--prompts must be 1..{len(PROMPTS)}")
+    if not 1 <= args.prompts <= MAX_PROMPTS:
+        parser.error(f"--prompts must be 1..{MAX_PROMPTS}")
     if args.ttt_steps < 1 or args.epochs < 1 or args.gen_tokens < 1:
         parser.error("--ttt-steps, --epochs and --gen-tokens must be at least 1")
     return args
@@ -585,7 +377,7 @@ def main(argv=None) -> int:
     base = AutoModelForCausalLM.from_pretrained(args.base, dtype=torch.float32).eval()
     layers = base.config.num_hidden_layers
     aux_ids = default_aux_layer_ids(layers)
-    prompts = PROMPTS[:args.prompts]
+    prompts = prompt_set(args.prompts)
     log(f"base {args.base}: {layers} layers, hidden {base.config.hidden_size}, vocab {base.config.vocab_size}; "
         f"features = hidden states entering layers {aux_ids}")
 

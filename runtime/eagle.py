@@ -30,6 +30,7 @@ import torch
 
 from trt_llm.runtime.generate import Model, Sequence, append_token, prefill, record_step
 from trt_llm.runtime.sampler import Sampler
+from trt_llm.runtime.threads import leaves_cores_to_the_engine
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,7 @@ def _causal(lengths: np.ndarray, width: int) -> np.ndarray:
     return np.broadcast_to(mask, (len(lengths), width, width)).copy()
 
 
+@leaves_cores_to_the_engine
 def generate_eagle(model: Model, draft: Draft, sequences: list[Sequence], sampler: Sampler, spec: SpecConfig,
                    num_logprobs: int = 0, profiler=None, lora_inputs: dict | None = None,
                    stats: SpecStats | None = None) -> None:
@@ -234,7 +236,7 @@ def _draft_tree(draft: Draft, state: list[_Row], draft_cache, hidden_root: np.nd
     for i, r in enumerate(state):
         bias = sampler.params[active[i]].logit_bias
         logp, target_ids = _draft_log_probs(draft, r.root_draft_logits, bias)
-        best = np.argsort(-logp)[:k]
+        best = _top_k(logp, k)
         r.tree = [_Node(int(target_ids[j]), -1, 1, float(logp[j]), hidden_root[i]) for j in best]
         r.frontier = list(range(len(r.tree)))
     for _ in range(spec.draft_steps - 1):
@@ -256,24 +258,36 @@ def _draft_tree(draft: Draft, state: list[_Row], draft_cache, hidden_root: np.nd
                     ancestor = r.tree[ancestor].parent
             for n in range(len(r.tree), width):
                 mask[i, n, n] = True
+        # Logits only at the frontier: the rest of the tree was expanded already (the LM head is
+        # most of a one-layer draft's cost). Rows with a shorter frontier repeat their last node.
+        frontier_width = max(len(r.frontier) for r in state)
+        indices = np.array([r.frontier + r.frontier[-1:] * (frontier_width - len(r.frontier)) for r in state],
+                           dtype=np.int32)
         past = np.array([r.draft_committed for r in state], dtype=np.int32)
-        logits = np.empty((batch, width, len(draft.d2t)), dtype=np.float32)
+        logits = np.empty((batch, frontier_width, len(draft.d2t)), dtype=np.float32)
         hidden_out = np.empty((batch, width, draft.hidden_size), dtype=draft.embedding.dtype)
-        draft.engine.run(draft.embedding[tokens], positions, past, counts,
-                         np.broadcast_to(np.arange(width, dtype=np.int32), (batch, width)), draft_cache, logits,
+        draft.engine.run(draft.embedding[tokens], positions, past, counts, indices, draft_cache, logits,
                          None, {"hidden": hidden_in, "tree_mask": mask}, {"hidden_out": hidden_out})
         for i, r in enumerate(state):
             bias = sampler.params[active[i]].logit_bias
+            logp, target_ids = _draft_log_probs(draft, logits[i, :len(r.frontier)], bias)
             candidates = []
-            for n in r.frontier:
-                logp, target_ids = _draft_log_probs(draft, logits[i, n], bias)
-                for j in np.argsort(-logp)[:k]:
-                    candidates.append((r.tree[n].score + float(logp[j]), n, int(target_ids[j])))
+            for slot, n in enumerate(r.frontier):
+                for j in _top_k(logp[slot], k):
+                    candidates.append((r.tree[n].score + float(logp[slot, j]), n, int(target_ids[j])))
             candidates.sort(key=lambda c: -c[0])
             start = len(r.tree)
             for score, parent, token in candidates[:k]:
                 r.tree.append(_Node(token, parent, r.tree[parent].depth + 1, score, hidden_out[i, parent].copy()))
             r.frontier = list(range(start, len(r.tree)))
+
+
+def _top_k(values: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest values, largest first (argpartition: no full sort of the vocabulary)."""
+    if k >= len(values):
+        return np.argsort(-values, kind="stable")
+    best = np.argpartition(-values, k - 1)[:k]
+    return best[np.argsort(-values[best], kind="stable")]
 
 
 def _select(r: _Row, size: int) -> list[int]:

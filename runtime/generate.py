@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from trt_llm.runtime.sampler import Sampler, log_softmax_topn, token_logprob
+from trt_llm.runtime.threads import leaves_cores_to_the_engine
 
 END_OF_SEQUENCE = "end-of-sequence"
 MAX_LENGTH = "max-length"
@@ -62,6 +63,7 @@ class Model:
         return self.engine.new_cache(batch, capacity)
 
 
+@leaves_cores_to_the_engine
 def generate(model: Model, sequences: list[Sequence], sampler: Sampler, num_logprobs: int = 0,
              profiler=None, lora_inputs: dict[str, np.ndarray] | None = None) -> None:
     """Run `sequences` (one batch) to completion, filling in `generated` and `finish_reason`.

@@ -1,0 +1,38 @@
+"""Keep torch's and numpy's thread pools out of ONNX Runtime's way while a batch decodes.
+
+ONNX Runtime's intra-op threads spin for a while after each run, waiting for the next one. A
+multi-threaded BLAS call (numpy's OpenBLAS) or torch op issued in that window competes with them
+for the same cores: on 2 cores one [3, 1728] x [1728, 576] matmul right after a run was measured at
+60-80 ms instead of 0.5 ms. The arrays the decoding loop handles itself are small, so one thread is
+all they need.
+"""
+
+from __future__ import annotations
+
+import functools
+from contextlib import contextmanager
+
+import torch
+from threadpoolctl import threadpool_limits
+
+
+@contextmanager
+def single_threaded_host_math():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(limits=1, user_api="blas"):
+            yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def leaves_cores_to_the_engine(function):
+    """Decorator: run `function` under single_threaded_host_math."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        with single_threaded_host_math():
+            return function(*args, **kwargs)
+
+    return wrapper
