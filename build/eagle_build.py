@@ -46,9 +46,9 @@ def export_eagle_draft(draft, checkpoint: Checkpoint, config, directory: Path, d
     return export_draft(graph, d.hidden_size, d.kv_heads, d.head_dim, directory / "model.onnx", dtype)
 
 
-def manifest_entries(draft, config, engine_name: str) -> tuple[dict, dict]:
-    """(components["draft"], model["eagle"]) of the manifest."""
-    component = {"graph": "draft/model.onnx", "engine": f"draft/{engine_name}", "tensors": "draft/tensors.safetensors",
+def manifest_entries(draft, config) -> tuple[dict, dict]:
+    """(components["draft"], model["eagle"]) of the manifest (the compile stage adds the engine)."""
+    component = {"graph": "draft/model.onnx", "tensors": "draft/tensors.safetensors",
                  "max_draft_tree_size": config.draft.max_draft_tree_size,
                  "max_verify_tree_size": config.draft.max_verify_tree_size,
                  "draft_vocab_size": int(draft.d2t.numel()), "source_format": draft.source_format}

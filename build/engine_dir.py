@@ -1,9 +1,15 @@
-"""Write the engine directory's non-graph parts: manifest, embedding table, tokenizer, configs.
+"""The engine directory and the portable bundle: their layout and manifest, written and read.
 
     ENGINE_DIR/
-      manifest.json         format version, backend, build config, model dims, components, tool versions
+      manifest.json         kind "engine", format version, backend, build config, model dims,
+                            components, limits, tool versions
       llm/                  model.onnx (+ .data), the backend's engine, config.json, embedding.safetensors
+      draft/                EAGLE3 draft: model.onnx (+ .data), its engine, tensors.safetensors
       tokenizer/            tokenizer files, chat template, generation_config.json
+
+A bundle (`trt-llm-build --export-only`) is the same folder before compilation: kind "bundle",
+backend null, no engine files. `trt-llm-compile` turns it into an engine directory on the device,
+so this module imports neither transformers nor the checkpoint loaders.
 """
 
 from __future__ import annotations
@@ -12,17 +18,20 @@ import json
 from importlib import metadata
 from pathlib import Path
 
-from safetensors.torch import save_file
-
-from trt_llm.build.checkpoint import Checkpoint, eos_token_ids
-
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+BUNDLE, ENGINE = "bundle", "engine"
+TOOLS = ("trt-llm", "torch", "transformers", "onnx", "onnxscript", "onnxruntime")
+
+
+class BundleError(ValueError):
+    """A folder that is not a usable bundle; the message says what is wrong and what to do."""
 
 
 def tool_versions() -> dict[str, str]:
+    """Versions of the installed tools (read from package metadata, nothing is imported)."""
     versions = {}
-    for package in ("trt-llm", "torch", "transformers", "onnx", "onnxscript", "onnxruntime"):
+    for package in TOOLS:
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
@@ -30,41 +39,45 @@ def tool_versions() -> dict[str, str]:
     return versions
 
 
-def write_tokenizer(checkpoint: Checkpoint, directory: Path) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    checkpoint.tokenizer.save_pretrained(directory)
-    checkpoint.generation_config.to_json_file(directory / "generation_config.json")
+def write_manifest(directory: Path, manifest: dict) -> dict:
+    (Path(directory) / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
 
 
-def write_embedding(checkpoint: Checkpoint, path: Path, dtype) -> None:
-    # The runtime does the embedding lookup itself (so image/audio rows can be inserted later).
-    table = checkpoint.model.get_input_embeddings().weight.detach().to(dtype).contiguous()
-    save_file({"embedding": table}, str(path))
-
-
-def write_manifest(engine_dir: Path, *, build_config: dict, checkpoint: Checkpoint, dims: dict,
-                   components: dict, lora_layout: dict | None = None, eagle: dict | None = None) -> dict:
-    manifest = {
-        "format_version": FORMAT_VERSION,
-        "backend": build_config["backend"],
-        "build_config": build_config,
-        "model": {
-            "source": checkpoint.source,
-            "family": checkpoint.family.name,
-            "architecture": (checkpoint.model.config.architectures or [None])[0],
-            "dtype": build_config["dtype"],
-            "dims": dims,
-            "eos_token_ids": eos_token_ids(checkpoint),
-            "eagle": eagle,
-        },
-        "limits": {
-            "max_batch_size": build_config["max_batch_size"],
-            "max_input_len": build_config["max_input_len"],
-            "max_kv_cache_capacity": build_config["max_kv_cache_capacity"],
-        },
-        "components": components,
-        "lora": lora_layout,
-        "tool_versions": tool_versions(),
-    }
-    (engine_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+def read_bundle(directory: str | Path) -> dict:
+    """The manifest of the bundle in `directory`, after checking it is one and its files are there."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not directory.is_dir():
+        raise BundleError(f"bundle {str(directory)!r}: no such directory")
+    if not path.is_file():
+        raise BundleError(f"bundle {str(directory)!r}: no {MANIFEST} (write one with trt-llm-build CONFIG --export-only)")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise BundleError(f"{path}: unreadable manifest: {error}") from None
+    if not isinstance(manifest, dict):
+        raise BundleError(f"{path}: unreadable manifest: not a JSON object")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise BundleError(f"{path}: format version {manifest.get('format_version')!r}, this version reads "
+                          f"{FORMAT_VERSION}; export the bundle again with this version of trt-llm-build")
+    kind = manifest.get("kind", ENGINE)
+    if kind != BUNDLE:
+        raise BundleError(f"{directory}: an engine directory already compiled for {manifest.get('backend')!r}, not a "
+                          "bundle; trt-llm-compile takes the folder that trt-llm-build --export-only writes")
+    for key in ("build_config", "model", "limits", "components"):
+        if not isinstance(manifest.get(key), dict):
+            raise BundleError(f"{path}: manifest has no {key!r} section")
+    components = manifest["components"]
+    files = [(name, key, value) for name, entry in components.items() if isinstance(entry, dict)
+             for key, value in entry.items() if key in ("graph", "embedding", "config", "tensors", "dir")]
+    for name in ("llm", "tokenizer"):
+        if name not in components:
+            raise BundleError(f"{path}: manifest lists no {name!r} component")
+    for name, key, relative in files:
+        target = directory / relative
+        if not (target.is_dir() if key == "dir" else target.is_file()):
+            raise BundleError(f"{directory}: missing {relative} ({name} {key}); the bundle is incomplete")
+        if key == "graph" and not target.with_name(target.name + ".data").is_file():
+            raise BundleError(f"{directory}: missing {relative}.data ({name} weights); the bundle is incomplete")
     return manifest

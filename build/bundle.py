@@ -1,0 +1,100 @@
+"""The export stage: checkpoint -> portable bundle (ONNX graphs, embedding, configs, tokenizer).
+
+This is where the training stack lives (transformers, the checkpoint loaders, our torch forward
+pass). The bundle it writes is everything the compile stage needs, so `trt-llm-compile` runs on a
+device that has none of it; `trt-llm-build` runs this stage and the compile stage in one go.
+
+What the graph fixes at export is recorded in the manifest and cannot change at compile: the
+dtype, the KV cache capacity (the rotary tables' length), the LoRA inputs and the EAGLE draft.
+max_batch_size, max_input_len and rtx_compute_capability are only the compile's defaults.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trt_llm.build.engine_dir import BUNDLE, FORMAT_VERSION, tool_versions, write_manifest
+from trt_llm.build.progress import Steps
+from trt_llm.schemas.build_config import BuildConfig
+
+
+def write_tokenizer(checkpoint, directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    checkpoint.tokenizer.save_pretrained(directory)
+    checkpoint.generation_config.to_json_file(directory / "generation_config.json")
+
+
+def write_embedding(checkpoint, path: Path, dtype) -> None:
+    # The runtime does the embedding lookup itself (so image/audio rows can be inserted later).
+    from safetensors.torch import save_file
+
+    table = checkpoint.model.get_input_embeddings().weight.detach().to(dtype).contiguous()
+    save_file({"embedding": table}, str(path))
+
+
+def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
+    """Write the bundle of `config` into the empty folder `directory`; returns its manifest.
+
+    Three steps of `steps`: loading, writing tokenizer and embedding, exporting."""
+    from trt_llm.build import lora
+    from trt_llm.build.checkpoint import TORCH_DTYPES, eos_token_ids, load_checkpoint
+    from trt_llm.build.decoder import DecoderGraph, ModelDims
+    from trt_llm.build.eagle_build import export_eagle_draft, load_eagle_draft, manifest_entries
+    from trt_llm.build.export import export_decoder
+
+    dtype = TORCH_DTYPES[config.dtype]
+    (directory / "llm").mkdir(parents=True, exist_ok=True)
+    with steps.step("loading checkpoint"):
+        checkpoint = load_checkpoint(config.model, config.dtype, config.trust_remote_code)
+
+    with steps.step("writing tokenizer and embedding"):
+        write_tokenizer(checkpoint, directory / "tokenizer")
+        write_embedding(checkpoint, directory / "llm" / "embedding.safetensors", dtype)
+        checkpoint.model.config.to_json_file(directory / "llm" / "config.json")
+
+    with steps.step("exporting to ONNX"):
+        hf_config = checkpoint.model.config
+        lora_layout = None
+        if config.lora:
+            lora_layout = lora.layout(ModelDims(hf_config), hf_config.intermediate_size,
+                                      config.lora.max_rank, config.lora.target_modules)
+        draft = load_eagle_draft(config, checkpoint) if config.draft else None
+        graph = DecoderGraph(checkpoint.model, checkpoint.family, config.max_kv_cache_capacity, dtype,
+                             [g["name"] for g in lora_layout["groups"]] if lora_layout else [],
+                             feature_layers=draft.aux_layer_ids if draft is not None else None)
+        dims = graph.dims.to_dict()
+        export_decoder(graph, directory / "llm" / "model.onnx", dtype, lora_layout)
+        del graph
+        components = {"llm": {"graph": "llm/model.onnx", "embedding": "llm/embedding.safetensors",
+                              "config": "llm/config.json"},
+                      "tokenizer": {"dir": "tokenizer"}}
+        eagle = None
+        if draft is not None:
+            export_eagle_draft(draft, checkpoint, config, directory / "draft", dtype)
+            components["draft"], eagle = manifest_entries(draft, config)
+
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "kind": BUNDLE,
+        "backend": None,
+        # The export's config; the compile fills in the backend and its own choices.
+        "build_config": {**config.model_dump(), "backend": None},
+        "model": {
+            "source": checkpoint.source,
+            "family": checkpoint.family.name,
+            "architecture": (hf_config.architectures or [None])[0],
+            "dtype": config.dtype,
+            "dims": dims,
+            "eos_token_ids": eos_token_ids(checkpoint),
+            "eagle": eagle,
+        },
+        "limits": {
+            "max_batch_size": config.max_batch_size,
+            "max_input_len": config.max_input_len,
+            "max_kv_cache_capacity": config.max_kv_cache_capacity,
+        },
+        "components": components,
+        "lora": lora_layout,
+        "tool_versions": tool_versions(),
+    }
+    return write_manifest(directory, manifest)

@@ -1,0 +1,167 @@
+"""The compile stage: a portable bundle -> an engine directory for one backend.
+
+It runs on the device, so it imports neither transformers nor the checkpoint loaders, our torch
+forward pass or the exporter (build/checkpoint.py, decoder.py, export.py). `trt-llm-build` runs
+the export stage and then this same code on the folder it just exported; `trt-llm-compile` runs it
+on a copy of a bundle. Either way the engine directory is the same.
+
+The graph fixed the dtype, the KV cache capacity, LoRA and the draft at export; the compile
+chooses the backend, max_batch_size, max_input_len (at most the capacity) and, for TensorRT-RTX,
+rtx_compute_capability. Each is checked before any work, with a message that names the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from trt_llm.build.engine_dir import ENGINE, read_bundle, tool_versions, write_manifest
+from trt_llm.build.progress import Steps
+from trt_llm.build.staging import copy_tree, staged
+from trt_llm.schemas.build_config import MAX_BATCH_SIZE, BuildConfig, ConfigError, parse_build_config
+
+# TensorRT: the graph is exported in this dtype and built strongly typed, so it is the precision.
+SUPPORTED_DTYPES = {"cpu": ("fp32", "fp16"), "tensorrt": ("fp32", "fp16", "bf16"),
+                    "tensorrt-rtx": ("fp32", "fp16", "bf16")}
+TENSORRT_BACKENDS = ("tensorrt", "tensorrt-rtx")
+
+
+class BuildError(RuntimeError):
+    """The build or compile cannot go on; one line that names the key and the allowed values."""
+
+
+@dataclass
+class CompileOptions:
+    """The compile's choices; None keeps the bundle's (the export config's) value."""
+    backend: str = "cpu"
+    max_batch_size: int | None = None
+    max_input_len: int | None = None
+    rtx_compute_capability: str | None = None
+
+
+def check_backend(config: BuildConfig, exported: bool = False) -> None:
+    """Refuse a backend that cannot compile what the config (or the bundle, when `exported`) holds."""
+    if config.backend not in SUPPORTED_DTYPES:
+        raise BuildError(f"backend: {config.backend!r} engines cannot be built by this version yet; "
+                         f"available: {', '.join(SUPPORTED_DTYPES)}")
+    if config.dtype not in SUPPORTED_DTYPES[config.backend]:
+        fixed = f" (the bundle was exported in {config.dtype}; export it again in one of those)" if exported else ""
+        raise BuildError(f"dtype: {config.dtype!r} is not supported by the {config.backend} backend; "
+                         f"choose one of {', '.join(SUPPORTED_DTYPES[config.backend])}{fixed}")
+    if config.draft is not None and config.backend != "cpu":
+        raise BuildError(f"draft: EAGLE3 drafts are built for the cpu backend only in this version "
+                         f"(backend {config.backend!r})")
+
+
+def backend_version(config: BuildConfig) -> str | None:
+    """The TensorRT version that will build the plan (None for cpu); a missing TensorRT or an
+    unknown compute capability is a one-line error now, before minutes of work."""
+    if config.backend not in TENSORRT_BACKENDS:
+        return None
+    from trt_llm.runtime.trt_import import BackendUnavailable, import_tensorrt
+
+    try:
+        trt = import_tensorrt(config.backend)
+    except BackendUnavailable as error:
+        raise BuildError(str(error)) from None
+    if config.backend == "tensorrt-rtx":
+        from trt_llm.build.tensorrt_backend import TensorRTBuildError, compute_capability
+
+        try:
+            compute_capability(trt, config.rtx_compute_capability)
+        except TensorRTBuildError as error:
+            raise BuildError(str(error)) from None
+    return trt.__version__
+
+
+def _in_range(key: str, value, low: int, high: int, why: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise BuildError(f"{key}: {value!r} is outside [{low}, {high}]{why}")
+    return value
+
+
+def engine_config(manifest: dict, options: CompileOptions, output_dir: Path) -> BuildConfig:
+    """The engine's build config: the bundle's, with the compile's choices, all checked."""
+    exported, limits = manifest["build_config"], manifest["limits"]
+    capacity = limits["max_kv_cache_capacity"]
+    max_batch = _in_range("max_batch_size", options.max_batch_size if options.max_batch_size is not None
+                          else limits["max_batch_size"], 1, MAX_BATCH_SIZE)
+    max_input = _in_range("max_input_len", options.max_input_len if options.max_input_len is not None
+                          else limits["max_input_len"], 1, capacity,
+                          " (the bundle's max_kv_cache_capacity, fixed at export: the cache must hold a prompt)")
+    if options.rtx_compute_capability is not None and options.backend != "tensorrt-rtx":
+        raise BuildError(f"rtx_compute_capability: only the tensorrt-rtx backend builds for a compute capability "
+                         f"(backend {options.backend!r})")
+    data = {**exported, "backend": options.backend, "output_dir": str(output_dir), "max_batch_size": max_batch,
+            "max_input_len": max_input}
+    if options.rtx_compute_capability is not None:
+        data["rtx_compute_capability"] = options.rtx_compute_capability
+    try:
+        config = parse_build_config(data, "compile")
+    except ConfigError as error:
+        raise BuildError(" ".join(str(error).split())) from None
+    check_backend(config, exported=True)
+    return config
+
+
+def compile_in_place(directory: Path, manifest: dict, config: BuildConfig, steps: Steps,
+                     tensorrt_version: str | None) -> dict:
+    """Compile the bundle in `directory` for `config.backend` and rewrite its manifest as an
+    engine directory's; returns the new manifest. One step of `steps`."""
+    components = {name: dict(entry) for name, entry in manifest["components"].items()}
+    with steps.step(f"compiling for {config.backend}"):
+        graph = directory / components["llm"]["graph"]
+        engines = {}
+        if config.backend in TENSORRT_BACKENDS:
+            from trt_llm.build.tensorrt_backend import TensorRTBuildError, compile_tensorrt
+
+            try:
+                engines["llm"] = compile_tensorrt(graph, graph.parent, config, rtx=config.backend == "tensorrt-rtx",
+                                                  report=lambda phase: steps.report(f"compiling: {phase}"))
+            except TensorRTBuildError as error:
+                raise BuildError(str(error)) from None
+        else:
+            from trt_llm.build.cpu_backend import compile_cpu
+
+            for name in ("llm", "draft"):
+                if name in components:
+                    engines[name] = compile_cpu(directory / components[name]["graph"])
+        for name, path in engines.items():
+            entry = components[name]
+            components[name] = {"graph": entry["graph"], "engine": path.relative_to(directory).as_posix(),
+                                **{k: v for k, v in entry.items() if k != "graph"}}
+        if tensorrt_version is not None:
+            components["llm"]["tensorrt_version"] = tensorrt_version
+        engine_manifest = {
+            **manifest,
+            "kind": ENGINE,
+            "backend": config.backend,
+            "build_config": config.model_dump(),
+            "limits": {"max_batch_size": config.max_batch_size, "max_input_len": config.max_input_len,
+                       "max_kv_cache_capacity": config.max_kv_cache_capacity},
+            "components": components,
+            # The export's tools, updated with those installed here (transformers may be absent).
+            "tool_versions": {**manifest.get("tool_versions", {}), **tool_versions()},
+        }
+        return write_manifest(directory, engine_manifest)
+
+
+def compile_bundle(bundle_dir: str | Path, output_dir: str | Path, options: CompileOptions,
+                   progress: bool = True) -> Path:
+    """Compile the bundle in `bundle_dir` into the engine directory `output_dir`; returns its path."""
+    bundle, out = Path(bundle_dir).resolve(), Path(output_dir).resolve()
+    manifest = read_bundle(bundle)
+    if out == bundle or bundle in out.parents or out in bundle.parents:
+        raise BuildError(f"output: {str(out)!r} overlaps the bundle {str(bundle)!r}; write the engine directory "
+                         "elsewhere (the bundle stays as it is)")
+    config = engine_config(manifest, options, out)
+    tensorrt_version = backend_version(config)
+    steps = Steps(2, "compile", progress)
+    try:
+        with staged(out) as staging:
+            with steps.step("copying the bundle"):
+                copy_tree(bundle, staging)
+            compile_in_place(staging, manifest, config, steps, tensorrt_version)
+    finally:
+        steps.close()
+    return out
