@@ -1,0 +1,164 @@
+"""Measuring tools: thread pinning, read bandwidth, weight bytes, other processes' CPU, timed builds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CLEAN_LOAD = 0.3  # cores used by other processes below which a timed run counts as undisturbed
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def pin_threads(threads: int) -> None:
+    """Before torch / numpy are imported: their OpenMP / MKL / OpenBLAS pools read these once."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+
+def read_bandwidth(threads: int, mbytes: int = 512, repeats: int = 7) -> dict:
+    """Read bandwidth in bytes/s over `mbytes` of fp32 (about one model's weights, beyond the caches),
+    best of `repeats`, three ways: torch x.sum(), torch matrix-vector (x @ v) and numpy/BLAS
+    vector-matrix (v @ x, the decode step's GEMV). The limit uses the fastest: a kernel that only
+    sums can be slower than the memory system."""
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(threads)
+    x = torch.ones(max(1, mbytes * 2**20 // 4 // 576), 576, dtype=torch.float32)
+    v = torch.ones(576, dtype=torch.float32)
+    xn = x.numpy().reshape(576, -1)  # same memory, BLAS sgemv streams it row by row
+    vn = np.ones((1, 576), dtype=np.float32)
+    out = {}
+    for name, fn in (("torch_sum", x.sum), ("torch_gemv", lambda: torch.mv(x, v)),
+                     ("numpy_gemv", lambda: vn @ xn)):
+        fn()
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t)
+        out[name] = x.numel() * 4 / best
+    del x, xn
+    return out
+
+
+def onnx_weight_bytes(path: Path) -> int:
+    """Bytes of all initializers of an ONNX graph = weights streamed per decode step."""
+    import numpy as np
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    total = 0
+    for init in model.graph.initializer:
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize
+        total += int(np.prod(init.dims, dtype=np.int64)) * itemsize
+    return total
+
+
+def checkpoint_weight_bytes(model_dir: Path) -> int:
+    """An HF checkpoint's tensors in fp32 (a tied LM head counted once)."""
+    import numpy as np
+    from safetensors import safe_open
+
+    total = 0
+    for file in Path(model_dir).glob("*.safetensors"):
+        with safe_open(str(file), "np") as f:
+            for key in f.keys():
+                total += int(np.prod(f.get_slice(key).get_shape(), dtype=np.int64)) * 4
+    return total
+
+
+def gguf_weight_bytes(path: Path) -> int:
+    """Bytes of a GGUF file's tensor data (quantized blocks as stored)."""
+    from gguf import GGUFReader
+
+    return sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors)
+
+
+def run_timed(cmd: list[str], log_path: Path, env: dict | None = None) -> dict:
+    """Run a build command to the end: wall seconds, its own peak RSS (MB) and exit status; its output
+    goes to log_path. It starts from a small launcher (rusage_run.py): see there why."""
+    import json
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    result = log_path.with_suffix(".rusage.json")
+    result.unlink(missing_ok=True)
+    launcher = Path(__file__).with_name("rusage_run.py")
+    with open(log_path, "w") as out:
+        done = subprocess.run([sys.executable, str(launcher), str(result), *cmd], stdout=out,
+                              stderr=subprocess.STDOUT, env=env)
+    if not result.is_file():
+        return {"seconds": None, "peak_rss_mb": None, "returncode": done.returncode or 1}
+    return json.loads(result.read_text())
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS since it started (VmHWM: unlike ru_maxrss, not inherited across exec)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class LoadMeter:
+    """CPU used by other processes (in cores) while we run: the machine is shared, and a busy
+    neighbour on 2 cores ruins a 2-thread run (most of all torch's OpenMP barriers). Our own
+    process and its children (the engine workers) are not "other"."""
+
+    def __init__(self):
+        try:
+            import psutil
+        except ImportError:
+            psutil = None
+        self.psutil = psutil
+        self.me = psutil.Process() if psutil else None
+
+    def _ours(self) -> float:
+        total = 0.0
+        for proc in [self.me, *self.me.children(recursive=True)]:
+            try:
+                t = proc.cpu_times()
+            except self.psutil.Error:
+                continue
+            total += t.user + t.system
+        return total
+
+    def snapshot(self):
+        if self.psutil is None:
+            return None
+        t = self.psutil.cpu_times()
+        busy = sum(t) - t.idle - getattr(t, "iowait", 0.0)
+        return time.perf_counter(), busy, self._ours()
+
+    def other_cores(self, before, after) -> float | None:
+        if before is None or after is None:
+            return None
+        wall = after[0] - before[0]
+        return max(0.0, ((after[1] - before[1]) - (after[2] - before[2])) / wall) if wall > 0 else None
+
+    def wait_idle(self, max_wait: float, threshold: float = CLEAN_LOAD) -> float | None:
+        """Wait (up to max_wait s) until other processes use < threshold cores; returns the last load."""
+        if self.psutil is None or max_wait <= 0:
+            return None
+        deadline = time.perf_counter() + max_wait
+        while True:
+            before = self.snapshot()
+            time.sleep(0.5)
+            load = self.other_cores(before, self.snapshot())
+            if load < threshold or time.perf_counter() >= deadline:
+                return load

@@ -1,0 +1,24 @@
+"""The engines, one module each. Every module has:
+
+    NAME          the engine's name in the report
+    BATCHED       whether it runs more than one sequence per call (if not, BATCH_NOTE says why)
+    missing(ctx)  None, or why it cannot run here (then it is skipped with that note)
+    prepare(ctx)  -> artifacts.Artifact: builds (or finds) what the runner loads
+    Runner(path, threads, capacity).run(prompts, n) -> {ttft_s, decode_s, tokens}
+
+Runner.run gets token ids (one list per row, all the same length) and must generate exactly n tokens per
+row, greedy, without stopping at an end-of-sequence token, and report: ttft_s = from the call until the
+first token is chosen (prefill included), decode_s = from the first token to the last.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# CLI key -> module name; the order is the report's order.
+ENGINES = {"ours": "ours", "transformers": "hf", "genai": "genai", "llamacpp": "llamacpp",
+           "llamacpp-q4": "llamacpp_q4"}
+
+
+def load(key: str):
+    return importlib.import_module(f"{__name__}.{ENGINES[key]}")

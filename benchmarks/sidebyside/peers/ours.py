@@ -1,0 +1,77 @@
+"""trt-llm: our engine directory (cpu backend, fp32), built with `trt-llm-build`, run through the real
+runtime (runtime/generate.py: Model, prefill and the decode loop, greedy Sampler)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from ..artifacts import Artifact, Context, cached_build, source_hash
+from ..measure import run_timed
+
+NAME = "trt-llm"
+BATCHED = True
+
+
+def missing(ctx: Context) -> str | None:
+    return None
+
+
+def build_command() -> list[str]:
+    """The console script beside this interpreter, else the same entry point through -m."""
+    script = Path(sys.executable).with_name("trt-llm-build")
+    if script.is_file():
+        return [str(script)]
+    found = shutil.which("trt-llm-build")
+    return [found] if found else [sys.executable, "-m", "trt_llm.build.cli"]
+
+
+def prepare(ctx: Context) -> Artifact:
+    import yaml
+
+    import trt_llm.build
+    import trt_llm.plugins
+    import trt_llm.schemas
+
+    out = ctx.work_dir / "trt-llm-engine"
+    config = {"model": str(ctx.hf_dir), "output_dir": str(out), "backend": "cpu", "dtype": "fp32",
+              "max_batch_size": ctx.max_batch, "max_input_len": ctx.max_input,
+              "max_kv_cache_capacity": ctx.capacity}
+    builder = source_hash(*(Path(p.__file__).parent for p in (trt_llm.build, trt_llm.plugins, trt_llm.schemas)))
+    config_path = ctx.work_dir / "trt-llm-build.yaml"
+
+    def build():
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return run_timed([*build_command(), str(config_path), "--quiet"], ctx.work_dir / "trt-llm-engine.log")
+
+    info = cached_build(ctx, "trt-llm-engine", out, {"config": config, "builder": builder}, build,
+                        "trt-llm-build (cpu backend, fp32)")
+    return Artifact(path=out, precision="fp32", build=info)
+
+
+class Runner:
+    def __init__(self, path: Path, threads: int, capacity: int):
+        from safetensors.numpy import load_file
+
+        from trt_llm.runtime.engine_dir import EngineDir
+        from trt_llm.runtime.generate import Model
+        from trt_llm.runtime.ort_engine import OrtEngine
+
+        ed = EngineDir.open(path)
+        dims = ed.dims
+        embedding = load_file(str(ed.component_path("llm", "embedding")))["embedding"]
+        engine = OrtEngine(ed.component_path("llm", "engine"), dims["num_layers"], threads)
+        self.model = Model(engine, embedding, dims, [])  # no EOS: every row makes exactly n tokens
+
+    def run(self, prompts: list[list[int]], n: int) -> dict:
+        from trt_llm.runtime.generate import Sequence, generate
+        from trt_llm.runtime.sampler import Sampler, SamplingParams
+
+        t0 = time.perf_counter()
+        sequences = [Sequence(list(p), n) for p in prompts]
+        generate(self.model, sequences, Sampler([SamplingParams(temperature=0.0)] * len(prompts)))
+        end = time.perf_counter()
+        first = max(s.first_token_time for s in sequences)
+        return dict(ttft_s=first - t0, decode_s=end - first, tokens=[s.generated for s in sequences])

@@ -1,0 +1,140 @@
+"""benchmarks/decode_speed.py runs end to end in its smoke mode and writes reports of the expected shape.
+
+No timing is asserted: the smoke mode runs a tiny random Llama for a few tokens, one round, and skips the
+peers that are not installed. Also: the HF -> F32 GGUF conversion that llama.cpp reads.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "benchmarks"
+LENGTHS, BATCHES = [24, 40], [1, 2]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    # The builds (tiny model, our engine, GenAI's, the GGUF) are cached in the tests' cache like the
+    # SmolLM2 conversion: about 20 s then, 40 s the first time or after a change to the builder.
+    cache = Path(os.environ.get("TRT_LLM_TEST_CACHE", "~/.cache/trt-llm-tests")).expanduser() / "bench-smoke"
+    out = tmp_path_factory.mktemp("bench-out")
+    cmd = [sys.executable, str(BENCH / "decode_speed.py"), "--smoke", "--threads", "1", "--work-dir", str(cache),
+           "--out-dir", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return json.loads((out / "decode_speed.json").read_text()), (out / "decode_speed.md").read_text(), out, done
+
+
+def test_json_report(smoke):
+    report, _, out, _ = smoke
+    for key in ("model", "threads", "new_tokens", "rounds", "prompt_lengths", "batch_sizes", "cpu", "versions",
+                "bandwidth", "engines", "results", "ratios", "engine_ratios", "targets", "token_check", "notes",
+                "warnings", "total_s", "files"):
+        assert key in report, key
+    assert report["smoke"] and report["prompt_lengths"] == LENGTHS and report["batch_sizes"] == BATCHES
+    bw = report["bandwidth"]
+    assert bw["read_bytes_s"] > 0 and bw["weight_bytes_per_step"]["fp32"] > 0 and bw["limit_steps_s"]["fp32"] > 0
+
+    engines = report["engines"]
+    assert list(engines)[:3] == ["trt-llm", "transformers", "ort-genai"] or "skipped" in engines.get("ort-genai", {})
+    ours = engines["trt-llm"]
+    assert ours["precision"] == "fp32" and ours["build"]["seconds"] > 0 and ours["build"]["peak_rss_mb"] > 0
+    ran = [name for name, e in engines.items() if "skipped" not in e]
+    assert {"trt-llm", "transformers"} <= set(ran)
+    for name, e in engines.items():
+        if name in ran:
+            assert e["peak_rss_mb"] >= e["loaded_rss_mb"] > 0, name
+        else:
+            assert isinstance(e["skipped"], str) and e["skipped"], name
+
+    rows = {(r["engine"], r["prompt_len"], r["batch"]): r for r in report["results"]}
+    for name in ran:
+        for length in LENGTHS:
+            for b in BATCHES:
+                row = rows[(name, length, b)]
+                if row["status"] == "n/a":  # llama.cpp's binding: one sequence at a time
+                    assert b > 1 and not engines[name]["batched"] and row["reason"]
+                    continue
+                assert row["status"] == "ok"
+                assert row["decode_tok_s_best"] >= row["decode_tok_s_median"] > 0
+                assert 0 < row["ttft_ms_best"] <= row["ttft_ms_median"]
+                assert row["bandwidth_limit_tok_s"] > 0 and row["gap_to_limit"] > 0 and len(row["runs"]) == 1
+
+    ratios = {(x["peer"], x["prompt_len"], x["batch"]): x for x in report["ratios"]}
+    assert set(ratios) == {(n, length, b) for n in ran if n != "trt-llm" for length in LENGTHS for b in BATCHES}
+    for x in ratios.values():
+        assert x["status"] == "n/a" or (x["decode_speedup"] > 0 and x["ttft_speedup"] > 0)
+    assert {x["peer"] for x in report["engine_ratios"]} == set(engines) - {"trt-llm"}
+
+    checks = {(c["engine"], c["prompt_len"], c["batch"]): c for c in report["token_check"]}
+    assert set(checks) == {key for key, row in rows.items() if key[0] != "trt-llm" and row["status"] == "ok"}
+    for c in checks.values():
+        assert c["rows"] == c["batch"] and len(c["first_mismatch"]) == c["rows"]
+    # transformers is the project's oracle: same checkpoint, same precision, same greedy tokens.
+    for length in LENGTHS:
+        for b in BATCHES:
+            assert checks[("transformers", length, b)]["rows_matching"] == b
+
+    for path in report["files"].values():
+        assert Path(path).is_file(), path
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert {"decode_speed", "ttft", "memory_build"} <= set(report["files"])
+        assert (out / "decode_speed.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_markdown_report(smoke):
+    report, text, _, done = smoke
+    assert text in done.stdout  # the same Markdown is printed
+    for heading in ("### Decode speed and time to first token", "### trt-llm against each peer",
+                    "### Memory and build", "### Greedy tokens against trt-llm"):
+        assert heading in text
+    assert "**Bandwidth limit.**" in text and "gap to limit" in text
+    table = text.split("### Decode speed and time to first token")[1].split("\n\n")[1].splitlines()
+    assert len(table) == 2 + len(report["results"])  # header, rule, one line per result row (n/a included)
+    for name, e in report["engines"].items():
+        assert f"| {name} |" in text
+        if "skipped" in e:
+            assert "skipped" in text
+
+
+def test_gguf_conversion(tmp_path, tiny_model):
+    """The F32 GGUF holds the checkpoint's weights exactly, renamed, q/k in llama.cpp's rotary layout."""
+    pytest.importorskip("gguf")
+    from gguf import GGUFReader
+    from safetensors.numpy import load_file
+
+    sys.path.insert(0, str(BENCH))
+    from sidebyside.gguf_convert import convert
+
+    model = tiny_model("llama")
+    config = json.loads((model / "config.json").read_text())
+    path = convert(model, tmp_path / "tiny.gguf")
+    reader = GGUFReader(str(path))
+    tensors = {t.name: np.array(t.data) for t in reader.tensors}
+    layers, heads, kv_heads = config["num_hidden_layers"], config["num_attention_heads"], config["num_key_value_heads"]
+    # 9 per layer, embedding, final norm, untied LM head, Llama 3 rope factors.
+    assert len(tensors) == 9 * layers + 4 and "rope_freqs.weight" in tensors
+    assert all(t.tensor_type.name == "F32" for t in reader.tensors)
+    hf = load_file(str(model / "model.safetensors"))
+    np.testing.assert_array_equal(tensors["token_embd.weight"], hf["model.embed_tokens.weight"])
+    np.testing.assert_array_equal(tensors["output.weight"], hf["lm_head.weight"])
+    np.testing.assert_array_equal(tensors["blk.1.ffn_down.weight"], hf["model.layers.1.mlp.down_proj.weight"])
+
+    def unpermute(w, n):  # llama.cpp's pair layout back to HF's halves
+        return w.reshape(n, w.shape[0] // n // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    np.testing.assert_array_equal(unpermute(tensors["blk.0.attn_q.weight"], heads),
+                                  hf["model.layers.0.self_attn.q_proj.weight"])
+    np.testing.assert_array_equal(unpermute(tensors["blk.0.attn_k.weight"], kv_heads),
+                                  hf["model.layers.0.self_attn.k_proj.weight"])
+    fields = {f.name: f for f in reader.fields.values()}
+    assert fields["general.architecture"].contents() == "llama"
+    assert fields["llama.attention.head_count_kv"].contents() == kv_heads
+    assert len(fields["tokenizer.ggml.tokens"].contents()) == config["vocab_size"]
