@@ -50,7 +50,7 @@ MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TESTS_CACHE = Path.home() / ".cache" / "trt-llm-tests"
 ALL_ENGINES = ("ours", "transformers", "genai", "llamacpp", "llamacpp-q4")
-DEFAULT_ENGINES = "ours,transformers,genai,llamacpp"
+DEFAULT_ENGINES = "ours,transformers,genai,llamacpp,llamacpp-q4"
 
 
 def parse_args(argv=None):
