@@ -88,7 +88,7 @@ def load_draft_engine(engine_dir, threads: int, base_embedding: np.ndarray) -> D
     embedding = base_embedding
     if "embedding" in tensors:
         embedding = tensors["embedding"]
-    return Draft(open_engine(engine_dir, threads, "draft"), tensors["fc"], tensors["d2t"].astype(np.int64),
+    return Draft(open_engine(engine_dir, threads, "draft", spinning=False), tensors["fc"], tensors["d2t"].astype(np.int64),
                  embedding, int(tensors["fc"].shape[0]))
 
 

@@ -10,10 +10,15 @@ from trt_llm.runtime.kv_cache import KVCache
 
 
 class OrtEngine:
-    def __init__(self, engine_path: Path, num_layers: int, threads: int = 0):
+    def __init__(self, engine_path: Path, num_layers: int, threads: int = 0, spinning: bool = True):
+        """spinning: ONNX Runtime's idle threads spin for the next run (fast back-to-back runs). Turn it
+        off where two sessions alternate with host work in between (EAGLE's base and draft): the idle
+        pool's spinning threads then take the cores from the session that runs."""
         import onnxruntime as ort
 
         options = ort.SessionOptions()
+        if not spinning:
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3
         options.intra_op_num_threads = threads  # 0 = ONNX Runtime's choice (all physical cores)
         options.inter_op_num_threads = 1

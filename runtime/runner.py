@@ -59,8 +59,10 @@ class Runner:
         self.engine_dir = engine_dir
         dims = engine_dir.dims
         embedding = load_file(str(engine_dir.component_path("llm", "embedding")))["embedding"]
-        engine = open_engine(engine_dir, threads)
         eagle = engine_dir.manifest["model"].get("eagle") or {}
+        # Under speculation the base and the draft sessions alternate: neither may spin (measured on
+        # 2 cores: EAGLE3 0.53x -> 1.07x vanilla). Vanilla decoding keeps spinning (about 10% faster).
+        engine = open_engine(engine_dir, threads, spinning=not (eagle and spec_decode))
         self.model = Model(engine, embedding, dims, engine_dir.eos_token_ids,
                            engine_dir.limits["max_kv_cache_capacity"], eagle.get("feature_width", 0))
         self.draft = load_draft_engine(engine_dir, threads, embedding) if eagle and spec_decode else None
