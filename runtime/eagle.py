@@ -88,8 +88,8 @@ def load_draft_engine(engine_dir, threads: int, base_embedding: np.ndarray) -> D
     embedding = base_embedding
     if "embedding" in tensors:
         embedding = tensors["embedding"]
-    return Draft(open_engine(engine_dir, threads, "draft", spinning=False), tensors["fc"], tensors["d2t"].astype(np.int64),
-                 embedding, int(tensors["fc"].shape[0]))
+    engine = open_engine(engine_dir, threads, "draft", spinning=False)  # see Runner: base and draft alternate
+    return Draft(engine, tensors["fc"], tensors["d2t"].astype(np.int64), embedding, int(tensors["fc"].shape[0]))
 
 
 def check_spec(spec: SpecConfig, engine_dir) -> SpecConfig:
@@ -259,7 +259,7 @@ def _draft_tree(draft: Draft, state: list[_Row], draft_cache, hidden_root: np.nd
             for n in range(len(r.tree), width):
                 mask[i, n, n] = True
         # Logits only at the frontier: the rest of the tree was expanded already (the LM head is
-        # most of a one-layer draft's cost). Rows with a shorter frontier repeat their last node.
+        # about half of a one-layer draft's cost). Rows with a shorter frontier repeat their last node.
         frontier_width = max(len(r.frontier) for r in state)
         indices = np.array([r.frontier + r.frontier[-1:] * (frontier_width - len(r.frontier)) for r in state],
                            dtype=np.int32)
