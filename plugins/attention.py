@@ -89,6 +89,23 @@ _register_schemas()
 # Facet 1: the torch reference.
 
 
+
+def tree_mask_for(parents: list[int | None], width: int) -> tuple[Tensor, list[int]]:
+    """One row's tree_mask [width, width] for new tokens that form a tree (parents[i] is node i's
+    parent index, None for a root; parents come before children): a node sees itself and its
+    ancestors; rows past the tree stay empty. Also each node's depth (0 for a root), which puts it
+    at position past + depth."""
+    mask = torch.zeros(width, width, dtype=torch.bool)
+    depths = []
+    for node in range(len(parents)):
+        mask[node, node] = True
+        ancestor, depth = parents[node], 0
+        while ancestor is not None:
+            mask[node, ancestor] = True
+            ancestor, depth = parents[ancestor], depth + 1
+        depths.append(depth)
+    return mask, depths
+
 def rotate_half_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotary embedding in the non-interleaved ("rotate half") layout HF Llama/Qwen use.
 

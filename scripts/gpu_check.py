@@ -37,7 +37,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # assets.py: the offline tiny models
 
-from trt_llm.plugins.attention import attention, attention_kernel  # noqa: E402
+from trt_llm.plugins.attention import attention, attention_kernel, tree_mask_for  # noqa: E402
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 NO_CUDA = "no CUDA device"
@@ -96,13 +96,8 @@ def case_inputs(case: str, seed: int) -> tuple[list[torch.Tensor], torch.Tensor 
     mask = torch.zeros(batch, seq, seq, dtype=torch.bool)
     for row in range(batch):
         tree = TREE_PARENTS.get(row, [])
-        for node, parent in enumerate(tree):
-            depth, ancestor = 0, node
-            while ancestor is not None:
-                mask[row, node, ancestor] = True
-                ancestor = tree[ancestor]
-                depth += ancestor is not None
-            positions[row, node] = past[row] + depth
+        mask[row], depths = tree_mask_for(tree, seq)
+        positions[row, :len(tree)] = past[row] + torch.tensor(depths, dtype=torch.int32)
         for node in range(len(tree), seq):
             mask[row, node, node] = True  # padding sees itself only, as the runtime pads
     return inputs, mask

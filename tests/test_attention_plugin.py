@@ -157,13 +157,8 @@ def tree_case(seed=3):
     mask = torch.zeros(3, seq, seq, dtype=torch.bool)
     positions = inputs[5].clone()
     for row, tree in parents.items():
-        for node, parent in enumerate(tree):
-            depth, ancestor = 0, node
-            while ancestor is not None:
-                mask[row, node, ancestor] = True
-                ancestor = tree[ancestor]
-                depth += ancestor is not None
-            positions[row, node] = past[row] + depth
+        mask[row], depths = attention.tree_mask_for(tree, seq)
+        positions[row, :len(tree)] = past[row] + torch.tensor(depths, dtype=positions.dtype)
     return past, new, (*inputs[:5], positions, mask), parents
 
 
