@@ -51,6 +51,17 @@ def check_backend(config: BuildConfig, exported: bool = False) -> None:
     if config.draft is not None and config.backend != "cpu":
         raise BuildError(f"draft: EAGLE3 drafts are built for the cpu backend only in this version "
                          f"(backend {config.backend!r})")
+    if config.draft is not None and config.draft.quantization in ("int8", "int4") and config.dtype != "fp32":
+        raise BuildError(f"draft.quantization: {config.draft.quantization!r} quantizes fp32 weights, and the "
+                         f"graph is {config.dtype}; use 'none' or 'auto', or dtype 'fp32'")
+
+
+def draft_quantization(config: BuildConfig) -> str:
+    """What `draft.quantization` means for this config: none, int8 or int4."""
+    chosen = config.draft.quantization
+    if chosen == "auto":
+        return "int8" if config.dtype == "fp32" else "none"
+    return chosen
 
 
 def backend_version(config: BuildConfig) -> str | None:
@@ -123,9 +134,11 @@ def compile_in_place(directory: Path, manifest: dict, config: BuildConfig, steps
         else:
             from trt_llm.build.cpu_backend import compile_cpu
 
-            for name in ("llm", "draft"):
-                if name in components:
-                    engines[name] = compile_cpu(directory / components[name]["graph"])
+            engines["llm"] = compile_cpu(directory / components["llm"]["graph"])
+            if "draft" in components:
+                quantization = draft_quantization(config)
+                engines["draft"] = compile_cpu(directory / components["draft"]["graph"], quantization)
+                components["draft"]["quantization"] = quantization
         for name, path in engines.items():
             entry = components[name]
             components[name] = {"graph": entry["graph"], "engine": path.relative_to(directory).as_posix(),

@@ -230,3 +230,70 @@ def test_tree_verification_gives_each_path_its_transformers_logits(engine, tiny_
         with torch.no_grad():
             expected = model(torch.tensor([prompt + path])).logits[0, -1].numpy()
         np.testing.assert_allclose(tree_logits[0, i], expected, atol=1e-4, rtol=1e-4)
+
+
+def _draft_log_probs(engine_dir: EngineDir, hidden: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """The draft engine's log-probabilities after each of `tokens` (one causal pass from an empty cache)."""
+    from safetensors.numpy import load_file
+
+    from trt_llm.runtime.engines import open_engine
+
+    draft_engine = open_engine(engine_dir, 1, "draft")
+    embedding = load_file(str(engine_dir.component_path("llm", "embedding")))["embedding"]
+    width = tokens.shape[1]
+    cache = draft_engine.new_cache(1, width)
+    logits = np.empty((1, width, len(load_file(str(engine_dir.component_path("draft", "tensors")))["d2t"])),
+                      dtype=np.float32)
+    draft_engine.run(embedding[tokens], np.arange(width, dtype=np.int32)[None], np.zeros(1, np.int32),
+                     np.array([width], np.int32), np.arange(width, dtype=np.int32)[None], cache, logits, None,
+                     {"hidden": hidden, "tree_mask": np.tril(np.ones((1, width, width), bool))},
+                     {"hidden_out": np.empty((1, width, hidden.shape[-1]), np.float32)})
+    return torch.from_numpy(logits[0]).log_softmax(-1).numpy()
+
+
+@pytest.mark.parametrize("quantization, op", [("int8", "MatMulInteger"), ("int4", "MatMulNBits")])
+def test_quantized_draft_is_close_and_output_stays_exact(engine, build_engine_for, tiny_model, quantization, op):
+    """A cpu engine's draft with int8 / int4 weights: its matmuls are ONNX Runtime's quantized ones,
+    its predictions stay close to the fp32 draft's, and speculation still gives vanilla's tokens."""
+    import onnx
+
+    base = tiny_model("llama", num_hidden_layers=4)
+    draft_config = json.loads((engine / "manifest.json").read_text())["build_config"]["draft"]
+    exact = build_engine_for(base, draft={**draft_config, "quantization": "none"})
+    quantized = build_engine_for(base, draft={**draft_config, "quantization": quantization})
+    quantized_dir = EngineDir.open(quantized)
+    assert quantized_dir.manifest["components"]["draft"]["quantization"] == quantization
+    ops = {node.op_type for node in onnx.load(str(quantized_dir.component_path("draft", "engine")),
+                                              load_external_data=False).graph.node}
+    assert op in ops and "MatMul" not in ops
+    assert "MatMul" in {node.op_type for node in onnx.load(
+        str(EngineDir.open(exact).component_path("draft", "engine")), load_external_data=False).graph.node}
+
+    rng = np.random.default_rng(0)
+    hidden = rng.standard_normal((1, 24, 64)).astype(np.float32)
+    tokens = rng.integers(0, 500, (1, 24))
+    reference = _draft_log_probs(EngineDir.open(exact), hidden, tokens)
+    approximate = _draft_log_probs(quantized_dir, hidden, tokens)
+    assert np.corrcoef(reference.ravel(), approximate.ravel())[0, 1] > 0.99
+    # A random draft's distributions are flat: top-1 may swap among near-ties, so ask for each
+    # quantized top-1 among the fp32 draft's top 3, and for mostly the same top-1.
+    top3 = np.argsort(-reference, -1)[:, :3]
+    assert all(a in row for a, row in zip(approximate.argmax(-1), top3))
+    assert (reference.argmax(-1) == approximate.argmax(-1)).mean() >= 0.75
+
+    data = {"temperature": 0.0, "batch_size": 2, "max_generate_length": 16,
+            "requests": [chat_request(p) for p in PROMPTS[:2]]}
+    spec, stats = run(quantized, data)
+    assert stats.rounds > 0
+    assert_same(spec, run(quantized, data, spec_decode=False)[0])
+
+
+def test_quantizing_a_draft_needs_fp32_weights(tiny_model, tmp_path):
+    from trt_llm.build.cli import build_engine
+    from trt_llm.build.compile import BuildError
+    from trt_llm.schemas.build_config import BuildConfig
+
+    config = BuildConfig(model=str(tiny_model("llama", num_hidden_layers=4)), output_dir=str(tmp_path / "e"),
+                         dtype="fp16", draft={"model": str(tmp_path), "quantization": "int4"})
+    with pytest.raises(BuildError, match="draft.quantization: 'int4' quantizes fp32 weights, and the graph is fp16"):
+        build_engine(config, progress=False)

@@ -420,6 +420,30 @@ def test_train_draft_end_to_end(base, tmp_path, capsys):
     assert bool((target[1:] > target[:-1]).all())
 
 
+def test_trainer_generates_the_base_models_greedy_tokens(base, tmp_path):
+    """The trainer's data comes from our own engine: each sequence is what transformers' greedy
+    generate gives for that prompt alone (cut after an end-of-sequence token), over a ragged batch."""
+    from transformers import AutoTokenizer
+
+    from trt_llm.build import train_draft
+
+    path, model = base
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    prompt_ids = train_draft.chat_prompt_ids(tokenizer, ["Hi", "Tell me a long story about the sea", "Why?"])
+    sequences = train_draft.generate(str(path), prompt_ids, 12, 2, 1, tmp_path)
+    eos = train_draft._eos_ids(model, tokenizer)
+    for ids, s in zip(prompt_ids, sequences):
+        with torch.no_grad():
+            expected = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
+                                      eos_token_id=sorted(eos), pad_token_id=min(eos))[0].tolist()
+        new = expected[len(ids):]
+        ended = next((j for j, token in enumerate(new) if token in eos), None)
+        if ended is not None:
+            new = new[:ended + 1]
+        assert s["prompt_len"] == len(ids) and s["ids"].tolist() == ids + new
+        assert s["eos_end"] == (ended is not None)
+
+
 def test_training_rows_line_up():
     """Row t, step k: fed token x[t+1+k], label the base's choice after it, 'generated' when that
     label follows a generated token; nothing after an end-of-sequence token is a label."""
