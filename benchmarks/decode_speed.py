@@ -281,6 +281,16 @@ def main(argv=None) -> int:
     log(f"read bandwidth {bandwidth / 1e9:.1f} GB/s; " + ", ".join(
         f"{p}: {weight_bytes[p] / 1e6:.0f} MB per step -> {limits[p]:.1f} steps/s" for p in limits))
 
+    floor = None
+    if "trt-llm" in artifacts:
+        from trt_llm.runtime.engine_dir import EngineDir
+
+        floor = measure.matmul_floor(EngineDir.open(artifacts["trt-llm"].path).component_path("llm", "engine"),
+                                     args.threads, 3 if args.smoke else 7)
+        floor["tok_s"] = 1000 / floor["ms_per_step"]
+        log(f"matmul floor: {floor['matmuls']} matmuls, {floor['ms_per_step']:.1f} ms per batch-1 step "
+            f"-> {floor['tok_s']:.1f} tok/s")
+
     # One process per engine, loaded once (in parallel: their load times are not reported).
     workers: dict[str, Worker] = {}
     try:
@@ -379,9 +389,10 @@ def main(argv=None) -> int:
         cpu=cpu_name(), logical_cores=os.cpu_count(), versions=versions(args.engines),
         bandwidth=dict(read_bytes_s=bandwidth, detail_bytes_s=bandwidths, buffer_mb=args.bandwidth_mb,
                        weight_bytes_per_step=weight_bytes, limit_steps_s=limits),
+        matmul_floor=floor,
         clean_load_cores=CLEAN_LOAD, engines=engines, results=rows,
         ratios=report.ratios(rows), engine_ratios=report.engine_ratios(engines),
-        targets=report.targets(rows),
+        targets=report.targets(rows, floor and floor["tok_s"]),
         token_check=check, notes=notes, warnings=warnings, total_s=elapsed,
         finished=time.strftime("%Y-%m-%d %H:%M:%S"))
     args.out_dir.mkdir(parents=True, exist_ok=True)

@@ -41,6 +41,10 @@ def test_json_report(smoke):
     assert report["smoke"] and report["prompt_lengths"] == LENGTHS and report["batch_sizes"] == BATCHES
     bw = report["bandwidth"]
     assert bw["read_bytes_s"] > 0 and bw["weight_bytes_per_step"]["fp32"] > 0 and bw["limit_steps_s"]["fp32"] > 0
+    floor = report["matmul_floor"]  # 4 packed matmuls a layer (qkv, o, gate_up, down) and the LM head
+    assert floor["ms_per_step"] > 0 and floor["tok_s"] == pytest.approx(1000 / floor["ms_per_step"])
+    assert floor["matmuls"] >= 5 and floor["matmuls"] % 4 == 1
+    assert 0.5 * bw["weight_bytes_per_step"]["fp32"] < floor["weight_bytes"] < bw["weight_bytes_per_step"]["fp32"]
 
     engines = report["engines"]
     assert list(engines)[:3] == ["trt-llm", "transformers", "ort-genai"] or "skipped" in engines.get("ort-genai", {})
@@ -95,7 +99,7 @@ def test_markdown_report(smoke):
     for heading in ("### Decode speed and time to first token", "### trt-llm against each peer",
                     "### Memory and build", "### Greedy tokens against trt-llm"):
         assert heading in text
-    assert "**Bandwidth limit.**" in text and "gap to limit" in text
+    assert "**Bandwidth limit.**" in text and "gap to limit" in text and "**Matmul floor.**" in text
     table = text.split("### Decode speed and time to first token")[1].split("\n\n")[1].splitlines()
     assert len(table) == 2 + len(report["results"])  # header, rule, one line per result row (n/a included)
     for name, e in report["engines"].items():
@@ -138,3 +142,23 @@ def test_gguf_conversion(tmp_path, tiny_model):
     assert fields["general.architecture"].contents() == "llama"
     assert fields["llama.attention.head_count_kv"].contents() == kv_heads
     assert len(fields["tokenizer.ggml.tokens"].contents()) == config["vocab_size"]
+
+
+def test_batch1_targets_name_the_speed_they_need_against_the_matmul_floor(smoke):
+    sys.path.insert(0, str(BENCH))
+    from sidebyside import report
+
+    def row(engine, batch, tok_s):
+        return dict(engine=engine, prompt_len=64, batch=batch, status="ok", decode_tok_s_best=tok_s,
+                    decode_tok_s_median=tok_s, disturbed=False)
+
+    rows = [row("trt-llm", 1, 35.0), row("transformers", 1, 21.0), row("ort-genai", 1, 35.0), row("trt-llm", 8, 175.0)]
+    got = report.targets(rows, floor_tok_s=40.0)
+    hf = got["trt-llm / transformers, batch 1, prompt 64"]
+    assert hf["best"] == pytest.approx(35 / 21) and not hf["met"]
+    assert hf["needs_tok_s"] == pytest.approx(42.0) and hf["floor_tok_s"] == 40.0
+    assert got["trt-llm / ort-genai, batch 1, prompt 64"]["met"]
+    assert got["trt-llm batch-8 / batch-1 throughput, prompt 64"]["needs_tok_s"] is None
+    text = report.markdown({**smoke[0], "targets": got})
+    assert ("- trt-llm / transformers, batch 1, prompt 64: 1.67 (medians 1.67); target >= 2.0: BELOW TARGET: it needs "
+            "42.0 tok/s, above the matmul floor of 40.0 (out of reach of these kernels on this machine)") in text

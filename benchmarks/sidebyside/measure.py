@@ -1,4 +1,5 @@
-"""Measuring tools: thread pinning, read bandwidth, weight bytes, other processes' CPU, timed builds."""
+"""Measuring tools: thread pinning, read bandwidth, the matmul floor, weight bytes, other processes' CPU,
+timed builds."""
 
 from __future__ import annotations
 
@@ -49,6 +50,55 @@ def read_bandwidth(threads: int, mbytes: int = 512, repeats: int = 7) -> dict:
         out[name] = x.numel() * 4 / best
     del x, xn
     return out
+
+
+def matmul_floor(engine_graph: Path, threads: int, repeats: int = 7, runs: int = 10) -> dict:
+    """The decode step's matmuls alone: every MatMul of the engine graph whose weight is an initializer,
+    with those very weights, each fed one row ([1, K], M = 1 as in batch-1 decoding), run one after
+    another by ONNX Runtime with `threads` threads. Its time per pass is what a batch-1 step costs
+    before attention, norms and everything else: no engine on these kernels decodes faster.
+    Returns ms per pass (best of `repeats` means over `runs`), the matmul count and weight bytes."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(engine_graph), load_external_data=False)
+    initializers = {t.name: t for t in model.graph.initializer}
+    weights = [initializers[n.input[1]] for n in model.graph.node
+               if n.op_type == "MatMul" and n.input[1] in initializers and len(initializers[n.input[1]].dims) == 2]
+    dtype = weights[0].data_type
+    widths = sorted({int(w.dims[0]) for w in weights})
+    nodes, sums = [], []
+    for i, w in enumerate(weights):
+        nodes += [helper.make_node("MatMul", [f"x{w.dims[0]}", w.name], [f"y{i}"]),
+                  helper.make_node("ReduceSum", [f"y{i}"], [f"s{i}"], keepdims=0)]
+        sums.append(f"s{i}")
+    nodes.append(helper.make_node("Sum", sums, ["total"]))
+    graph = helper.make_graph(nodes, "matmul_floor",
+                              [helper.make_tensor_value_info(f"x{k}", dtype, [1, k]) for k in widths],
+                              [helper.make_tensor_value_info("total", dtype, [])], weights)
+    chain = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    # Loaded from bytes, reading the engine's own weight file in place.
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                     str(engine_graph.parent))
+    session = ort.InferenceSession(chain.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    feeds = {f"x{k}": np.full((1, k), 0.01, dtype=np_dtype) for k in widths}
+    for _ in range(3):
+        session.run(None, feeds)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(runs):
+            session.run(None, feeds)
+        best = min(best, (time.perf_counter() - start) / runs)
+    size = np.dtype(np_dtype).itemsize
+    return {"ms_per_step": best * 1000, "matmuls": len(weights),
+            "weight_bytes": int(sum(int(np.prod(w.dims)) * size for w in weights))}
 
 
 def onnx_weight_bytes(path: Path) -> int:
