@@ -5,7 +5,7 @@ backend: mean accepted length per verification pass and decode tokens/s, vanilla
 alternating (the machine is shared and noisy: read the ratios), at batch 1 and batch 4.
 
     python benchmarks/spec_decode.py --base HF_DIR --draft DRAFT_DIR [--threads 2] [--rounds 3]
-        [--draft-top-k 4 --draft-steps 4 --verify-tree-size 12] [--json out.json]
+        [--draft-top-k 4 --draft-steps 4 --verify-tree-size 8] [--draft-quantization auto] [--json out.json]
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ def check_unseen(prompts: list[str]) -> None:
         raise SystemExit(f"benchmark prompts the draft may have been trained on: {sorted(seen)}")
 
 
-def build(base: Path, draft: Path, work_dir: Path) -> Path:
+def build(base: Path, draft: Path, work_dir: Path, quantization: str) -> Path:
     from trt_llm.build.cli import build_engine
     from trt_llm.schemas.build_config import BuildConfig
 
-    out = work_dir / "engine-smollm2-eagle3"
+    out = work_dir / f"engine-smollm2-eagle3-{quantization}"
     config = BuildConfig(model=str(base), output_dir=str(out), max_batch_size=4, max_input_len=512,
-                         max_kv_cache_capacity=1024, draft={"model": str(draft)})
+                         max_kv_cache_capacity=1024, draft={"model": str(draft), "quantization": quantization})
     manifest = out / "manifest.json"
     if not (manifest.is_file() and json.loads(manifest.read_text())["build_config"] == config.model_dump()):
         build_engine(config, progress=False)
@@ -56,7 +56,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--draft-top-k", type=int, default=4)
     parser.add_argument("--draft-steps", type=int, default=4)
-    parser.add_argument("--verify-tree-size", type=int, default=12)
+    parser.add_argument("--verify-tree-size", type=int, default=8)
+    parser.add_argument("--draft-quantization", default="auto", choices=["auto", "none", "int8", "int4"],
+                        help="the draft's weights in the engine (build config draft.quantization)")
     parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache/trt-llm-bench")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -70,14 +72,14 @@ def main() -> None:
     from trt_llm.schemas.input_file import parse_input_dict
 
     check_unseen(PROMPTS)
-    engine_dir = EngineDir.open(build(args.base, args.draft, args.work_dir))
+    engine_dir = EngineDir.open(build(args.base, args.draft, args.work_dir, args.draft_quantization))
     spec = SpecConfig(args.draft_top_k, args.draft_steps, args.verify_tree_size)
     runners = {"vanilla": Runner(engine_dir, args.threads, spec_decode=False),
                "eagle3": Runner(engine_dir, args.threads, spec=spec)}
     results = {}
     for batch in (1, 4):
         data = {"temperature": 0.0, "batch_size": batch, "max_generate_length": args.new_tokens,
-                "requests": [{"messages": [{"role": "user", "content": p}]} for p in PROMPTS[:batch * 2]]}
+                "requests": [{"messages": [{"role": "user", "content": p}]} for p in PROMPTS]}
         loaded = parse_input_dict(data)
         speeds = {name: [] for name in runners}
         tokens = {}
@@ -102,6 +104,7 @@ def main() -> None:
             "identical_tokens": tokens["vanilla"] == tokens["eagle3"],
         }
     report = {"threads": args.threads, "tree": vars(spec) if hasattr(spec, "__dict__") else str(spec),
+              "draft_quantization": engine_dir.manifest["components"]["draft"]["quantization"],
               "new_tokens": args.new_tokens, "results": results}
     print(json.dumps(report, indent=2, default=str))
     if args.json:

@@ -7,8 +7,9 @@ Recipe (defaults in brackets):
  1. Data: the built-in chat prompts of build/draft_prompts.py (the first N [the 210 hand-written
     ones; up to 1,810 with templates crossed with topics]), through the base tokenizer's chat
     template, each continued greedily for up to T [96] tokens (stopping at end of sequence) by this
-    project's own cpu engine, built from the base for the purpose (transformers' greedy tokens, faster). One more forward per sequence collects the features (`hidden_states[i]` for the aux
-    ids: the hidden states entering base layers 2, L//2, L-3), the base's own next-token choice
+    project's own cpu engine, built from the base for the purpose (transformers' greedy tokens,
+    faster). One more transformers forward per sequence collects the features (`hidden_states[i]`
+    for the aux ids: the hidden states entering base layers 2, L//2, L-3), the base's own next-token choice
     (argmax) and top-k [16] distribution at every position, and its last (normed) hidden state.
  2. Draft vocabulary: the V [8192] most frequent base choices over the training split (then the
     lowest token ids, for a BPE roughly the most frequent merges, to fill V); d2t/t2d accordingly.

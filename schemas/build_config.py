@@ -46,7 +46,7 @@ class DraftBuildConfig(BaseModel):
     max_verify_tree_size: int = Field(60, ge=2, le=1024, description="Most tokens one verification pass may take.")
     quantization: Literal["auto", "none", "int8", "int4"] = Field(
         "auto", description="The draft's matmul weights in a cpu engine: int8 (dynamic activations) or int4 "
-                            "(blocks of 32) take a third of fp32's time per draft step. The base verifies every "
+                            "(blocks of 32) take about two thirds of fp32's time per draft step. The base verifies every "
                             "token, so this changes how many tokens a round accepts, never which come out. "
                             "auto: int8 for an fp32 graph, none otherwise (int8 and int4 need dtype fp32).")
 
