@@ -83,8 +83,8 @@ def chat_prompt_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
 def generate(base_dir: str, prompt_ids: list[list[int]], gen_tokens: int, batch_size: int, threads: int,
              work_dir: Path) -> list[dict]:
     """Greedy continuations by this project's own cpu engine, built from the base in `work_dir`
-    (token-identical to transformers' greedy `generate`, which is tested, and several times faster
-    on a CPU: no padding, no Python per layer): [{'ids': LongTensor (prompt + generated, ending
+    (token-identical to transformers' greedy `generate`, which is tested, and faster on a CPU: no
+    padding, no Python per layer; 75 against 28 tokens/s on 2 shared cores): [{'ids': LongTensor (prompt + generated, ending
     with the end-of-sequence token when there was one), 'prompt_len', 'eos_end'}]."""
     from trt_llm.build.cli import build_engine
     from trt_llm.runtime.engine_dir import EngineDir
