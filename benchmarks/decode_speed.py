@@ -258,11 +258,12 @@ def main(argv=None) -> int:
     from sidebyside import measure
 
     weight_bytes = {}
+    engine_graph = None  # our engine's graph: its weights and matmuls are measured below
     if "trt-llm" in artifacts:
         from trt_llm.runtime.engine_dir import EngineDir
 
-        weight_bytes["fp32"] = measure.onnx_weight_bytes(
-            EngineDir.open(artifacts["trt-llm"].path).component_path("llm", "engine"))
+        engine_graph = EngineDir.open(artifacts["trt-llm"].path).component_path("llm", "engine")
+        weight_bytes["fp32"] = measure.onnx_weight_bytes(engine_graph)
     else:
         weight_bytes["fp32"] = measure.checkpoint_weight_bytes(model_dir)
     for name, artifact in artifacts.items():
@@ -282,11 +283,8 @@ def main(argv=None) -> int:
         f"{p}: {weight_bytes[p] / 1e6:.0f} MB per step -> {limits[p]:.1f} steps/s" for p in limits))
 
     floor = None
-    if "trt-llm" in artifacts:
-        from trt_llm.runtime.engine_dir import EngineDir
-
-        floor = measure.matmul_floor(EngineDir.open(artifacts["trt-llm"].path).component_path("llm", "engine"),
-                                     args.threads, 3 if args.smoke else 7)
+    if engine_graph is not None:
+        floor = measure.matmul_floor(engine_graph, args.threads, 3 if args.smoke else 7)
         floor["tok_s"] = 1000 / floor["ms_per_step"]
         log(f"matmul floor: {floor['matmuls']} matmuls, {floor['ms_per_step']:.1f} ms per batch-1 step "
             f"-> {floor['tok_s']:.1f} tok/s")

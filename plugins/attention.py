@@ -89,7 +89,6 @@ _register_schemas()
 # Facet 1: the torch reference.
 
 
-
 def tree_mask_for(parents: list[int | None], width: int) -> tuple[Tensor, list[int]]:
     """One row's tree_mask [width, width] for new tokens that form a tree (parents[i] is node i's
     parent index, None for a root; parents come before children): a node sees itself and its
@@ -105,6 +104,7 @@ def tree_mask_for(parents: list[int | None], width: int) -> tuple[Tensor, list[i
             ancestor, depth = parents[ancestor], depth + 1
         depths.append(depth)
     return mask, depths
+
 
 def rotate_half_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotary embedding in the non-interleaved ("rotate half") layout HF Llama/Qwen use.

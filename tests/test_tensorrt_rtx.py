@@ -42,7 +42,6 @@ def test_rtx_build_writes_a_plan_and_names_the_backend(rtx_engine):
     assert not (rtx_engine / "llm" / "model.cpu.onnx").exists()
 
 
-
 @needs_rtx
 def test_smollm2_builds_for_tensorrt_rtx_without_a_gpu(smollm2_dir, build_engine_for):
     """The real model, not only the tiny one: 30 layers of our op's function body, inlined by the
@@ -57,6 +56,7 @@ def test_smollm2_builds_for_tensorrt_rtx_without_a_gpu(smollm2_dir, build_engine
     plan = engine / "llm" / "model.plan"
     # fp32 weights are ~540 MB; the plan holds them all (no weight streaming, no refit-stripping).
     assert plan.stat().st_size > 500e6
+
 
 @needs_rtx
 def test_rtx_network_io_follows_the_graph_contract(rtx_engine):

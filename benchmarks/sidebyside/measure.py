@@ -56,12 +56,13 @@ def matmul_floor(engine_graph: Path, threads: int, repeats: int = 7, runs: int =
     """The decode step's matmuls alone: every MatMul of the engine graph whose weight is an initializer,
     with those very weights, each fed one row ([1, K], M = 1 as in batch-1 decoding), run one after
     another by ONNX Runtime with `threads` threads. Its time per pass is what a batch-1 step costs
-    before attention, norms and everything else: no engine on these kernels decodes faster.
+    before attention, norms and everything else: an engine on these kernels decodes at most about this
+    fast (one measurement: on a shared machine it moves as the timed runs do).
     Returns ms per pass (best of `repeats` means over `runs`), the matmul count and weight bytes."""
     import numpy as np
     import onnx
     import onnxruntime as ort
-    from onnx import TensorProto, helper
+    from onnx import helper
 
     model = onnx.load(str(engine_graph), load_external_data=False)
     initializers = {t.name: t for t in model.graph.initializer}

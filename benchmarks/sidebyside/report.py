@@ -92,7 +92,7 @@ def engine_ratios(engines: dict) -> list[dict]:
 def targets(rows: list[dict], floor_tok_s: float | None = None) -> dict:
     """The project's goals (issue #7): >= 2x transformers and >= GenAI at batch 1, batch-8 throughput >= 4x b1.
     floor_tok_s: the batch-1 matmul floor (measure.matmul_floor); a batch-1 goal records the speed it
-    needs and that floor, since no engine on the same kernels decodes faster than the floor."""
+    needs and that floor, about the fastest an engine on the same kernels can decode."""
     by = {(r["engine"], r["prompt_len"], r["batch"]): r for r in rows if r["status"] == "ok"}
     out = {}
     for length in sorted({r["prompt_len"] for r in rows}):
