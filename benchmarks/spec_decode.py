@@ -5,7 +5,11 @@ backend: mean accepted length per verification pass and decode tokens/s, vanilla
 alternating (the machine is shared and noisy: read the ratios), at batch 1 and batch 4.
 
     python benchmarks/spec_decode.py --base HF_DIR --draft DRAFT_DIR [--threads 2] [--rounds 3]
-        [--draft-top-k 4 --draft-steps 4 --verify-tree-size 8] [--draft-quantization auto] [--json out.json]
+        [--tree 3,2,4 --tree 4,4,8 ...] [--draft-quantization auto] [--json out.json]
+
+Each --tree is draft top-k, draft steps, verify tree size; every tree runs in the same rounds as
+vanilla, so one run shows the trade-off: a wider tree accepts more tokens a pass, and costs more to
+verify (on a CPU, compute-bound beyond a few tokens).
 """
 
 from __future__ import annotations
@@ -47,6 +51,14 @@ def build(base: Path, draft: Path, work_dir: Path, quantization: str) -> Path:
     return out
 
 
+def parse_tree(text: str) -> tuple[int, int, int]:
+    try:
+        top_k, steps, verify = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--tree {text!r}: expected K,STEPS,VERIFY (three integers)") from None
+    return top_k, steps, verify
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--base", type=Path, required=True)
@@ -54,9 +66,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=96)
-    parser.add_argument("--draft-top-k", type=int, default=4)
-    parser.add_argument("--draft-steps", type=int, default=4)
-    parser.add_argument("--verify-tree-size", type=int, default=8)
+    parser.add_argument("--tree", action="append", type=parse_tree, metavar="K,STEPS,VERIFY",
+                        help="draft top-k, draft steps, verify tree size (repeatable; default 3,2,4 and 4,4,8)")
     parser.add_argument("--draft-quantization", default="auto", choices=["auto", "none", "int8", "int4"],
                         help="the draft's weights in the engine (build config draft.quantization)")
     parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache/trt-llm-bench")
@@ -73,37 +84,40 @@ def main() -> None:
 
     check_unseen(PROMPTS)
     engine_dir = EngineDir.open(build(args.base, args.draft, args.work_dir, args.draft_quantization))
-    spec = SpecConfig(args.draft_top_k, args.draft_steps, args.verify_tree_size)
-    runners = {"vanilla": Runner(engine_dir, args.threads, spec_decode=False),
-               "eagle3": Runner(engine_dir, args.threads, spec=spec)}
+    trees = args.tree or [(3, 2, 4), (4, 4, 8)]
+    runners = {"vanilla": Runner(engine_dir, args.threads, spec_decode=False)}
+    for tree in trees:
+        runners["eagle3 %d,%d,%d" % tree] = Runner(engine_dir, args.threads, spec=SpecConfig(*tree))
     results = {}
     for batch in (1, 4):
         data = {"temperature": 0.0, "batch_size": batch, "max_generate_length": args.new_tokens,
                 "requests": [{"messages": [{"role": "user", "content": p}]} for p in PROMPTS]}
         loaded = parse_input_dict(data)
         speeds = {name: [] for name in runners}
-        tokens = {}
-        for _ in range(args.rounds):
+        tokens, accepted = {}, {}
+        for _ in range(args.rounds):  # interleaved: the machine's load moves every setting alike
             for name, runner in runners.items():
                 before = (runner.spec_stats.rounds, runner.spec_stats.emitted)
                 start = time.perf_counter()
                 responses = runner.run(loaded, loaded.settings).responses
                 elapsed = time.perf_counter() - start
-                generated = sum(r.generated_tokens for r in responses)
-                speeds[name].append(generated / elapsed)
+                speeds[name].append(sum(r.generated_tokens for r in responses) / elapsed)
                 tokens[name] = [r.output_token_ids for r in responses]
-                if name == "eagle3":
-                    rounds = runner.spec_stats.rounds - before[0]
-                    emitted = runner.spec_stats.emitted - before[1]
-                    accepted = emitted / rounds if rounds else 0.0
-        results[f"batch{batch}"] = {
-            "vanilla_tok_s": {"best": max(speeds["vanilla"]), "median": statistics.median(speeds["vanilla"])},
-            "eagle3_tok_s": {"best": max(speeds["eagle3"]), "median": statistics.median(speeds["eagle3"])},
-            "speedup_median": statistics.median(speeds["eagle3"]) / statistics.median(speeds["vanilla"]),
-            "mean_accepted_length": accepted,
-            "identical_tokens": tokens["vanilla"] == tokens["eagle3"],
-        }
-    report = {"threads": args.threads, "tree": vars(spec) if hasattr(spec, "__dict__") else str(spec),
+                rounds = runner.spec_stats.rounds - before[0]
+                if rounds:
+                    accepted[name] = (runner.spec_stats.emitted - before[1]) / rounds
+        vanilla = statistics.median(speeds["vanilla"])
+        results[f"batch{batch}"] = {"vanilla_tok_s": {"best": max(speeds["vanilla"]), "median": vanilla}}
+        for name in runners:
+            if name == "vanilla":
+                continue
+            results[f"batch{batch}"][name] = {
+                "tok_s": {"best": max(speeds[name]), "median": statistics.median(speeds[name])},
+                "speedup_median": statistics.median(speeds[name]) / vanilla,
+                "mean_accepted_length": accepted[name],
+                "identical_tokens": tokens[name] == tokens["vanilla"],
+            }
+    report = {"threads": args.threads, "trees": ["top-k %d, steps %d, verify %d" % tree for tree in trees],
               "draft_quantization": engine_dir.manifest["components"]["draft"]["quantization"],
               "new_tokens": args.new_tokens, "results": results}
     print(json.dumps(report, indent=2, default=str))

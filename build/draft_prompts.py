@@ -262,14 +262,64 @@ TOPICS = [
 ]
 
 
-def prompt_set(n: int) -> list[str]:
-    """The first `n` prompts: the hand-written ones, then template x topic in a fixed shuffled order."""
+# A second crossing, appended after the first so that the first 1,810 prompts (and data cached for
+# them) stay as they were: the new templates with every topic, and the old templates with the new topics.
+# None is near a benchmarks/spec_decode.py prompt (no refrigerators, cats, basketball, juggling, ...).
+MORE_TEMPLATES = [
+    "How does {t} work?",
+    "Write a short speech about {t}.",
+    "What are some fun activities related to {t}?",
+    "Explain the science behind {t}.",
+    "Write a diary entry from someone who loves {t}.",
+    "What are the main challenges of {t}?",
+    "Give step-by-step instructions for getting started with {t}.",
+    "Write a short news report about {t}.",
+    "What jobs are connected to {t}?",
+    "Tell me a joke about {t}.",
+    "How has {t} changed over the last hundred years?",
+    "Write a conversation between two friends about {t}.",
+    "What are five surprising things about {t}?",
+    "Create a short quiz with answers about {t}.",
+    "Write a motivational message inspired by {t}.",
+    "What role does {t} play in everyday life?",
+    "Explain {t} using a simple analogy.",
+    "Write a short review of a book about {t}.",
+    "What safety tips should people know about {t}?",
+    "Plan a short lesson for children about {t}.",
+]
+
+MORE_TOPICS = [
+    "sharks", "tornadoes", "windmills", "skateboarding", "submarines", "the Sahara", "butterflies", "ice cream",
+    "architecture", "the Vikings", "astronauts", "dolphins", "typewriters", "bamboo", "kangaroos", "painting",
+    "poetry", "the violin", "cycling", "tennis", "swimming", "hiking", "sushi", "rice farming", "the Arctic",
+    "the northern lights", "comets", "telescopes", "microscopes", "electricity", "magnets", "batteries",
+    "3D printing", "cybersecurity", "cloud computing", "programming", "spreadsheets", "budgeting",
+    "job interviews", "teamwork", "leadership", "gratitude", "handwriting", "ants", "owls", "horses", "whales",
+    "frogs", "mushrooms", "sunflowers", "cacti", "lakes", "islands", "caves", "clouds", "the Industrial Revolution",
+    "ancient Greece", "the Silk Road", "samurai", "the Middle Ages", "pirates", "maps", "clocks", "calendars",
+    "banks", "taxes", "farming", "fishing", "vegetarian cooking", "pasta", "street food", "opera", "rock music",
+    "dance", "theater", "movies", "comic books", "podcasts", "newspapers", "Mars",
+]
+
+
+def _all_prompts() -> list[str]:
     crossed = [template.format(t=topic) for template, topic in itertools.product(TEMPLATES, TOPICS)]
     random.Random(0).shuffle(crossed)
-    everything = HANDWRITTEN + crossed
-    if not 1 <= n <= len(everything):
-        raise ValueError(f"--prompts must be 1..{len(everything)}")
-    return everything[:n]
+    seen = set(HANDWRITTEN) | set(crossed)
+    more = [template.format(t=topic)
+            for template, topic in itertools.product(TEMPLATES + MORE_TEMPLATES, TOPICS + MORE_TOPICS)]
+    more = [prompt for prompt in more if prompt not in seen]
+    random.Random(1).shuffle(more)
+    return HANDWRITTEN + crossed + more
 
 
-MAX_PROMPTS = len(HANDWRITTEN) + len(TEMPLATES) * len(TOPICS)
+_ALL_PROMPTS = _all_prompts()
+MAX_PROMPTS = len(_ALL_PROMPTS)
+
+
+def prompt_set(n: int) -> list[str]:
+    """The first `n` prompts: the hand-written ones, then template x topic in a fixed shuffled order, then
+    the second crossing in its own fixed shuffled order (without repeats)."""
+    if not 1 <= n <= MAX_PROMPTS:
+        raise ValueError(f"--prompts must be 1..{MAX_PROMPTS}")
+    return _ALL_PROMPTS[:n]

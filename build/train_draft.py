@@ -1,22 +1,25 @@
 """Fit an EAGLE3 draft to a base model on the CPU, from the base model's own greedy generations.
 
     python -m trt_llm.build.train_draft --base HF_DIR --out DRAFT_DIR [--prompts N] [--gen-tokens T]
-        [--epochs E] [--draft-vocab V] [--threads 2]
+        [--epochs E] [--draft-vocab V] [--threads 2] [--data-cache FILE] [--init-from DRAFT_DIR]
 
 Recipe (defaults in brackets):
  1. Data: the built-in chat prompts of build/draft_prompts.py (the first N [the 210 hand-written
-    ones; up to 1,810 with templates crossed with topics]), through the base tokenizer's chat
+    ones; up to 6,609 with two crossings of templates with topics]), through the base tokenizer's chat
     template, each continued greedily for up to T [96] tokens (stopping at end of sequence) by this
     project's own cpu engine, built from the base for the purpose (transformers' greedy tokens,
     faster). One more transformers forward per sequence collects the features (`hidden_states[i]`
     for the aux ids: the hidden states entering base layers 2, L//2, L-3), the base's own next-token choice
     (argmax) and top-k [16] distribution at every position, and its last (normed) hidden state.
+    --data-cache keeps all this in a file; a later run with more prompts reads it and generates only
+    the new ones.
  2. Draft vocabulary: the V [8192] most frequent base choices over the training split (then the
     lowest token ids, for a BPE roughly the most frequent merges, to fill V); d2t/t2d accordingly.
  3. Model: one draft layer shaped like a base layer; embedding from the base (frozen), LM head from
     the base's LM head rows of the draft vocabulary, final norm from the base's. The midlayer starts
     as the base's last layer on its hidden half (norms, q/k/v columns of the hidden, o_proj, MLP; the
     embedding half small random) and fc as picking the deepest feature (--random-init: all random).
+    --init-from DRAFT instead continues a fitted draft (its weights and its vocabulary), e.g. on more data.
     fc, the midlayer, the norm and the LM head are trained with AdamW (lr 1e-3, warm-up, cosine decay,
     batches of 4 sequences, E [8] epochs).
  4. Loss: at base position t the step-0 input is (fc(features_t), embed(x_{t+1})) and the label is
@@ -48,7 +51,8 @@ import torch
 import torch.nn.functional as F
 
 from trt_llm.build.draft_prompts import HANDWRITTEN, MAX_PROMPTS, prompt_set
-from trt_llm.build.eagle_draft import Eagle3Draft, count_parameters, default_aux_layer_ids, save_draft_eagle_format
+from trt_llm.build.eagle_draft import (Eagle3Draft, count_parameters, default_aux_layer_ids, load_draft,
+                                      save_draft_eagle_format)
 
 
 LOSS_DECAY = 0.8  # step k of the training-time test weighs 0.8^k (EAGLE3)
@@ -339,6 +343,42 @@ def train(draft: Eagle3Draft, train_seqs, held_seqs, args, target_to_draft, pad_
     return history
 
 
+def load_or_make_data(args, base, tokenizer, prompts: list[str], aux_ids: list[int], t0: float) -> list[dict]:
+    """The generations and features for `prompts`, from --data-cache where it has them: a cache made for
+    the first m of these prompts (same base, --gen-tokens and features) is extended with the rest only."""
+    def key(prompt_list):
+        return json.dumps({"base": str(Path(args.base).expanduser().resolve()), "prompts": prompt_list,
+                           "gen_tokens": args.gen_tokens, "aux": aux_ids})
+
+    sequences: list[dict] = []
+    have = 0
+    if args.data_cache and Path(args.data_cache).is_file():
+        cached = torch.load(args.data_cache, weights_only=True)
+        count = len(cached["sequences"])
+        if count <= len(prompts) and cached.get("key") == key(prompts[:count]):
+            sequences, have = cached["sequences"], count
+            log(f"read {have} sequences from {args.data_cache}")
+        else:
+            log(f"{args.data_cache} was made for other data: not used")
+    stale = bool(sequences) and ("final" not in sequences[0]  # a cache from before these features existed
+                                 or sequences[0]["top_ids"].shape[-1] < args.soft_top_k)
+    if stale:
+        collect_features(base, sequences, aux_ids, top_k=max(args.soft_top_k, 1))
+    if len(sequences) < len(prompts):
+        todo = prompts[len(sequences):]
+        with tempfile.TemporaryDirectory(prefix="train-draft-") as work_dir:
+            new = generate(args.base, chat_prompt_ids(tokenizer, todo), args.gen_tokens, args.gen_batch_size,
+                           args.threads, Path(work_dir))
+        log(f"generated {sum(len(s['ids']) - s['prompt_len'] for s in new)} tokens for {len(todo)} prompts "
+            f"({time.time() - t0:.0f}s)")
+        collect_features(base, new, aux_ids, top_k=max(args.soft_top_k, 1))
+        log(f"collected features ({time.time() - t0:.0f}s)")
+        sequences = sequences + new
+    if args.data_cache and (stale or len(sequences) > have):
+        torch.save({"key": key(prompts), "sequences": sequences}, args.data_cache)
+    return sequences
+
+
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -369,6 +409,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="start the midlayer from this base layer's weights (default: the last one)")
     parser.add_argument("--random-init", action="store_true", help="start the midlayer from random weights")
     parser.add_argument("--freeze-head", action="store_true", help="keep the LM head and norm at the base's")
+    parser.add_argument("--init-from", help="go on fitting this draft folder (its weights and vocabulary: "
+                        "--draft-vocab, --init-layer and --random-init do not apply)")
     parser.add_argument("--data-cache", help="a file keeping the generations and features between runs")
     args = parser.parse_args(argv)
     if not 1 <= args.prompts <= MAX_PROMPTS:
@@ -393,26 +435,7 @@ def main(argv=None) -> int:
     log(f"base {args.base}: {layers} layers, hidden {base.config.hidden_size}, vocab {base.config.vocab_size}; "
         f"features = hidden states entering layers {aux_ids}")
 
-    key = {"base": str(Path(args.base).expanduser().resolve()), "prompts": prompts, "gen_tokens": args.gen_tokens,
-           "aux": aux_ids}
-    cached = torch.load(args.data_cache, weights_only=True) if args.data_cache and Path(args.data_cache).is_file() else None
-    if cached is not None and cached.get("key") == json.dumps(key):
-        sequences = cached["sequences"]
-        log(f"read {len(sequences)} sequences from {args.data_cache}")
-    else:
-        with tempfile.TemporaryDirectory(prefix="train-draft-") as work_dir:
-            sequences = generate(args.base, chat_prompt_ids(tokenizer, prompts), args.gen_tokens,
-                                 args.gen_batch_size, args.threads, Path(work_dir))
-        log(f"generated {sum(len(s['ids']) - s['prompt_len'] for s in sequences)} tokens for {len(prompts)} prompts "
-            f"({time.time() - t0:.0f}s)")
-        collect_features(base, sequences, aux_ids, top_k=max(args.soft_top_k, 1))
-        log(f"collected features ({time.time() - t0:.0f}s)")
-        if args.data_cache:
-            torch.save({"key": json.dumps(key), "sequences": sequences}, args.data_cache)
-    if "final" not in sequences[0] or sequences[0]["top_ids"].shape[-1] < args.soft_top_k:  # an older cache
-        collect_features(base, sequences, aux_ids, top_k=max(args.soft_top_k, 1))
-        if args.data_cache:
-            torch.save({"key": json.dumps(key), "sequences": sequences}, args.data_cache)
+    sequences = load_or_make_data(args, base, tokenizer, prompts, aux_ids, t0)
     eos = _eos_ids(base, tokenizer)
     for s in sequences:  # (caches written before eos_end existed)
         s.setdefault("eos_end", int(s["ids"][-1]) in eos and len(s["ids"]) > s["prompt_len"])
@@ -422,12 +445,22 @@ def main(argv=None) -> int:
     train_seqs = [s for i, s in enumerate(sequences) if i not in held_idx]
     held_seqs = [s for i, s in enumerate(sequences) if i in held_idx]
     vocab_size = base.config.vocab_size
-    draft_ids = choose_vocab(train_seqs, min(args.draft_vocab, vocab_size), vocab_size)
+    if args.init_from:  # go on fitting a draft: its weights and its vocabulary
+        draft = load_draft(args.init_from, base.config, base.get_input_embeddings().weight,
+                           base_lm_head=base.get_output_embeddings().weight)
+        if draft.aux_layer_ids != aux_ids:
+            raise SystemExit(f"--init-from {args.init_from}: the draft reads layers {draft.aux_layer_ids}, "
+                             f"the training features are {aux_ids}")
+        draft_ids = draft.draft_to_target(torch.arange(draft.dims.draft_vocab_size))
+        if args.freeze_head:
+            draft.lm_head.weight.requires_grad_(False)
+            draft.norm.weight.requires_grad_(False)
+    else:
+        draft_ids = choose_vocab(train_seqs, min(args.draft_vocab, vocab_size), vocab_size)
+        draft = init_draft(base, draft_ids, aux_ids, args.seed, None if args.random_init else args.init_layer,
+                           args.freeze_head)
     target_to_draft = torch.full((vocab_size,), -100, dtype=torch.long)
     target_to_draft[draft_ids] = torch.arange(len(draft_ids))
-
-    draft = init_draft(base, draft_ids, aux_ids, args.seed, None if args.random_init else args.init_layer,
-                       args.freeze_head)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     log(f"draft: {count_parameters(draft) / 1e6:.1f}M trainable parameters, draft vocab {len(draft_ids)}; "
         f"{len(train_seqs)} training / {len(held_seqs)} held-out sequences, {args.ttt_steps} TTT steps")

@@ -49,6 +49,10 @@ class Draft:
     d2t: np.ndarray  # [Vd] int64: target id = draft id + d2t[draft id]
     embedding: np.ndarray  # [V, H]: the token embedding the draft reads (the base's unless its own)
     hidden_size: int
+    target_ids: np.ndarray = field(init=False)  # [Vd]: the target id of each draft id
+
+    def __post_init__(self):
+        self.target_ids = np.arange(len(self.d2t)) + self.d2t
 
 
 @dataclass
@@ -218,26 +222,31 @@ class _Node:
     hidden_in: np.ndarray  # the draft hidden its parent produced
 
 
-def _draft_log_probs(draft: Draft, logits: np.ndarray, bias_row: dict | None) -> tuple[np.ndarray, np.ndarray]:
-    """Draft log-probabilities over the draft vocabulary, and the matching target ids."""
-    target_ids = np.arange(len(draft.d2t)) + draft.d2t
-    logits = logits.astype(np.float32)
+def _best_children(draft: Draft, logits: np.ndarray, k: int, bias_row: dict | None) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's k most likely next tokens under the draft, best first: (target ids [F, k], their
+    log-probabilities [F, k]). logits: [F, draft vocab]; the request's logit bias applies, as the base's
+    own sampler applies it. One top-k call covers the whole frontier."""
+    logits = logits.astype(np.float32)  # a copy: the bias must not touch the caller's buffer
     if bias_row:
         for token, value in bias_row.items():
-            hit = np.nonzero(target_ids == token)[0]
-            logits[..., hit] += value
-    logits = logits - logits.max(-1, keepdims=True)
-    return logits - np.log(np.exp(logits).sum(-1, keepdims=True)), target_ids
+            logits[..., draft.target_ids == token] += value
+    peak = logits.max(-1, keepdims=True)
+    log_normalizer = peak + np.log(np.exp(logits - peak).sum(-1, keepdims=True))
+    if k >= logits.shape[-1]:
+        best = np.argsort(-logits, axis=-1, kind="stable")
+    else:  # argpartition: no full sort of the vocabulary
+        best = np.argpartition(-logits, k - 1, axis=-1)[:, :k]
+        order = np.argsort(-np.take_along_axis(logits, best, -1), axis=-1, kind="stable")
+        best = np.take_along_axis(best, order, -1)
+    return draft.target_ids[best], np.take_along_axis(logits, best, -1) - log_normalizer
 
 
 def _draft_tree(draft: Draft, state: list[_Row], draft_cache, hidden_root: np.ndarray, spec: SpecConfig,
                 model: Model, sampler: Sampler, active: list[int], max_position: int) -> None:
     k = spec.draft_top_k
     for i, r in enumerate(state):
-        bias = sampler.params[active[i]].logit_bias
-        logp, target_ids = _draft_log_probs(draft, r.root_draft_logits, bias)
-        best = _top_k(logp, k)
-        r.tree = [_Node(int(target_ids[j]), -1, 1, float(logp[j]), hidden_root[i]) for j in best]
+        tokens, log_probs = _best_children(draft, r.root_draft_logits[None], k, sampler.params[active[i]].logit_bias)
+        r.tree = [_Node(int(t), -1, 1, float(lp), hidden_root[i]) for t, lp in zip(tokens[0], log_probs[0])]
         r.frontier = list(range(len(r.tree)))
     for _ in range(spec.draft_steps - 1):
         counts = np.array([len(r.tree) for r in state], dtype=np.int32)
@@ -269,25 +278,16 @@ def _draft_tree(draft: Draft, state: list[_Row], draft_cache, hidden_root: np.nd
         draft.engine.run(draft.embedding[tokens], positions, past, counts, indices, draft_cache, logits,
                          None, {"hidden": hidden_in, "tree_mask": mask}, {"hidden_out": hidden_out})
         for i, r in enumerate(state):
-            bias = sampler.params[active[i]].logit_bias
-            logp, target_ids = _draft_log_probs(draft, logits[i, :len(r.frontier)], bias)
-            candidates = []
-            for slot, n in enumerate(r.frontier):
-                for j in _top_k(logp[slot], k):
-                    candidates.append((r.tree[n].score + float(logp[slot, j]), n, int(target_ids[j])))
-            candidates.sort(key=lambda c: -c[0])
+            children, log_probs = _best_children(draft, logits[i, :len(r.frontier)], k,
+                                                 sampler.params[active[i]].logit_bias)
+            scores = np.array([r.tree[n].score for n in r.frontier])[:, None] + log_probs  # cumulative
             start = len(r.tree)
-            for score, parent, token in candidates[:k]:
-                r.tree.append(_Node(token, parent, r.tree[parent].depth + 1, score, hidden_out[i, parent].copy()))
+            for flat in np.argsort(-scores.ravel(), kind="stable")[:k]:  # the best k of the frontier's children
+                slot, j = divmod(int(flat), children.shape[1])
+                parent = r.frontier[slot]
+                r.tree.append(_Node(int(children[slot, j]), parent, r.tree[parent].depth + 1, float(scores[slot, j]),
+                                    hidden_out[i, parent].copy()))
             r.frontier = list(range(start, len(r.tree)))
-
-
-def _top_k(values: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest values, largest first (argpartition: no full sort of the vocabulary)."""
-    if k >= len(values):
-        return np.argsort(-values, kind="stable")
-    best = np.argpartition(-values, k - 1)[:k]
-    return best[np.argsort(-values[best], kind="stable")]
 
 
 def _select(r: _Row, size: int) -> list[int]:

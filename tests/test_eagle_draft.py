@@ -420,6 +420,45 @@ def test_train_draft_end_to_end(base, tmp_path, capsys):
     assert bool((target[1:] > target[:-1]).all())
 
 
+def test_train_draft_extends_its_data_cache_and_goes_on_from_a_draft(base, tmp_path, capsys):
+    """More prompts with the same --data-cache generate only the new ones; --init-from continues a draft
+    with its own vocabulary."""
+    from trt_llm.build import train_draft
+
+    common = ["--base", str(base[0]), "--gen-tokens", "6", "--epochs", "1", "--threads", "1",
+              "--data-cache", str(tmp_path / "data.pt")]
+    assert train_draft.main(common + ["--out", str(tmp_path / "first"), "--prompts", "6", "--draft-vocab", "64"]) == 0
+    first = torch.load(tmp_path / "data.pt", weights_only=True)["sequences"]
+    capsys.readouterr()
+    assert train_draft.main(common + ["--out", str(tmp_path / "second"), "--prompts", "9",
+                                      "--init-from", str(tmp_path / "first")]) == 0
+    err = capsys.readouterr().err
+    assert "read 6 sequences" in err and "for 3 prompts" in err
+    extended = torch.load(tmp_path / "data.pt", weights_only=True)["sequences"]
+    assert len(extended) == 9
+    assert all(torch.equal(a["ids"], b["ids"]) and torch.equal(a["features"], b["features"])
+               for a, b in zip(first, extended))
+    before, after = (load_draft(tmp_path / name, base[1].config, embedding(base[1])) for name in ("first", "second"))
+    assert torch.equal(before.d2t, after.d2t)  # its vocabulary, not --draft-vocab's default
+    assert not torch.equal(before.fc.weight, after.fc.weight)  # and it was trained further
+
+
+def test_prompt_set_appends_its_second_crossing():
+    """The first 1,810 prompts are the hand-written ones and the first crossing (data cached for them stays
+    valid); the second crossing follows without repeating any of them."""
+    import itertools
+
+    from trt_llm.build.draft_prompts import HANDWRITTEN, MAX_PROMPTS, TEMPLATES, TOPICS, prompt_set
+
+    first = set(HANDWRITTEN) | {t.format(t=topic) for t, topic in itertools.product(TEMPLATES, TOPICS)}
+    everything = prompt_set(MAX_PROMPTS)
+    assert set(everything[:1810]) == first and len(everything[1810:]) == len(set(everything[1810:]))
+    assert not first & set(everything[1810:])
+    assert prompt_set(2000) == everything[:2000]
+    with pytest.raises(ValueError, match="--prompts must be"):
+        prompt_set(MAX_PROMPTS + 1)
+
+
 def test_trainer_generates_the_base_models_greedy_tokens(base, tmp_path):
     """The trainer's data comes from our own engine: each sequence is what transformers' greedy
     generate gives for that prompt alone (cut after an end-of-sequence token), over a ragged batch."""
