@@ -218,8 +218,8 @@ def make_batches(sequences: list[dict], batch_size: int, steps: int, target_to_d
 # Model and training
 
 
-def init_draft(base, draft_ids: torch.Tensor, aux_ids: list[int], seed: int, init_layer: int | None = None,
-               freeze_head: bool = False) -> Eagle3Draft:
+def init_draft(base, draft_ids: torch.Tensor, aux_ids: list[int], seed: int,
+               init_layer: int | None = None) -> Eagle3Draft:
     torch.manual_seed(seed)
     config = Eagle3Draft.config_for_base(base.config, draft_vocab_size=len(draft_ids), aux_layer_ids=aux_ids)
     draft = Eagle3Draft(config)
@@ -243,9 +243,6 @@ def init_draft(base, draft_ids: torch.Tensor, aux_ids: list[int], seed: int, ini
             fc = torch.zeros_like(draft.fc.weight)
             fc[:, -h:] = torch.eye(h)  # starts as the last feature (the deepest hidden state)
             draft.fc.weight.copy_(fc + 0.02 * torch.randn_like(fc))
-    if freeze_head:
-        draft.lm_head.weight.requires_grad_(False)
-        draft.norm.weight.requires_grad_(False)
     draft.aux_layer_ids = list(aux_ids)
     return draft
 
@@ -452,13 +449,12 @@ def main(argv=None) -> int:
             raise SystemExit(f"--init-from {args.init_from}: the draft reads layers {draft.aux_layer_ids}, "
                              f"the training features are {aux_ids}")
         draft_ids = draft.draft_to_target(torch.arange(draft.dims.draft_vocab_size))
-        if args.freeze_head:
-            draft.lm_head.weight.requires_grad_(False)
-            draft.norm.weight.requires_grad_(False)
     else:
         draft_ids = choose_vocab(train_seqs, min(args.draft_vocab, vocab_size), vocab_size)
-        draft = init_draft(base, draft_ids, aux_ids, args.seed, None if args.random_init else args.init_layer,
-                           args.freeze_head)
+        draft = init_draft(base, draft_ids, aux_ids, args.seed, None if args.random_init else args.init_layer)
+    if args.freeze_head:  # a fresh or a continued draft alike
+        draft.lm_head.weight.requires_grad_(False)
+        draft.norm.weight.requires_grad_(False)
     target_to_draft = torch.full((vocab_size,), -100, dtype=torch.long)
     target_to_draft[draft_ids] = torch.arange(len(draft_ids))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
