@@ -1,11 +1,13 @@
 """Fit an EAGLE3 draft to a base model on the CPU, from the base model's own greedy generations.
 
     python -m trt_llm.build.train_draft --base HF_DIR --out DRAFT_DIR [--prompts N] [--gen-tokens T]
-        [--epochs E] [--draft-vocab V] [--threads 2] [--data-cache FILE] [--init-from DRAFT_DIR]
+        [--extra-prompts FILE] [--epochs E] [--draft-vocab V] [--threads 2] [--data-cache FILE]
+        [--init-from DRAFT_DIR]
 
 Recipe (defaults in brackets):
  1. Data: the built-in chat prompts of build/draft_prompts.py (the first N [the 210 hand-written
-    ones; up to 6,609 with two crossings of templates with topics]), through the base tokenizer's chat
+    ones; up to 6,609 with two crossings of templates with topics]), then those of --extra-prompts
+    (e.g. ones the base writes itself, build/self_prompts.py), through the base tokenizer's chat
     template, each continued greedily for up to T [96] tokens (stopping at end of sequence) by this
     project's own cpu engine, built from the base for the purpose (transformers' greedy tokens,
     faster). One more transformers forward per sequence collects the features (`hidden_states[i]`
@@ -84,31 +86,44 @@ def chat_prompt_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
     return encoded
 
 
+def cpu_engine_model(base_dir: str, batch_size: int, max_input_len: int, capacity: int, threads: int,
+                     work_dir: Path):
+    """This project's cpu engine for the base, built in `work_dir`, opened for the decode loop."""
+    from trt_llm.build.cli import build_engine
+    from trt_llm.runtime.engine_dir import EngineDir
+    from trt_llm.runtime.runner import Runner
+    from trt_llm.schemas.build_config import MAX_BATCH_SIZE, BuildConfig
+
+    config = BuildConfig(model=base_dir, output_dir=str(work_dir / "engine"), max_batch_size=min(batch_size, MAX_BATCH_SIZE),
+                         max_input_len=max_input_len, max_kv_cache_capacity=capacity)
+    return Runner(EngineDir.open(build_engine(config, progress=False)), threads, spec_decode=False).model
+
+
 def generate(base_dir: str, prompt_ids: list[list[int]], gen_tokens: int, batch_size: int, threads: int,
-             work_dir: Path) -> list[dict]:
+             work_dir: Path, temperature: float = 0.0, seed: int = 0, model=None) -> list[dict]:
     """Greedy continuations by this project's own cpu engine, built from the base in `work_dir`
     (token-identical to transformers' greedy `generate`, which is tested, and faster on a CPU: no
     padding, no Python per layer; 75 against 28 tokens/s on 2 shared cores): [{'ids': LongTensor (prompt + generated, ending
-    with the end-of-sequence token when there was one), 'prompt_len', 'eos_end'}]."""
-    from trt_llm.build.cli import build_engine
-    from trt_llm.runtime.engine_dir import EngineDir
+    with the end-of-sequence token when there was one), 'prompt_len', 'eos_end'}].
+    temperature > 0 samples instead, from the full distribution (no top-k or top-p), prompt i with
+    seed `seed + i` whatever the batching. `model`: an engine from cpu_engine_model to use instead
+    of building one (it must fit these prompts and tokens)."""
     from trt_llm.runtime.generate import END_OF_SEQUENCE, Sequence
     from trt_llm.runtime.generate import generate as engine_generate
-    from trt_llm.runtime.runner import Runner
     from trt_llm.runtime.sampler import Sampler, SamplingParams
-    from trt_llm.schemas.build_config import MAX_BATCH_SIZE, BuildConfig
+    from trt_llm.schemas.build_config import MAX_BATCH_SIZE
 
     batch_size = min(batch_size, MAX_BATCH_SIZE)
-    longest = max(len(ids) for ids in prompt_ids)
-    config = BuildConfig(model=base_dir, output_dir=str(work_dir / "engine"), max_batch_size=batch_size,
-                         max_input_len=longest, max_kv_cache_capacity=longest + gen_tokens)
-    model = Runner(EngineDir.open(build_engine(config, progress=False)), threads, spec_decode=False).model
+    if model is None:
+        longest = max(len(ids) for ids in prompt_ids)
+        model = cpu_engine_model(base_dir, batch_size, longest, longest + gen_tokens, threads, work_dir)
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))  # similar lengths batch together
     results: list[dict | None] = [None] * len(prompt_ids)
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
         sequences = [Sequence(list(prompt_ids[i]), gen_tokens) for i in chunk]
-        engine_generate(model, sequences, Sampler([SamplingParams(temperature=0.0)] * len(chunk)))
+        params = SamplingParams(temperature=temperature, top_k=0, top_p=1.0)
+        engine_generate(model, sequences, Sampler([params] * len(chunk), [seed + i for i in chunk]))
         for i, s in zip(chunk, sequences):
             results[i] = {"ids": torch.tensor(s.prompt_ids + s.generated, dtype=torch.long),
                           "prompt_len": len(s.prompt_ids), "eos_end": s.finish_reason == END_OF_SEQUENCE}
@@ -376,6 +391,16 @@ def load_or_make_data(args, base, tokenizer, prompts: list[str], aux_ids: list[i
     return sequences
 
 
+def read_extra_prompts(path: str | None) -> list[str]:
+    """--extra-prompts: a JSON list of non-empty strings (none without the option)."""
+    if not path:
+        return []
+    prompts = json.loads(Path(path).read_text())
+    if not isinstance(prompts, list) or not all(isinstance(p, str) and p.strip() for p in prompts):
+        raise SystemExit(f"--extra-prompts {path}: expected a JSON list of non-empty strings")
+    return prompts
+
+
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -386,6 +411,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=len(HANDWRITTEN),
                         help=f"how many built-in prompts (<= {MAX_PROMPTS}; beyond the {len(HANDWRITTEN)} hand-written ones, "
                              "templates crossed with topics)")
+    parser.add_argument("--extra-prompts", help="a JSON list of more chat prompts, after the built-in ones "
+                        "(e.g. written by the base itself: python -m trt_llm.build.self_prompts)")
     parser.add_argument("--gen-tokens", type=int, default=96, help="greedy tokens generated per prompt")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (capped at the base's)")
@@ -428,7 +455,7 @@ def main(argv=None) -> int:
     base = AutoModelForCausalLM.from_pretrained(args.base, dtype=torch.float32).eval()
     layers = base.config.num_hidden_layers
     aux_ids = default_aux_layer_ids(layers)
-    prompts = prompt_set(args.prompts)
+    prompts = prompt_set(args.prompts) + read_extra_prompts(args.extra_prompts)
     log(f"base {args.base}: {layers} layers, hidden {base.config.hidden_size}, vocab {base.config.vocab_size}; "
         f"features = hidden states entering layers {aux_ids}")
 
