@@ -27,6 +27,7 @@ def test_keep_drops_short_repeated_and_marked_samples():
     assert len(seen) == 2
 
 
+@pytest.mark.slow
 def test_smollm2_writes_distinct_whole_prompts_reproducibly(smollm2_dir, tmp_path):
     """Each kept prompt is a whole user message the model ended itself; the same seed gives the same
     prompts (sample i draws with seed + i, whatever the batch), so a data cache keyed on them holds."""
