@@ -43,7 +43,7 @@ def test_smollm2_writes_distinct_whole_prompts_reproducibly(smollm2_dir, tmp_pat
     assert again == prompts[:2]
 
 
-def test_train_draft_appends_extra_prompts(tiny_model, tmp_path, capsys):
+def test_train_draft_appends_extra_prompts(tiny_model, tmp_path):
     base = tiny_model("llama", num_hidden_layers=6)
     extra = ["Describe a walk in a quiet forest.", "What makes a good cup of tea?"]
     (tmp_path / "extra.json").write_text(json.dumps(extra))
