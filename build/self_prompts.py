@@ -48,7 +48,7 @@ def write_prompts(base_dir: str, count: int, seed: int = 0, max_tokens: int = 64
     """`count` user prompts the base writes itself (see the module docstring)."""
     from transformers import AutoTokenizer
 
-    from trt_llm.build.train_draft import cpu_engine_model, generate
+    from trt_llm.build.train_draft import continue_prompts, cpu_engine_model
 
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     prefix = user_turn_prefix(tokenizer)
@@ -63,8 +63,7 @@ def write_prompts(base_dir: str, count: int, seed: int = 0, max_tokens: int = 64
                 raise SystemExit(f"self_prompts: only {len(prompts)} usable prompts in {tried} samples "
                                  f"(wanted {count}); raise --max-tokens or check the chat template")
             todo = (count - len(prompts)) * 5 // 4 + 1  # some samples are dropped
-            samples = generate(base_dir, [prefix] * todo, max_tokens, batch_size, threads, Path(work_dir),
-                               temperature=temperature, seed=seed + tried, model=model)
+            samples = continue_prompts(model, [prefix] * todo, max_tokens, batch_size, temperature, seed + tried)
             for sample in samples:
                 if not sample["eos_end"]:  # cut off by --max-tokens: not a whole message
                     continue

@@ -100,29 +100,33 @@ def cpu_engine_model(base_dir: str, batch_size: int, max_input_len: int, capacit
 
 
 def generate(base_dir: str, prompt_ids: list[list[int]], gen_tokens: int, batch_size: int, threads: int,
-             work_dir: Path, temperature: float = 0.0, seed: int = 0, model=None) -> list[dict]:
+             work_dir: Path) -> list[dict]:
     """Greedy continuations by this project's own cpu engine, built from the base in `work_dir`
     (token-identical to transformers' greedy `generate`, which is tested, and faster on a CPU: no
-    padding, no Python per layer; 75 against 28 tokens/s on 2 shared cores): [{'ids': LongTensor (prompt + generated, ending
-    with the end-of-sequence token when there was one), 'prompt_len', 'eos_end'}].
-    temperature > 0 samples instead, from the full distribution (no top-k or top-p), prompt i with
-    seed `seed + i` whatever the batching. `model`: an engine from cpu_engine_model to use instead
-    of building one (it must fit these prompts and tokens)."""
+    padding, no Python per layer; 75 against 28 tokens/s on 2 shared cores): see continue_prompts."""
+    longest = max(len(ids) for ids in prompt_ids)
+    model = cpu_engine_model(base_dir, batch_size, longest, longest + gen_tokens, threads, work_dir)
+    return continue_prompts(model, prompt_ids, gen_tokens, batch_size)
+
+
+def continue_prompts(model, prompt_ids: list[list[int]], gen_tokens: int, batch_size: int,
+                     temperature: float = 0.0, seed: int = 0) -> list[dict]:
+    """Up to `gen_tokens` more tokens for each prompt, on an engine from cpu_engine_model that fits them:
+    [{'ids': LongTensor (prompt + generated, ending with the end-of-sequence token when there was one),
+    'prompt_len', 'eos_end'}]. Greedy; temperature > 0 samples instead, from the full distribution (no
+    top-k or top-p), prompt i with seed `seed + i` whatever the batching."""
     from trt_llm.runtime.generate import END_OF_SEQUENCE, Sequence
     from trt_llm.runtime.generate import generate as engine_generate
     from trt_llm.runtime.sampler import Sampler, SamplingParams
     from trt_llm.schemas.build_config import MAX_BATCH_SIZE
 
-    batch_size = min(batch_size, MAX_BATCH_SIZE)
-    if model is None:
-        longest = max(len(ids) for ids in prompt_ids)
-        model = cpu_engine_model(base_dir, batch_size, longest, longest + gen_tokens, threads, work_dir)
+    batch_size = min(batch_size, MAX_BATCH_SIZE)  # as cpu_engine_model built it
+    params = SamplingParams(temperature=temperature, top_k=0, top_p=1.0)
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))  # similar lengths batch together
     results: list[dict | None] = [None] * len(prompt_ids)
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
         sequences = [Sequence(list(prompt_ids[i]), gen_tokens) for i in chunk]
-        params = SamplingParams(temperature=temperature, top_k=0, top_p=1.0)
         engine_generate(model, sequences, Sampler([params] * len(chunk), [seed + i for i in chunk]))
         for i, s in zip(chunk, sequences):
             results[i] = {"ids": torch.tensor(s.prompt_ids + s.generated, dtype=torch.long),
@@ -378,8 +382,7 @@ def load_or_make_data(args, base, tokenizer, prompts: list[str], aux_ids: list[i
             log(f"{args.data_cache} was made for other data: not used")
     stale = bool(sequences) and ("final" not in sequences[0]  # a cache from before these features existed
                                  or sequences[0]["top_ids"].shape[-1] < args.soft_top_k)
-    if stale:
-        collect_features(base, sequences, aux_ids, top_k=max(args.soft_top_k, 1))
+    new: list[dict] = []
     if len(sequences) < len(prompts):
         todo = prompts[len(sequences):]
         with tempfile.TemporaryDirectory(prefix="train-draft-") as work_dir:
@@ -387,9 +390,10 @@ def load_or_make_data(args, base, tokenizer, prompts: list[str], aux_ids: list[i
                            args.threads, Path(work_dir))
         log(f"generated {sum(len(s['ids']) - s['prompt_len'] for s in new)} tokens for {len(todo)} prompts "
             f"({time.time() - t0:.0f}s)")
-        collect_features(base, new, aux_ids, top_k=max(args.soft_top_k, 1))
+    if stale or new:
+        collect_features(base, sequences + new if stale else new, aux_ids, top_k=max(args.soft_top_k, 1))
         log(f"collected features ({time.time() - t0:.0f}s)")
-        sequences = sequences + new
+    sequences = sequences + new
     if args.data_cache and (stale or len(sequences) > have):
         torch.save({"key": key(prompts), "sequences": sequences}, args.data_cache)
     return sequences
