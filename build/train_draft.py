@@ -23,7 +23,9 @@ Recipe (defaults in brackets):
     embedding half small random) and fc as picking the deepest feature (--random-init: all random).
     --init-from DRAFT instead continues a fitted draft (its weights and its vocabulary), e.g. on more data.
     fc, the midlayer, the norm and the LM head are trained with AdamW (lr 1e-3, warm-up, cosine decay,
-    batches of 4 sequences, E [8] epochs).
+    batches of 4 sequences, E [8] epochs), the forward and backward passes in bf16 autocast where the CPU
+    multiplies bf16 natively (AVX512-BF16 or AMX: about 1.7x faster a step; --precision), the weights
+    and the optimizer in fp32.
  4. Loss: at base position t the step-0 input is (fc(features_t), embed(x_{t+1})) and the label is
     the base's choice for x_{t+2}; EAGLE3's training-time test unrolls `--ttt-steps` [3] steps, step k
     feeding the draft's own step-(k-1) hidden output (see Eagle3Draft.forward_ttt for the exact
@@ -41,6 +43,7 @@ Recipe (defaults in brackets):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import random
@@ -269,6 +272,28 @@ def init_draft(base, draft_ids: torch.Tensor, aux_ids: list[int], seed: int,
     return draft
 
 
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX), where bf16 autocast pays: without,
+    bf16 matmuls are emulated and slower than fp32."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
+def training_precision(choice: str) -> str:
+    """--precision: auto is bf16 where native_bf16(), else fp32."""
+    if choice == "auto":
+        return "bf16" if native_bf16() else "fp32"
+    return choice
+
+
+def autocast(precision: str):
+    """The context the training passes run in: bf16 autocast (matmuls in bf16, reductions such as
+    log-softmax kept in fp32 by autocast's own rules; weights and gradients stay fp32), or nothing."""
+    if precision == "bf16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 def run_batch(draft: Eagle3Draft, batch: Batch, steps: int):
     embeds = [draft.embed_tokens(batch.tokens[k]) for k in range(steps)]
     return draft.forward_ttt(batch.features, embeds, batch.position_ids, batch.key_padding)
@@ -323,6 +348,7 @@ def evaluate(draft: Eagle3Draft, batches, steps: int) -> dict:
 def train(draft: Eagle3Draft, train_seqs, held_seqs, args, target_to_draft, pad_id: int) -> list[dict]:
     rng = random.Random(args.seed)
     steps = args.ttt_steps
+    precision = training_precision(args.precision)
     soft = args.soft_top_k > 0
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
@@ -339,7 +365,8 @@ def train(draft: Eagle3Draft, train_seqs, held_seqs, args, target_to_draft, pad_
                                args.generated_only)
         running, count = 0.0, 0
         for batch in batches:
-            loss = batch_loss(run_batch(draft, batch, steps), batch, draft, args.hidden_loss)
+            with autocast(precision):
+                loss = batch_loss(run_batch(draft, batch, steps), batch, draft, args.hidden_loss)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -347,8 +374,9 @@ def train(draft: Eagle3Draft, train_seqs, held_seqs, args, target_to_draft, pad_
             schedule.step()
             running += loss.item()
             count += 1
-        record = {"epoch": epoch, "train_loss": running / max(count, 1), "seconds": time.time() - start}
-        if held_seqs:
+        record = {"epoch": epoch, "train_loss": running / max(count, 1), "seconds": time.time() - start,
+                  "precision": precision}
+        if held_seqs:  # in fp32, as the engine runs the draft
             result = evaluate(draft, make_batches(held_seqs, args.batch_size, steps, target_to_draft, pad_id, False,
                                                   rng, soft), steps)
             record.update(held_loss=result["loss"], held_top1=result["top1"], held_top5=result["top5"],
@@ -430,6 +458,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--gen-batch-size", type=int, default=16, help="sequences per generation batch")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--weight-decay", type=float, default=0.0)
+    parser.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
+                        help="training passes in bf16 autocast or fp32 (auto: bf16 where the CPU has native bf16)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--soft-top-k", type=int, default=16,
                         help="distil the base's top-k next-token distribution (0: its argmax only)")
@@ -494,7 +524,8 @@ def main(argv=None) -> int:
     target_to_draft[draft_ids] = torch.arange(len(draft_ids))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     log(f"draft: {count_parameters(draft) / 1e6:.1f}M trainable parameters, draft vocab {len(draft_ids)}; "
-        f"{len(train_seqs)} training / {len(held_seqs)} held-out sequences, {args.ttt_steps} TTT steps")
+        f"{len(train_seqs)} training / {len(held_seqs)} held-out sequences, {args.ttt_steps} TTT steps, "
+        f"{training_precision(args.precision)} training passes")
     history = train(draft, train_seqs, held_seqs, args, target_to_draft, pad_id)
 
     out = save_draft_eagle_format(draft, args.out)

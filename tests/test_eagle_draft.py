@@ -407,11 +407,13 @@ def test_train_draft_end_to_end(base, tmp_path, capsys):
 
     out = tmp_path / "trained"
     assert train_draft.main(["--base", str(base[0]), "--out", str(out), "--prompts", "12", "--gen-tokens", "10",
-                             "--epochs", "2", "--draft-vocab", "64", "--threads", "1", "--batch-size", "4"]) == 0
+                             "--epochs", "2", "--draft-vocab", "64", "--threads", "1", "--batch-size", "4",
+                             "--precision", "bf16"]) == 0
     err = capsys.readouterr().err
     assert "epoch   2" in err and "step0 top1" in err and "step1 top1" in err
     report = json.loads((out / "train_report.json").read_text())
     assert len(report["history"]) == 2 and report["aux_layer_ids"] == [2, 3, 3]
+    assert report["history"][-1]["precision"] == "bf16" and "bf16 training passes" in err
     draft = load_draft(out, base[1].config, embedding(base[1]))
     assert draft.dims.draft_vocab_size == 64 and draft.aux_layer_ids == [2, 3, 3]
     assert int(draft.t2d.sum()) == 64
@@ -481,6 +483,38 @@ def test_trainer_generates_the_base_models_greedy_tokens(base, tmp_path):
             new = new[:ended + 1]
         assert s["prompt_len"] == len(ids) and s["ids"].tolist() == ids + new
         assert s["eos_end"] == (ended is not None)
+
+
+def test_bf16_training_passes_match_fp32(base, monkeypatch):
+    """--precision bf16: the draft's matmuls run in bf16 under autocast, the TTT loss stays within 2% of
+    the fp32 one on the same batch, and the gradients land on the fp32 weights."""
+    from trt_llm.build.train_draft import Batch, autocast, batch_loss, run_batch, training_precision
+
+    draft = random_draft(base[1]).train()
+    vocab, n = base[1].config.vocab_size, 12
+    target_to_draft = torch.full((vocab,), -100, dtype=torch.long)
+    target_to_draft[draft.draft_to_target(torch.arange(DRAFT_VOCAB))] = torch.arange(DRAFT_VOCAB)
+    torch.manual_seed(1)
+    in_vocab = draft.draft_to_target(torch.arange(DRAFT_VOCAB))
+    seqs = [{"ids": in_vocab[torch.randint(0, DRAFT_VOCAB, (n,))], "prompt_len": 3, "eos_end": False,
+             "features": torch.randn(n, 3 * draft.dims.hidden_size), "choice": in_vocab[torch.randint(0, DRAFT_VOCAB, (n,))],
+             "top_ids": in_vocab[torch.randint(0, DRAFT_VOCAB, (n, 4))], "top_probs": torch.softmax(torch.randn(n, 4), -1),
+             "final": torch.randn(n, draft.dims.hidden_size)} for _ in range(2)]
+    batch = Batch(seqs, 3, target_to_draft, pad_id=0, soft=True)
+    losses = {}
+    for precision in ("fp32", "bf16"):
+        with autocast(precision):
+            outputs = run_batch(draft, batch, 3)
+            losses[precision] = batch_loss(outputs, batch, draft, 1.0)
+        assert outputs[0][0].dtype == (torch.bfloat16 if precision == "bf16" else torch.float32)
+    assert abs(losses["bf16"].item() / losses["fp32"].item() - 1) < 0.02
+    losses["bf16"].backward()
+    assert draft.fc.weight.grad is not None and draft.fc.weight.grad.dtype == torch.float32
+    from trt_llm.build import train_draft
+
+    for native, chosen in ((True, "bf16"), (False, "fp32")):  # auto: bf16 only where the CPU has it natively
+        monkeypatch.setattr(train_draft, "native_bf16", lambda: native)
+        assert training_precision("auto") == chosen and training_precision("fp32") == "fp32"
 
 
 def test_training_rows_line_up():
