@@ -517,6 +517,28 @@ def test_bf16_training_passes_match_fp32(base, monkeypatch):
         assert training_precision("auto") == chosen and training_precision("fp32") == "fp32"
 
 
+def test_collected_features_are_each_sequences_own_hidden_states(base):
+    """collect_features on a ragged batch gives, per sequence, what transformers gives for it alone: the
+    aux hidden states (fp16, within fp16 rounding), the argmax choice and the last normed hidden state."""
+    from trt_llm.build.train_draft import collect_features, half_if_in_range
+
+    torch.manual_seed(3)
+    vocab = base[1].config.vocab_size
+    seqs = [{"ids": torch.randint(3, vocab, (n,))} for n in (7, 12, 4)]
+    aux = ed.default_aux_layer_ids(LAYERS)
+    collect_features(base[1], seqs, aux, batch_size=3, top_k=4)
+    for s in seqs:
+        with torch.no_grad():
+            alone = base[1](input_ids=s["ids"][None], output_hidden_states=True)
+        expected = torch.cat([alone.hidden_states[i][0] for i in aux], -1)
+        assert s["features"].dtype == torch.float16 and s["final"].dtype == torch.float16
+        torch.testing.assert_close(s["features"].float(), expected, rtol=2e-3, atol=1e-4)
+        torch.testing.assert_close(s["final"].float(), alone.hidden_states[-1][0], rtol=2e-3, atol=1e-4)
+        assert torch.equal(s["choice"], alone.logits[0].argmax(-1))
+    big = torch.tensor([[1.0, 7.0e4]])  # beyond fp16: kept in fp32
+    assert half_if_in_range(big).dtype == torch.float32 and torch.equal(half_if_in_range(big), big)
+
+
 def test_training_rows_line_up():
     """Row t, step k: fed token x[t+1+k], label the base's choice after it, 'generated' when that
     label follows a generated token; nothing after an end-of-sequence token is a label."""
