@@ -359,7 +359,7 @@ def evaluate(draft: Eagle3Draft, batches, steps: int) -> dict:
 def train(draft: Eagle3Draft, train_seqs, held_seqs, args, target_to_draft, pad_id: int) -> list[dict]:
     rng = random.Random(args.seed)
     steps = args.ttt_steps
-    precision = training_precision(args.precision)
+    precision = args.precision  # resolved by main: fp32 or bf16
     soft = args.soft_top_k > 0
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
@@ -495,6 +495,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    args.precision = training_precision(args.precision)  # once: the report's args show what ran
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(args.threads)
@@ -536,7 +537,7 @@ def main(argv=None) -> int:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     log(f"draft: {count_parameters(draft) / 1e6:.1f}M trainable parameters, draft vocab {len(draft_ids)}; "
         f"{len(train_seqs)} training / {len(held_seqs)} held-out sequences, {args.ttt_steps} TTT steps, "
-        f"{training_precision(args.precision)} training passes")
+        f"{args.precision} training passes")
     history = train(draft, train_seqs, held_seqs, args, target_to_draft, pad_id)
 
     out = save_draft_eagle_format(draft, args.out)

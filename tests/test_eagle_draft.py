@@ -488,14 +488,15 @@ def test_trainer_generates_the_base_models_greedy_tokens(base, tmp_path):
 def test_bf16_training_passes_match_fp32(base, monkeypatch):
     """--precision bf16: the draft's matmuls run in bf16 under autocast, the TTT loss stays within 2% of
     the fp32 one on the same batch, and the gradients land on the fp32 weights."""
+    from trt_llm.build import train_draft
     from trt_llm.build.train_draft import Batch, autocast, batch_loss, run_batch, training_precision
 
     draft = random_draft(base[1]).train()
     vocab, n = base[1].config.vocab_size, 12
-    target_to_draft = torch.full((vocab,), -100, dtype=torch.long)
-    target_to_draft[draft.draft_to_target(torch.arange(DRAFT_VOCAB))] = torch.arange(DRAFT_VOCAB)
-    torch.manual_seed(1)
     in_vocab = draft.draft_to_target(torch.arange(DRAFT_VOCAB))
+    target_to_draft = torch.full((vocab,), -100, dtype=torch.long)
+    target_to_draft[in_vocab] = torch.arange(DRAFT_VOCAB)
+    torch.manual_seed(1)
     seqs = [{"ids": in_vocab[torch.randint(0, DRAFT_VOCAB, (n,))], "prompt_len": 3, "eos_end": False,
              "features": torch.randn(n, 3 * draft.dims.hidden_size), "choice": in_vocab[torch.randint(0, DRAFT_VOCAB, (n,))],
              "top_ids": in_vocab[torch.randint(0, DRAFT_VOCAB, (n, 4))], "top_probs": torch.softmax(torch.randn(n, 4), -1),
@@ -510,8 +511,6 @@ def test_bf16_training_passes_match_fp32(base, monkeypatch):
     assert abs(losses["bf16"].item() / losses["fp32"].item() - 1) < 0.02
     losses["bf16"].backward()
     assert draft.fc.weight.grad is not None and draft.fc.weight.grad.dtype == torch.float32
-    from trt_llm.build import train_draft
-
     for native, chosen in ((True, "bf16"), (False, "fp32")):  # auto: bf16 only where the CPU has it natively
         monkeypatch.setattr(train_draft, "native_bf16", lambda: native)
         assert training_precision("auto") == chosen and training_precision("fp32") == "fp32"
