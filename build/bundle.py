@@ -82,7 +82,7 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
         "model": {
             "source": checkpoint.source,
             "family": checkpoint.family.name,
-            "architecture": (hf_config.architectures or [None])[0],
+            "architecture": checkpoint.family.architecture,
             "dtype": config.dtype,
             "dims": dims,
             "eos_token_ids": eos_token_ids(checkpoint),

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -39,21 +41,33 @@ def _location(model: str) -> tuple[str, dict]:
     return model, {}  # a hub id; from_pretrained resolves it (or says why it cannot)
 
 
+@contextmanager
+def _loading(model: str) -> Iterator[None]:
+    """A checkpoint that transformers cannot read (a truncated GGUF or safetensors file, a broken
+    config) is one CheckpointError, whatever the loader it failed in raised."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except Exception as error:  # gguf, safetensors, json and transformers each raise their own kinds
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise CheckpointError(f"model: cannot load {model!r}: {first[:300]}") from None
+
+
 def load_checkpoint(model: str, dtype: str, trust_remote_code: bool = False) -> Checkpoint:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     location, extra = _location(model)
-    try:
+    with _loading(model):
         config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code, **extra)
-    except OSError as error:
-        raise CheckpointError(f"model: cannot load {model!r}: {error}") from error
     family = family_for(config)  # refuse an unsupported architecture before loading any weights
-    # Weights load in fp32 and are cast by the graph builder: GGUF dequantisation and the rotary
-    # tables are computed in fp32 either way.
-    hf_model = AutoModelForCausalLM.from_pretrained(
-        location, dtype=torch.float32, trust_remote_code=trust_remote_code, **extra
-    ).eval()
-    tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code, **extra)
+    with _loading(model):
+        # Weights load in fp32 and are cast by the graph builder: GGUF dequantisation and the rotary
+        # tables are computed in fp32 either way.
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            location, dtype=torch.float32, trust_remote_code=trust_remote_code, **extra
+        ).eval()
+        tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code, **extra)
     try:
         generation_config = GenerationConfig.from_pretrained(location, **extra)
     except OSError:

@@ -8,14 +8,15 @@ same folder. `--export-only` stops after the first and leaves the bundle in outp
 
 from __future__ import annotations
 
-import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
 from trt_llm.build.compile import BuildError, CompileOptions, backend_version, check_backend, compile_in_place, engine_config
 from trt_llm.build.progress import Steps
-from trt_llm.build.staging import staged
+from trt_llm.build.staging import OutputDirError, staged
+from trt_llm.runtime.cli_args import Interrupted, OneLineParser, signals_interrupt
 from trt_llm.schemas.build_config import BuildConfig, ConfigError, load_build_config
 
 
@@ -43,26 +44,41 @@ def build_engine(config: BuildConfig, progress: bool = True, export_only: bool =
     return out
 
 
+def quiet_transformers() -> None:
+    """--quiet: no progress bars from transformers or the hub while a checkpoint loads."""
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="trt-llm-build", description="Build an engine directory from a Hugging Face checkpoint.")
     parser.add_argument("config", help="build config (YAML)")
     parser.add_argument("--export-only", action="store_true",
                         help="stop after the export: write a portable bundle (no engine) to output_dir, "
                              "for trt-llm-compile; the config's backend is not used")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     from trt_llm.build.checkpoint import CheckpointError
     from trt_llm.build.eagle_build import DraftError
     from trt_llm.build.families import UnsupportedArchitecture
 
-    try:
-        config = load_build_config(args.config)
-        out = build_engine(config, progress=not args.quiet, export_only=args.export_only)
-    except (ConfigError, CheckpointError, UnsupportedArchitecture, BuildError, DraftError) as error:
-        print(f"trt-llm-build: error: {error}", file=sys.stderr)
-        return 2
+    if args.quiet:
+        quiet_transformers()
+    with signals_interrupt():
+        try:
+            config = load_build_config(args.config)
+            out = build_engine(config, progress=not args.quiet, export_only=args.export_only)
+        except (ConfigError, CheckpointError, UnsupportedArchitecture, BuildError, DraftError,
+                OutputDirError) as error:
+            print(f"trt-llm-build: error: {error}", file=sys.stderr)
+            return 2
+        except Interrupted as interrupt:  # the staging folder is gone, the old engine untouched
+            print(f"trt-llm-build: interrupted ({interrupt.name}); nothing was written", file=sys.stderr)
+            return interrupt.exit_status
     if args.export_only:
         print(f"bundle written: {out} (compile it with: trt-llm-compile {out} --backend BACKEND -o ENGINE_DIR)",
               file=sys.stderr)

@@ -7,24 +7,19 @@ checkpoint loaders. Exit status: 0 written, 2 nothing written (the message says 
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 
 from trt_llm.build.compile import SUPPORTED_DTYPES, BuildError, CompileOptions, compile_bundle
 from trt_llm.build.engine_dir import BundleError
+from trt_llm.build.staging import OutputDirError
+from trt_llm.runtime.cli_args import Interrupted, OneLineParser, signals_interrupt
 
 PROG = "trt-llm-compile"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, like every other error of this command
-        print(f"{PROG}: error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog=PROG, description="Compile a bundle from trt-llm-build --export-only into an engine "
+    parser = OneLineParser(prog=PROG, description="Compile a bundle from trt-llm-build --export-only into an engine "
                      "directory for one backend.")
     parser.add_argument("bundle", help="bundle directory (trt-llm-build CONFIG --export-only)")
     parser.add_argument("--backend", default="cpu", help=f"{', '.join(SUPPORTED_DTYPES)} (default: cpu)")
@@ -39,13 +34,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     options = CompileOptions(args.backend, args.max_batch_size, args.max_input_len, args.rtx_compute_capability)
-    try:
-        if args.backend not in SUPPORTED_DTYPES:
-            raise BuildError(f"backend: {args.backend!r} is not a backend; choose one of {', '.join(SUPPORTED_DTYPES)}")
-        out = compile_bundle(args.bundle, args.output, options, progress=not args.quiet)
-    except (BundleError, BuildError) as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
+    with signals_interrupt():
+        try:
+            if args.backend not in SUPPORTED_DTYPES:
+                raise BuildError(f"backend: {args.backend!r} is not a backend; choose one of "
+                                 f"{', '.join(SUPPORTED_DTYPES)}")
+            out = compile_bundle(args.bundle, args.output, options, progress=not args.quiet)
+        except (BundleError, BuildError, OutputDirError) as error:
+            print(f"{PROG}: error: {error}", file=sys.stderr)
+            return 2
+        except Interrupted as interrupt:
+            print(f"{PROG}: interrupted ({interrupt.name}); nothing was written", file=sys.stderr)
+            return interrupt.exit_status
     print(f"engine directory written: {out}", file=sys.stderr)
     return 0
 

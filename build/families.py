@@ -8,14 +8,15 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Family:
     name: str
+    architecture: str  # the HF class the manifest names (a GGUF's config lists none)
     # Qwen3 normalises q and k per head (RMSNorm over head_dim) before rotary.
     qk_norm: bool = False
 
 
 FAMILIES: dict[str, Family] = {
-    "LlamaForCausalLM": Family("llama"),
-    "Qwen2ForCausalLM": Family("qwen2"),
-    "Qwen3ForCausalLM": Family("qwen3", qk_norm=True),
+    "LlamaForCausalLM": Family("llama", "LlamaForCausalLM"),
+    "Qwen2ForCausalLM": Family("qwen2", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": Family("qwen3", "Qwen3ForCausalLM", qk_norm=True),
 }
 
 
