@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 FORMAT_VERSION = 1
 RUNNABLE_BACKENDS = ("cpu", "tensorrt", "tensorrt-rtx")  # the TensorRT ones need their module and a GPU
@@ -25,6 +27,20 @@ class EngineDirError(ValueError):
     pass
 
 
+@contextmanager
+def loading(what: str, path: Path) -> Iterator[None]:
+    """Any failure while a file of the engine directory loads (a truncated graph or tensor file, a
+    damaged tokenizer) means the directory is unusable: one EngineDirError naming the file."""
+    try:
+        yield
+    except EngineDirError:
+        raise
+    except Exception as error:  # ONNX Runtime, safetensors and tokenizers each raise their own kinds
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise EngineDirError(f"{path}: cannot load the {what} ({first[:300]}); the engine directory is "
+                             "damaged: rebuild it with trt-llm-build") from None
+
+
 @dataclass
 class EngineDir:
     path: Path
@@ -32,27 +48,33 @@ class EngineDir:
 
     @classmethod
     def open(cls, path: str | Path) -> "EngineDir":
+        from trt_llm.schemas.manifest import ManifestError, validate_manifest
+
         path = Path(path)
         manifest_path = path / "manifest.json"
         if not manifest_path.is_file():
             raise EngineDirError(f"engine directory {str(path)!r}: no manifest.json (build one with trt-llm-build)")
         try:
-            manifest = json.loads(manifest_path.read_text())
-        except (OSError, json.JSONDecodeError) as error:
-            raise EngineDirError(f"{manifest_path}: unreadable manifest: {error}") from error
-        if manifest.get("kind") == "bundle":
+            manifest = json.loads(manifest_path.read_bytes().decode("utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
+            raise EngineDirError(f"{manifest_path}: unreadable manifest: {error}") from None
+        if isinstance(manifest, dict) and manifest.get("kind") == "bundle":
             raise EngineDirError(f"{path}: a portable bundle, not an engine directory; compile it first: "
                                  f"trt-llm-compile {path} --backend cpu -o ENGINE_DIR")
-        version = manifest.get("format_version")
-        if version != FORMAT_VERSION:
+        version = manifest.get("format_version") if isinstance(manifest, dict) else None
+        if isinstance(manifest, dict) and version != FORMAT_VERSION:
             raise EngineDirError(
                 f"{manifest_path}: engine format version {version!r}, this runtime reads version "
                 f"{FORMAT_VERSION}; rebuild the engine with this version of trt-llm-build")
-        backend = manifest.get("backend")
-        why = backend_missing(backend) if isinstance(backend, str) else "no backend named"
+        try:
+            typed = validate_manifest(manifest, str(manifest_path))
+        except ManifestError as error:
+            raise EngineDirError(str(error)) from None
+        backend = typed.backend
+        why = backend_missing(backend) if backend else "no backend named"
         if why:
             raise EngineDirError(f"{manifest_path}: backend {backend!r} cannot run here: {why}")
-        built_with = manifest.get("components", {}).get("llm", {}).get("tensorrt_version")
+        built_with = typed.components.llm.tensorrt_version
         if built_with is not None:
             from trt_llm.runtime.trt_import import import_tensorrt
 
@@ -62,9 +84,18 @@ class EngineDir:
                     f"{manifest_path}: the engine was built with {backend} {built_with}, this machine "
                     f"has {running}; rebuild it with trt-llm-build here")
         engine = cls(path, manifest)
-        for name in ("engine", "embedding"):
-            if not engine.component_path("llm", name).is_file():
-                raise EngineDirError(f"{path}: missing {manifest['components']['llm'][name]}")
+        components = typed.components
+        files = [("llm", "engine", components.llm.engine), ("llm", "embedding", components.llm.embedding)]
+        if components.draft is not None:
+            files += [("draft", "engine", components.draft.engine), ("draft", "tensors", components.draft.tensors)]
+        for component, key, relative in files:
+            if relative is None:
+                raise EngineDirError(f"{manifest_path}: corrupt manifest: components.{component}.{key}: "
+                                     "required field missing; rebuild the engine with trt-llm-build")
+            if not (path / relative).is_file():
+                raise EngineDirError(f"{path}: missing {relative} ({component} {key}); rebuild the engine")
+        if not (path / components.tokenizer.dir / "tokenizer.json").is_file():
+            raise EngineDirError(f"{path}: missing {components.tokenizer.dir}/tokenizer.json; rebuild the engine")
         return engine
 
     @property

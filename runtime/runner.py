@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from trt_llm.runtime.detokenizer import IncrementalDetokenizer
 from trt_llm.runtime.eagle import SpecConfig, SpecStats, check_spec, generate_eagle, load_draft_engine
-from trt_llm.runtime.engine_dir import EngineDir
+from trt_llm.runtime.engine_dir import EngineDir, loading
 from trt_llm.runtime.generate import Model, Sequence, generate
 from trt_llm.runtime.lora import LoraAdapter, LoraError, batch_inputs, load_adapter
 from trt_llm.runtime.prefix_cache import PrefixCache
@@ -58,17 +58,27 @@ class Runner:
 
         self.engine_dir = engine_dir
         dims = engine_dir.dims
-        embedding = load_file(str(engine_dir.component_path("llm", "embedding")))["embedding"]
+        embedding_path = engine_dir.component_path("llm", "embedding")
+        with loading("embedding", embedding_path):
+            embedding = load_file(str(embedding_path))["embedding"]
+            if embedding.shape != (dims["vocab_size"], dims["hidden_size"]):
+                raise ValueError(f"shape {list(embedding.shape)}, the manifest says "
+                                 f"[{dims['vocab_size']}, {dims['hidden_size']}]")
         eagle = engine_dir.manifest["model"].get("eagle") or {}
         # Under speculation the base and the draft sessions alternate: neither may spin (measured on
         # 2 cores: EAGLE3 0.53x -> 1.07x vanilla). Vanilla decoding keeps spinning (about 10% faster).
-        engine = open_engine(engine_dir, threads, spinning=not (eagle and spec_decode))
+        with loading("engine", engine_dir.component_path("llm", "engine")):
+            engine = open_engine(engine_dir, threads, spinning=not (eagle and spec_decode))
         self.model = Model(engine, embedding, dims, engine_dir.eos_token_ids,
                            engine_dir.limits["max_kv_cache_capacity"], eagle.get("feature_width", 0))
-        self.draft = load_draft_engine(engine_dir, threads, embedding) if eagle and spec_decode else None
+        self.draft = None
+        if eagle and spec_decode:
+            with loading("EAGLE draft", engine_dir.path / "draft"):
+                self.draft = load_draft_engine(engine_dir, threads, embedding)
         self.spec = check_spec(spec or SpecConfig(), engine_dir) if self.draft else None
         self.spec_stats = SpecStats()
-        self.tokenizer = Tokenizer.from_dir(engine_dir.tokenizer_dir)
+        with loading("tokenizer", engine_dir.tokenizer_dir):
+            self.tokenizer = Tokenizer.from_dir(engine_dir.tokenizer_dir)
         self.token_bytes = TokenBytes(self.tokenizer, vocab_size=dims["vocab_size"])
         self.limits = engine_dir.limits
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(engine_dir.identity)
@@ -77,17 +87,28 @@ class Runner:
         self.lora_layout = engine_dir.manifest.get("lora")
         self._adapters: dict[tuple[str, str], LoraAdapter | LoraError] = {}  # read once per path
 
-    def run(self, loaded: LoadedInput, settings: InputSettings) -> OutputFile:
+    def run(self, loaded: LoadedInput, settings: InputSettings,
+            finished: list[Response] | None = None) -> OutputFile:
+        """The output file of `loaded`. `finished`, when given, receives each batch's responses as
+        the batch completes, so an interrupted run can still write them (interrupted_output)."""
         if settings.batch_size > self.limits["max_batch_size"]:
             raise RunError(f"batch_size {settings.batch_size} exceeds the engine's max_batch_size "
                            f"{self.limits['max_batch_size']}")
         formatter = PromptFormatter(self.tokenizer, settings.apply_chat_template,
                                     settings.add_generation_prompt, settings.enable_thinking)
-        responses: list[Response] = []
+        responses = [] if finished is None else finished
         slots = loaded.requests
-        for batch_start in range(0, len(slots), settings.batch_size):
+        batches = range(0, len(slots), settings.batch_size)
+        for number, batch_start in enumerate(batches, 1):
             batch = slots[batch_start: batch_start + settings.batch_size]
-            responses += self._run_batch(batch, batch_start, loaded, settings, formatter)
+            started = time.perf_counter()
+            done = self._run_batch(batch, batch_start, loaded, settings, formatter)
+            responses += done
+            log.info("batch %d of %d: requests %d-%d, %d tokens generated in %.2f s%s", number, len(batches),
+                     batch_start, batch_start + len(batch) - 1, sum(r.generated_tokens for r in done),
+                     time.perf_counter() - started,
+                     f", {sum(r.finish_reason == 'error' for r in done)} failed"
+                     if any(r.finish_reason == "error" for r in done) else "")
         return OutputFile(input_file=loaded.source, responses=responses)
 
     def _run_batch(self, batch, batch_start, loaded, settings, formatter) -> list[Response]:
@@ -127,7 +148,9 @@ class Runner:
                 else:
                     generate(self.model, sequences, sampler, num_logprobs, self.profiler, lora_inputs)
             except Exception as error:  # the engine failed: this batch's requests fail, the run goes on
-                log.exception("batch starting at request %d failed", batch_start)
+                # One line; the traceback only with -v (it is for us, the message is for the user).
+                log.error("batch starting at request %d failed: %s", batch_start, error)
+                log.info("the batch's traceback:", exc_info=True)
                 for p in prepared:
                     results[p.index] = _error(p.index, p.index - batch_start, f"batch failed: {error}",
                                               loaded.raw_requests[p.index]["messages"])
@@ -244,6 +267,23 @@ class Runner:
 
 def _error(index: int, batch_idx: int, message: str, messages) -> Response:
     log.error("%s", message)
+    return error_response(index, batch_idx, message, messages)
+
+
+def error_response(index: int, batch_idx: int, message: str, messages) -> Response:
     return Response(request_idx=index, batch_idx=batch_idx, output_text="", finish_reason="error",
                     error=message, messages=messages if isinstance(messages, list) else [])
+
+
+def interrupted_output(loaded: LoadedInput, settings: InputSettings, finished: list[Response],
+                       why: str) -> OutputFile:
+    """The output of a run stopped by a signal: every finished response, and the others failed
+    with `why`, so that nothing that was computed is lost."""
+    done = {response.request_idx: response for response in finished}
+    responses = []
+    for index, raw in enumerate(loaded.raw_requests):
+        messages = raw.get("messages") if isinstance(raw, dict) else None
+        responses.append(done.get(index) or error_response(
+            index, index % settings.batch_size, f"requests[{index}]: {why}", messages))
+    return OutputFile(input_file=loaded.source, responses=responses)
 

@@ -122,7 +122,9 @@ def describe(err: Mapping[str, Any], ranges: Mapping[str, str] = {}) -> str:
     if kind == "union_tag_not_found":
         return f"missing {ctx.get('discriminator', 'tag')}"
     if kind in ("too_long", "too_short"):
-        actual = ctx.get("actual_length")
+        # The count comes from the value itself: pydantic's context has carried it in some
+        # versions and not in others (2.14 dropped it for dicts).
+        actual = len(value) if hasattr(value, "__len__") else ctx.get("actual_length")
         unit = "entries" if ctx.get("field_type") == "Dictionary" else _UNITS.get(field, "items")
         if kind == "too_long":
             return f"{actual} {unit}, at most {ctx.get('max_length')} allowed"

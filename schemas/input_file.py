@@ -242,15 +242,44 @@ def load_input_file(path: str | Path) -> LoadedInput:
         raise InputFileError(f"{source}: cannot read file: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
         raise InputFileError(f"{source}: not UTF-8 text (byte {e.start})") from None
+    duplicates: dict[int, list[str]] = {}
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        data = json.loads(text, parse_constant=_reject_constant,
+                          object_pairs_hook=lambda pairs: _object(pairs, duplicates))
     except json.JSONDecodeError as e:
         raise InputFileError(f"{source}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except ValueError as e:  # NaN / Infinity, or an integer too long for Python to parse
         raise InputFileError(f"{source}: not valid JSON: {e}") from None
     except RecursionError:
         raise InputFileError(f"{source}: not valid JSON: nested too deeply") from None
-    return parse_input_dict(data, source)
+    loaded = parse_input_dict(data, source)
+    if duplicates:
+        loaded.warnings[:0] = [f"{where}: duplicate key {key!r}; the last value is used"
+                               for where, key in _duplicate_keys(data, duplicates)]
+    return loaded
+
+
+def _object(pairs: list[tuple[str, Any]], duplicates: dict[int, list[str]]) -> dict:
+    # JSON allows a key twice in one object and keeps the last; a user who wrote it twice most
+    # likely meant one of them, so each one is reported (by the object's id, located below).
+    result = dict(pairs)
+    if len(result) < len(pairs):
+        seen: set[str] = set()
+        duplicates[id(result)] = [k for k, _ in pairs if k in seen or seen.add(k)]
+    return result
+
+
+def _duplicate_keys(value: Any, duplicates: dict[int, list[str]], where: str = "") -> list[tuple[str, str]]:
+    """(path, key) of each duplicate key in the decoded document, in document order."""
+    found = []
+    if isinstance(value, dict):
+        found += [(where or "top level", key) for key in dict.fromkeys(duplicates.get(id(value), []))]
+        for key, item in value.items():
+            found += _duplicate_keys(item, duplicates, f"{where}.{key}" if where else key)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found += _duplicate_keys(item, duplicates, f"{where}[{index}]")
+    return found
 
 
 def _reject_constant(name: str) -> Any:

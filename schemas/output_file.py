@@ -9,12 +9,14 @@ is kept.
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 FinishReason = Literal["end-of-sequence", "max-length", "stop-words", "error"]
 Byte = Annotated[int, Field(ge=0, le=255)]
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class LogprobCandidate(BaseModel):
@@ -61,10 +63,14 @@ class OutputFile(BaseModel):
     responses: list[Response]
 
     def to_json(self, indent: int | None = 2) -> str:
-        """The file's text. ``None`` fields are omitted (see module doc); non-ASCII is kept as is,
-        so write it with ``encoding="utf-8"``."""
+        """The file's text. ``None`` fields are omitted (see module doc); non-ASCII is kept as is
+        (write it with ``encoding="utf-8"``), lone surrogates escaped."""
         data = self.model_dump(mode="json", exclude_none=True)
-        return json.dumps(data, indent=indent, ensure_ascii=False) + "\n"
+        text = json.dumps(data, indent=indent, ensure_ascii=False) + "\n"
+        # An echoed message (or a file name) may hold a lone surrogate ("\ud800" in the input):
+        # it has no UTF-8 form, so it is written back as the JSON escape it came in as. Only
+        # string contents can hold one, so this keeps the JSON valid and the value exact.
+        return _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 __all__ = ["FinishReason", "LogprobCandidate", "Response", "OutputFile"]

@@ -1,0 +1,147 @@
+"""The manifest of an engine directory or bundle (`manifest.json`), as the runtime reads it.
+
+The build writes it (build/bundle.py, build/compile.py); `EngineDir.open` validates it with these
+models before anything else is read, so a corrupt or hand-edited manifest (wrong JSON type, a key
+missing or mistyped, a path that leaves the engine directory) is one line naming the key, never a
+KeyError later. Unknown keys are allowed: a newer build may add sections this runtime ignores.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticCustomError
+
+from ._errors import format_errors, json_type
+
+_LENIENT = ConfigDict(strict=True, extra="allow")
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+def _inside(value: str) -> str:
+    # Every file the runtime opens is named here: none may point outside the engine directory.
+    path = PurePosixPath(value)
+    if not value or path.is_absolute() or ".." in path.parts or "\\" in value:
+        raise PydanticCustomError("outside_engine_dir", "{value} is not a path inside the engine directory",
+                                  {"value": repr(value)})
+    return value
+
+
+RelativePath = Annotated[str, AfterValidator(_inside)]
+
+
+class Dims(BaseModel):
+    model_config = _LENIENT
+    hidden_size: PositiveInt
+    num_layers: PositiveInt
+    num_heads: PositiveInt
+    kv_heads: PositiveInt
+    head_dim: PositiveInt
+    vocab_size: PositiveInt
+    rms_norm_eps: float
+
+
+class Eagle(BaseModel):
+    model_config = _LENIENT
+    feature_layers: list[int]
+    feature_width: PositiveInt
+
+
+class ModelSection(BaseModel):
+    model_config = _LENIENT
+    family: str
+    architecture: str | None = None
+    dtype: Literal["fp32", "fp16", "bf16"]
+    dims: Dims
+    eos_token_ids: list[Annotated[int, Field(ge=0)]]
+    eagle: Eagle | None = None
+
+
+class Limits(BaseModel):
+    model_config = _LENIENT
+    max_batch_size: PositiveInt
+    max_input_len: PositiveInt
+    max_kv_cache_capacity: PositiveInt
+
+
+class LlmComponent(BaseModel):
+    model_config = _LENIENT
+    graph: RelativePath
+    engine: RelativePath | None = None  # absent in a bundle
+    embedding: RelativePath
+    config: RelativePath
+    tensorrt_version: str | None = None
+
+
+class DraftComponent(BaseModel):
+    model_config = _LENIENT
+    graph: RelativePath
+    engine: RelativePath | None = None
+    tensors: RelativePath
+    max_draft_tree_size: PositiveInt
+    max_verify_tree_size: PositiveInt
+
+
+class TokenizerComponent(BaseModel):
+    model_config = _LENIENT
+    dir: RelativePath
+
+
+class Components(BaseModel):
+    model_config = _LENIENT
+    llm: LlmComponent
+    tokenizer: TokenizerComponent
+    draft: DraftComponent | None = None
+
+
+class LoraGroup(BaseModel):
+    model_config = _LENIENT
+    name: str
+    modules: list[str]
+    in_features: PositiveInt
+    out_features: PositiveInt
+    out_offsets: dict[str, Annotated[int, Field(ge=0)]]
+    module_out_features: dict[str, PositiveInt]
+
+
+class LoraLayout(BaseModel):
+    model_config = _LENIENT
+    max_rank: PositiveInt
+    target_modules: list[str]
+    num_layers: PositiveInt
+    groups: list[LoraGroup]
+
+
+class Manifest(BaseModel):
+    model_config = _LENIENT
+    format_version: int
+    kind: Literal["engine", "bundle"] = "engine"
+    backend: str | None
+    build_config: dict[str, Any]
+    model: ModelSection
+    limits: Limits
+    components: Components
+    lora: LoraLayout | None = None
+    tool_versions: dict[str, str] = Field(default_factory=dict)
+
+
+class ManifestError(ValueError):
+    """A manifest that does not hold what the runtime reads; the message names the key."""
+
+
+def validate_manifest(data: Any, source: str) -> Manifest:
+    """The manifest's typed view; `ManifestError` names the first bad keys (at most three)."""
+    if not isinstance(data, dict):
+        raise ManifestError(f"{source}: not a manifest: expected a JSON object, got {json_type(data)}")
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as error:
+        messages = format_errors(error)
+        more = f" (and {len(messages) - 3} more)" if len(messages) > 3 else ""
+        raise ManifestError(f"{source}: corrupt manifest: {'; '.join(messages[:3])}{more}; rebuild the engine "
+                            "with trt-llm-build") from None
+
+
+__all__ = ["Manifest", "ManifestError", "validate_manifest"]
