@@ -171,7 +171,7 @@ def compile_bundle(bundle_dir: str | Path, output_dir: str | Path, options: Comp
     tensorrt_version = backend_version(config)
     steps = Steps(2, "compile", progress)
     try:
-        with staged(out) as staging:
+        with staged(out, key="-o") as staging:
             with steps.step("copying the bundle"):
                 copy_tree(bundle, staging)
             compile_in_place(staging, manifest, config, steps, tensorrt_version)

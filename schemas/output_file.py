@@ -65,7 +65,9 @@ class OutputFile(BaseModel):
     def to_json(self, indent: int | None = 2) -> str:
         """The file's text. ``None`` fields are omitted (see module doc); non-ASCII is kept as is
         (write it with ``encoding="utf-8"``), lone surrogates escaped."""
-        data = self.model_dump(mode="json", exclude_none=True)
+        # Python mode: every field already holds JSON types, and pydantic's JSON mode cannot encode
+        # a lone surrogate in a key of an echoed message (it raises), which json.dumps can.
+        data = self.model_dump(exclude_none=True)
         text = json.dumps(data, indent=indent, ensure_ascii=False) + "\n"
         # An echoed message (or a file name) may hold a lone surrogate ("\ud800" in the input):
         # it has no UTF-8 form, so it is written back as the JSON escape it came in as. Only

@@ -2,5 +2,5 @@
 # Installs everything, then runs the whole test suite (tiny models + the real SmolLM2-135M).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --test
 python -m pytest -q "$@"
