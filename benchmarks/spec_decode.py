@@ -1,6 +1,6 @@
 """EAGLE3 speculative decoding against this project's own vanilla decoding, side by side in one run.
 
-SmolLM2-135M-Instruct with a fitted draft (python -m trt_llm.build.train_draft), greedy, on the cpu
+SmolLM2-135M-Instruct with a fitted draft (python -m trt_llm.draft_training.train_draft), greedy, on the cpu
 backend: mean accepted length per verification pass and decode tokens/s, vanilla and speculative
 alternating (the machine is shared and noisy: read the ratios), at batch 1 and batch 4.
 
@@ -31,7 +31,7 @@ PROMPTS = [
 
 
 def check_unseen(prompts: list[str]) -> None:
-    from trt_llm.build.draft_prompts import MAX_PROMPTS, prompt_set
+    from trt_llm.draft_training.prompts import MAX_PROMPTS, prompt_set
 
     seen = set(prompt_set(MAX_PROMPTS)) & set(prompts)
     if seen:

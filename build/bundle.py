@@ -39,7 +39,7 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
     from trt_llm.build import lora
     from trt_llm.build.checkpoint import TORCH_DTYPES, eos_token_ids, load_checkpoint
     from trt_llm.build.decoder import DecoderGraph, ModelDims
-    from trt_llm.build.eagle_build import export_eagle_draft, load_eagle_draft, manifest_entries
+    from trt_llm.build.eagle.stage import export_eagle_draft, load_eagle_draft, manifest_entries
     from trt_llm.build.export import export_decoder
 
     dtype = TORCH_DTYPES[config.dtype]

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     from trt_llm.build.checkpoint import CheckpointError
-    from trt_llm.build.eagle_build import DraftError
+    from trt_llm.build.eagle.stage import DraftError
     from trt_llm.build.families import UnsupportedArchitecture
 
     if args.quiet:

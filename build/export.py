@@ -79,7 +79,7 @@ DRAFT_OUTPUTS = ["logits", "hidden_out", "present_key_0", "present_value_0"]
 
 
 def export_draft(graph, hidden_size: int, kv_heads: int, head_dim: int, path: Path, dtype: torch.dtype) -> Path:
-    """The EAGLE3 draft graph (build/eagle_draft.py's DraftGraph): one layer, its own cache."""
+    """The EAGLE3 draft graph (build/eagle/graph.py's DraftGraph): one layer, its own cache."""
     batch, seq, kept, capacity = 2, 5, 3, 16  # distinct example sizes, as for the decoder
     example = (
         torch.zeros(batch, seq, hidden_size, dtype=dtype), torch.zeros(batch, seq, hidden_size, dtype=dtype),

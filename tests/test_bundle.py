@@ -218,7 +218,8 @@ def draft_bundle(tiny_model, tmp_path_factory):
     import torch
     from transformers import AutoConfig
 
-    from trt_llm.build.eagle_draft import Eagle3Draft, save_draft_eagle_format
+    from trt_llm.build.eagle.formats import save_draft_eagle_format
+    from trt_llm.build.eagle.model import Eagle3Draft
 
     base = tiny_model("llama", num_hidden_layers=4)
     config = AutoConfig.from_pretrained(base)

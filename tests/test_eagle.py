@@ -19,7 +19,8 @@ from trt_llm.schemas.input_file import parse_input_dict
 @pytest.fixture(scope="module")
 def engine(tiny_model, build_engine_for, tmp_path_factory):
     """A 4-layer tiny Llama with a random EAGLE3 draft (it rarely guesses right)."""
-    from trt_llm.build.eagle_draft import Eagle3Draft, save_draft_eagle_format
+    from trt_llm.build.eagle.formats import save_draft_eagle_format
+    from trt_llm.build.eagle.model import Eagle3Draft
 
     base = tiny_model("llama", num_hidden_layers=4)
     config = AutoModelForCausalLM.from_pretrained(base).config

@@ -10,8 +10,10 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.models.llama import modeling_llama as hf_llama
 
-from trt_llm.build import eagle_draft as ed
-from trt_llm.build.eagle_draft import DraftGraph, Eagle3Draft, load_draft, save_draft_eagle_format
+from trt_llm.build.eagle import model as ed
+from trt_llm.build.eagle.formats import load_draft, save_draft_eagle_format
+from trt_llm.build.eagle.graph import DraftGraph
+from trt_llm.build.eagle.model import Eagle3Draft
 
 DRAFT_VOCAB = 96
 LAYERS = 6  # default aux ids [2, 3, 3]
@@ -403,7 +405,7 @@ def test_shape_errors_name_the_file_and_tensor(base, tmp_path):
 
 
 def test_train_draft_end_to_end(base, tmp_path, capsys):
-    from trt_llm.build import train_draft
+    from trt_llm.draft_training import train_draft
 
     out = tmp_path / "trained"
     assert train_draft.main(["--base", str(base[0]), "--out", str(out), "--prompts", "12", "--gen-tokens", "10",
@@ -425,7 +427,7 @@ def test_train_draft_end_to_end(base, tmp_path, capsys):
 def test_train_draft_extends_its_data_cache_and_goes_on_from_a_draft(base, tmp_path, capsys):
     """More prompts with the same --data-cache generate only the new ones; --init-from continues a draft
     with its own vocabulary."""
-    from trt_llm.build import train_draft
+    from trt_llm.draft_training import train_draft
 
     common = ["--base", str(base[0]), "--gen-tokens", "6", "--epochs", "1", "--threads", "1",
               "--data-cache", str(tmp_path / "data.pt")]
@@ -450,7 +452,7 @@ def test_prompt_set_appends_its_second_crossing():
     valid); the second crossing follows without repeating any of them."""
     import itertools
 
-    from trt_llm.build.draft_prompts import HANDWRITTEN, MAX_PROMPTS, TEMPLATES, TOPICS, prompt_set
+    from trt_llm.draft_training.prompts import HANDWRITTEN, MAX_PROMPTS, TEMPLATES, TOPICS, prompt_set
 
     first = set(HANDWRITTEN) | {t.format(t=topic) for t, topic in itertools.product(TEMPLATES, TOPICS)}
     everything = prompt_set(MAX_PROMPTS)
@@ -466,7 +468,7 @@ def test_trainer_generates_the_base_models_greedy_tokens(base, tmp_path):
     generate gives for that prompt alone (cut after an end-of-sequence token), over a ragged batch."""
     from transformers import AutoTokenizer
 
-    from trt_llm.build import train_draft
+    from trt_llm.draft_training import train_draft
 
     path, model = base
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -488,8 +490,8 @@ def test_trainer_generates_the_base_models_greedy_tokens(base, tmp_path):
 def test_bf16_training_passes_match_fp32(base, monkeypatch):
     """--precision bf16: the draft's matmuls run in bf16 under autocast, the TTT loss stays within 2% of
     the fp32 one on the same batch, and the gradients land on the fp32 weights."""
-    from trt_llm.build import train_draft
-    from trt_llm.build.train_draft import Batch, autocast, batch_loss, run_batch, training_precision
+    from trt_llm.draft_training import train_draft
+    from trt_llm.draft_training.train_draft import Batch, autocast, batch_loss, run_batch, training_precision
 
     draft = random_draft(base[1]).train()
     vocab, n = base[1].config.vocab_size, 12
@@ -519,7 +521,7 @@ def test_bf16_training_passes_match_fp32(base, monkeypatch):
 def test_collected_features_are_each_sequences_own_hidden_states(base):
     """collect_features on a ragged batch gives, per sequence, what transformers gives for it alone: the
     aux hidden states (fp16, within fp16 rounding), the argmax choice and the last normed hidden state."""
-    from trt_llm.build.train_draft import collect_features, half_if_in_range
+    from trt_llm.draft_training.train_draft import collect_features, half_if_in_range
 
     torch.manual_seed(3)
     vocab = base[1].config.vocab_size
@@ -541,7 +543,7 @@ def test_collected_features_are_each_sequences_own_hidden_states(base):
 def test_training_rows_line_up():
     """Row t, step k: fed token x[t+1+k], label the base's choice after it, 'generated' when that
     label follows a generated token; nothing after an end-of-sequence token is a label."""
-    from trt_llm.build.train_draft import Batch
+    from trt_llm.draft_training.train_draft import Batch
 
     n, prompt_len, steps = 9, 4, 3
     ids = torch.arange(100, 100 + n)

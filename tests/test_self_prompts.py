@@ -1,4 +1,4 @@
-"""Prompts the base writes itself (build/self_prompts.py) and train_draft's --extra-prompts."""
+"""Prompts the base writes itself (draft_training/self_prompts.py) and train_draft's --extra-prompts."""
 
 import json
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from trt_llm.build import self_prompts, train_draft
+from trt_llm.draft_training import self_prompts, train_draft
 
 
 def test_user_turn_prefix_is_the_chat_template_up_to_the_message(tiny_model):

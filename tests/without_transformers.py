@@ -11,7 +11,8 @@ import sys
 
 FORBIDDEN_PACKAGES = ("transformers",)
 FORBIDDEN_MODULES = ("trt_llm.build.checkpoint", "trt_llm.build.decoder", "trt_llm.build.export",
-                     "trt_llm.build.bundle", "trt_llm.build.eagle_draft", "trt_llm.build.eagle_build")
+                     "trt_llm.build.bundle", "trt_llm.build.eagle.model", "trt_llm.build.eagle.graph",
+                     "trt_llm.build.eagle.formats", "trt_llm.build.eagle.stage")
 MARKER = "FORBIDDEN-MODULES-LOADED "
 
 _WRAPPER = f"""

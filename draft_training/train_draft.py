@@ -1,13 +1,13 @@
 """Fit an EAGLE3 draft to a base model on the CPU, from the base model's own greedy generations.
 
-    python -m trt_llm.build.train_draft --base HF_DIR --out DRAFT_DIR [--prompts N] [--gen-tokens T]
+    python -m trt_llm.draft_training.train_draft --base HF_DIR --out DRAFT_DIR [--prompts N] [--gen-tokens T]
         [--extra-prompts FILE] [--epochs E] [--draft-vocab V] [--threads 2] [--data-cache FILE]
         [--init-from DRAFT_DIR]
 
 Recipe (defaults in brackets):
- 1. Data: the built-in chat prompts of build/draft_prompts.py (the first N [the 210 hand-written
+ 1. Data: the built-in chat prompts of draft_training/prompts.py (the first N [the 210 hand-written
     ones; up to 6,609 with two crossings of templates with topics]), then those of --extra-prompts
-    (e.g. ones the base writes itself, build/self_prompts.py), through the base tokenizer's chat
+    (e.g. ones the base writes itself, draft_training/self_prompts.py), through the base tokenizer's chat
     template, each continued greedily for up to T [96] tokens (stopping at end of sequence) by this
     project's own cpu engine, built from the base for the purpose (transformers' greedy tokens,
     faster). One more transformers forward per sequence collects the features (`hidden_states[i]`
@@ -55,9 +55,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from trt_llm.build.draft_prompts import HANDWRITTEN, MAX_PROMPTS, prompt_set
-from trt_llm.build.eagle_draft import (Eagle3Draft, count_parameters, default_aux_layer_ids, load_draft,
-                                      save_draft_eagle_format)
+from trt_llm.draft_training.prompts import HANDWRITTEN, MAX_PROMPTS, prompt_set
+from trt_llm.build.eagle.formats import load_draft, save_draft_eagle_format
+from trt_llm.build.eagle.model import Eagle3Draft, count_parameters, default_aux_layer_ids
 
 
 LOSS_DECAY = 0.8  # step k of the training-time test weighs 0.8^k (EAGLE3)
@@ -452,14 +452,14 @@ def read_extra_prompts(path: str | None) -> list[str]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m trt_llm.build.train_draft", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m trt_llm.draft_training.train_draft", description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, help="the base model: a local Hugging Face folder")
     parser.add_argument("--out", required=True, help="the draft folder to write (EAGLE authors' layout)")
     parser.add_argument("--prompts", type=int, default=len(HANDWRITTEN),
                         help=f"how many built-in prompts (<= {MAX_PROMPTS}; beyond the {len(HANDWRITTEN)} hand-written ones, "
                              "templates crossed with topics)")
     parser.add_argument("--extra-prompts", help="a JSON list of more chat prompts, after the built-in ones "
-                        "(e.g. written by the base itself: python -m trt_llm.build.self_prompts)")
+                        "(e.g. written by the base itself: python -m trt_llm.draft_training.self_prompts)")
     parser.add_argument("--gen-tokens", type=int, default=96, help="greedy tokens generated per prompt")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (capped at the base's)")

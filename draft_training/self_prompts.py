@@ -1,6 +1,6 @@
 """Chat prompts written by the base model itself, for fitting a draft (Magpie-style self-synthesis).
 
-    python -m trt_llm.build.self_prompts --base HF_DIR --count N --out PROMPTS.json
+    python -m trt_llm.draft_training.self_prompts --base HF_DIR --count N --out PROMPTS.json
         [--seed 0] [--max-tokens 64] [--temperature 1.0] [--threads 2] [--batch-size 32]
 
 An instruction-tuned model given its chat template up to the start of a user turn (system prompt
@@ -48,7 +48,7 @@ def write_prompts(base_dir: str, count: int, seed: int = 0, max_tokens: int = 64
     """`count` user prompts the base writes itself (see the module docstring)."""
     from transformers import AutoTokenizer
 
-    from trt_llm.build.train_draft import continue_prompts, cpu_engine_model
+    from trt_llm.draft_training.train_draft import continue_prompts, cpu_engine_model
 
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     prefix = user_turn_prefix(tokenizer)
@@ -76,7 +76,7 @@ def write_prompts(base_dir: str, count: int, seed: int = 0, max_tokens: int = 64
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trt_llm.build.self_prompts", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m trt_llm.draft_training.self_prompts", description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, help="the base model: a local Hugging Face folder with a chat template")
     parser.add_argument("--count", type=int, required=True, help="how many prompts to write")
     parser.add_argument("--out", required=True, help="the JSON file to write (a list of strings)")

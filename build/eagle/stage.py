@@ -17,7 +17,7 @@ class DraftError(ValueError):
 def load_eagle_draft(config, checkpoint: Checkpoint):
     """The draft of `config.draft`, checked against the base (a missing embedding or LM head is
     taken from the base)."""
-    from trt_llm.build.eagle_draft import load_draft
+    from trt_llm.build.eagle.formats import load_draft
 
     base = checkpoint.model
     try:
@@ -30,7 +30,7 @@ def load_eagle_draft(config, checkpoint: Checkpoint):
 def export_eagle_draft(draft, checkpoint: Checkpoint, config, directory: Path, dtype: torch.dtype) -> Path:
     """Write directory/model.onnx (the draft graph) and directory/tensors.safetensors (fc, d2t, and
     the draft's own embedding when it has one); returns the graph's path."""
-    from trt_llm.build.eagle_draft import DraftGraph
+    from trt_llm.build.eagle.graph import DraftGraph
     from trt_llm.build.export import export_draft
 
     directory.mkdir(parents=True, exist_ok=True)
