@@ -6,6 +6,7 @@ import tempfile
 from pathlib import Path
 
 import onnx
+from onnx import helper, numpy_helper
 
 from trt_llm.plugins import attention
 
@@ -22,6 +23,7 @@ def compile_cpu(graph_path: Path, quantization: str = "none") -> Path:
     """
     model = onnx.load(graph_path, load_external_data=False)
     attention.lower_for_onnxruntime(model)
+    fuse_rms_norms(model)
     engine_path = graph_path.parent / ENGINE_NAME
     if quantization == "none":
         onnx.save_model(model, engine_path)
@@ -37,6 +39,106 @@ def compile_cpu(graph_path: Path, quantization: str = "none") -> Path:
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     ort.InferenceSession(str(engine_path), options, providers=["CPUExecutionProvider"])
     return engine_path
+
+
+def fuse_rms_norms(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Write each RMSNorm as ONNX Runtime's own fused kernel, in place, the way GenAI's builder does.
+
+    The portable graph spells RMSNorm out: w * (x / sqrt(mean(x^2) + eps)), six nodes. ONNX Runtime
+    fuses those into SimplifiedLayerNormalization by itself, but not the residual Add in front of it
+    into SkipSimplifiedLayerNormalization (that fusion wants shapes it cannot infer through our
+    graph). Written here: the Add and the norm become one node that also returns the sum for the next
+    residual. A batch-1 decode step of SmolLM2-135M (30 layers) then runs 60 Add nodes fewer (ONNX
+    Runtime's profile on 2 cores: about 0.4 ms of Add kernels and 5 us of dispatch per node, of a 22 ms
+    step). The arithmetic is ONNX Runtime's norm kernel in both cases (float sums, the same order).
+    """
+    graph = model.graph
+    nodes = list(graph.node)
+    constants = {t.name: t for t in graph.initializer}
+    for node in nodes:
+        if node.op_type == "Constant" and len(node.output) == 1 and node.attribute and node.attribute[0].name == "value":
+            constants[node.output[0]] = node.attribute[0].t
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in nodes:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    graph_outputs = {o.name for o in graph.output}
+    producer = {name: node for node in nodes for name in node.output}
+
+    def scalar(name):
+        tensor = constants.get(name)
+        if tensor is None:
+            return None
+        value = numpy_helper.to_array(tensor)
+        return float(value.reshape(-1)[0]) if value.size == 1 else None
+
+    def only_use(name, node):  # `name` feeds `node` alone and is no graph output
+        return name not in graph_outputs and [id(n) for n in consumers.get(name, [])] == [id(node)]
+
+    def single(name, op_type):
+        found = [n for n in consumers.get(name, []) if n.op_type == op_type]
+        return found[0] if len(found) == 1 else None
+
+    def reduce_axes(node):
+        if len(node.input) > 1 and node.input[1]:
+            tensor = constants.get(node.input[1])
+            return None if tensor is None else [int(a) for a in numpy_helper.to_array(tensor).reshape(-1)]
+        attr = next((a for a in node.attribute if a.name == "axes"), None)
+        return None if attr is None else list(attr.ints)
+
+    replaced: dict[int, list[onnx.NodeProto]] = {}  # id(node) -> what stands in its place
+    removed: set[int] = set()
+    norms = []
+    for pow_node in nodes:
+        if pow_node.op_type != "Pow" or scalar(pow_node.input[1]) != 2.0:
+            continue
+        x = pow_node.input[0]
+        mean = single(pow_node.output[0], "ReduceMean")
+        add = mean and single(mean.output[0], "Add")
+        sqrt = add and single(add.output[0], "Sqrt")
+        div = sqrt and single(sqrt.output[0], "Div")
+        mul = div and single(div.output[0], "Mul")
+        if mul is None or div.input[0] != x or reduce_axes(mean) != [-1]:
+            continue
+        if next((a.i for a in mean.attribute if a.name == "keepdims"), 1) != 1:
+            continue
+        eps = scalar(add.input[1] if add.input[0] == mean.output[0] else add.input[0])
+        weight = mul.input[0] if mul.input[1] == div.output[0] else mul.input[1]
+        if eps is None or weight not in constants or len(constants[weight].dims) != 1:
+            continue
+        chain = [pow_node, mean, add, sqrt, div]
+        if not all(only_use(n.output[0], nxt) for n, nxt in zip(chain, chain[1:] + [mul])):
+            continue
+        norms.append((x, weight, eps, chain, mul))
+    for x, weight, eps, chain, mul in norms:
+        residual = producer.get(x)
+        inputs = list(residual.input) if residual is not None and residual.op_type == "Add" else []
+        # The residual Add of two activations (a constant operand could broadcast): fused with the norm.
+        skip = (len(inputs) == 2 and all(i and i not in constants for i in inputs) and id(residual) not in removed
+                and id(residual) not in replaced)
+        if skip:
+            fused = helper.make_node("SkipSimplifiedLayerNormalization", [inputs[0], inputs[1], weight],
+                                     [mul.output[0], "", "", x], name=f"{mul.name or x}/skip_rms_norm",
+                                     domain="com.microsoft", epsilon=eps)
+            replaced[id(residual)] = [fused]
+        else:
+            fused = helper.make_node("SimplifiedLayerNormalization", [x, weight], [mul.output[0]],
+                                     name=f"{mul.name or x}/rms_norm", axis=-1, epsilon=eps, stash_type=1)
+            replaced[id(chain[0])] = [fused]
+        removed.update(id(n) for n in (*chain, mul) if id(n) not in replaced)
+    if not norms:
+        return model
+    new_nodes = []
+    for node in nodes:
+        if id(node) in replaced:
+            new_nodes.extend(replaced[id(node)])
+        elif id(node) not in removed:
+            new_nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return model
 
 
 def _read_weights(model: onnx.ModelProto, folder: Path) -> None:
