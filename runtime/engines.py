@@ -9,7 +9,7 @@ def open_engine(engine_dir: EngineDir, threads: int = 0, component: str = "llm",
     """An OrtEngine (cpu) or a TrtEngine (tensorrt, tensorrt-rtx): the same `run`, `new_cache`.
 
     threads: CPU threads for the cpu backend (0 = ONNX Runtime's choice); the GPU backends ignore it.
-    spinning: whether the cpu backend's idle threads spin (see OrtEngine).
+    spinning: whether the cpu backend's idle threads spin briefly for more work (ort_engine.SPIN_US) or never.
     """
     backend = engine_dir.manifest["backend"]
     path = engine_dir.component_path(component, "engine")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -9,15 +10,32 @@ import numpy as np
 from trt_llm.runtime.kv_cache import KVCache
 
 
+# How long an idle intra-op thread spins for more work before it sleeps (ONNX Runtime's
+# session.intra_op.spin_duration_us). Its default spins for tens of milliseconds: measured after a run
+# on these 2 cores, an idle pool burns about 40 ms of CPU. That is the fastest on a quiet machine, but
+# a thread that never sleeps is, to the kernel, a busy process like any other: with other processes
+# busy on the same cores it waits out their time slices at every one of the ~150 parallel sections of
+# a decode step, and decoding collapses (SmolLM2-135M fp32, 2 threads, batch 1, beside one busy
+# process: 28 tok/s spinning, against 56 quiet). Never spinning holds up best under load (40 tok/s
+# there) but pays a wake-up per parallel section when quiet: 48 against 56 tok/s, below ONNX Runtime
+# GenAI (52, spinning). A short spin keeps the threads awake across the gaps inside one run (a norm
+# or an activation between two matmuls, a few to ~25 us) and asleep across anything longer (host work
+# between runs, a time slice lost to another process): 54 tok/s quiet, 31 beside one busy process and
+# 32 beside two (spinning: 28, 25; GenAI: 26, 24). Interleaved runs, benchmarks/README.md.
+SPIN_US = 20
+
+
 class OrtEngine:
     def __init__(self, engine_path: Path, num_layers: int, threads: int = 0, spinning: bool = True):
-        """spinning: ONNX Runtime's idle threads spin for the next run (fast back-to-back runs). Turn it
-        off where two sessions alternate with host work in between (EAGLE's base and draft): the idle
-        pool's spinning threads then take the cores from the session that runs."""
+        """spinning: ONNX Runtime's idle intra-op threads spin SPIN_US for more work before they sleep
+        (see SPIN_US). False: they never spin, for two sessions that alternate with host work in between
+        (EAGLE's base and draft), where one pool's spinning would take the cores from the other."""
         import onnxruntime as ort
 
         options = ort.SessionOptions()
-        if not spinning:
+        if spinning:
+            options.add_session_config_entry("session.intra_op.spin_duration_us", str(SPIN_US))
+        else:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3
         options.intra_op_num_threads = threads  # 0 = ONNX Runtime's choice (all physical cores)
@@ -27,7 +45,7 @@ class OrtEngine:
         self.session = ort.InferenceSession(str(engine_path), options, providers=["CPUExecutionProvider"])
         self.num_layers = num_layers
         self._binding = self.session.io_binding()
-        self._bound = None  # what the cache/logits bindings point at now
+        self._bound = None  # what the cache/extra bindings point at now: (cache ref, batch, capacity, extra)
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         """A cache this engine can bind: [batch, Hkv, capacity, D] per layer, in the graph's dtype."""
@@ -59,9 +77,13 @@ class OrtEngine:
         # bindings only when the batch does: re-binding 2 x layers buffers every step would cost
         # more than the small inputs above (about 1.5 ms a verification pass on 30 layers).
         binding.bind_output("logits", "cpu", 0, logits_out.dtype, logits_out.shape, logits_out.ctypes.data)
-        key = (cache.batch, cache.capacity, *(b.ctypes.data for b in (*cache.keys, *cache.values)),
-               *((n, a.ctypes.data, a.shape) for n, a in extra.items()))
-        if key != self._bound:
+        # The cache is recognised by identity (a weak reference: a new cache at a recycled id() must not
+        # pass for the old one); its buffers are allocated once and never replaced. Reading 60 buffer
+        # addresses through .ctypes every step instead cost 60-100 us a step (cProfile), the largest
+        # host-side cost of a batch-1 step.
+        bound = self._bound
+        extra_key = tuple((n, a.__array_interface__["data"][0], a.shape) for n, a in extra.items())
+        if (bound is None or bound[0]() is not cache or bound[1:] != (cache.batch, cache.capacity, extra_key)):
             for i, (key_buffer, value_buffer) in enumerate(cache.views()):
                 # The same memory as past input and present output: the op updates it in place.
                 for kind, buffer in (("key", key_buffer), ("value", value_buffer)):
@@ -71,6 +93,6 @@ class OrtEngine:
                                         buffer.ctypes.data)
             for name, array in extra.items():
                 binding.bind_input(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
-            self._bound = key
+            self._bound = (weakref.ref(cache), cache.batch, cache.capacity, extra_key)
         self.session.run_with_iobinding(binding)
         return logits_out
