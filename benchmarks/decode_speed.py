@@ -11,10 +11,16 @@ round) so that noise from a shared machine hits them all alike.
     python benchmarks/decode_speed.py                    # 2 threads, 3 rounds, N=128, prompts 64 and 512, b1 and b8
     python benchmarks/decode_speed.py --smoke            # a tiny random model, seconds: checks the plumbing
     python benchmarks/decode_speed.py --threads 4 --rounds 5 --out-dir /tmp/bench
+    python benchmarks/decode_speed.py --load 2            # loaded mode: 2 busy processes beside every engine
 
 Every run is greedy and generates exactly N new tokens per row (no stop at EOS). Per run:
   * time to first token (TTFT): from the call until the first token is chosen (prefill included);
   * decode tok/s: B * (N - 1) / (time from the first token to the last).
+
+Loaded mode (--load N): N busy processes (pure-CPU spinners) start after the warm-up and keep running
+beside every engine's timed runs; every engine keeps --threads threads. The bandwidth limit and the
+matmul floor are measured before they start (the quiet machine's limits); the report records the load
+and the cores the spinners used during each run.
 
 Writes decode_speed.json, decode_speed.md and PNG plots into --out-dir (default out/bench) and prints the
 Markdown. Builds are cached under --work-dir (default ~/.cache/trt-llm-bench/<model>); a build's wall
@@ -33,6 +39,7 @@ import importlib.util
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from importlib import metadata
@@ -42,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sidebyside import report  # noqa: E402
 from sidebyside.artifacts import Context  # noqa: E402
-from sidebyside.measure import CLEAN_LOAD, LoadMeter, log, pin_threads  # noqa: E402
+from sidebyside.measure import CLEAN_LOAD, BusyLoad, LoadMeter, log, pin_threads  # noqa: E402
 from sidebyside.prompts import exact_prompts  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -77,6 +84,9 @@ def parse_args(argv=None):
     p.add_argument("--wait-idle", type=float, default=20.0,
                    help="before each timed run, wait up to this many seconds for other processes to use "
                         f"< {CLEAN_LOAD} cores (default 20, at most 6x that in all; 0 = never wait)")
+    p.add_argument("--load", type=int, default=0, metavar="N",
+                   help="loaded mode: N busy processes (pure-CPU spinners) running beside every engine's timed "
+                        "runs, the same threads for all (default 0: quiet)")
     p.add_argument("--bandwidth-mb", type=int, default=512, help="buffer read to measure the bandwidth (default 512)")
     p.add_argument("--rebuild", action="store_true", help="rebuild (and re-time) every engine's artifact")
     p.add_argument("--no-chat-template", action="store_true", help="raw text prompts instead of chat-formatted")
@@ -101,6 +111,8 @@ def parse_args(argv=None):
         p.error("batch sizes from 1 to 8")
     if min(args.prompt_lengths) < 1:
         p.error("prompt lengths must be positive")
+    if args.load < 0:
+        p.error("--load must be >= 0")
     if args.new_tokens < 2:
         p.error("--new-tokens must be >= 2 (decode speed is measured after the first token)")
     return args
@@ -291,6 +303,9 @@ def main(argv=None) -> int:
 
     # One process per engine, loaded once (in parallel: their load times are not reported).
     workers: dict[str, Worker] = {}
+    busy = BusyLoad(args.load)
+    busy_pids: list[int] = []
+    load_phase = None  # (wall s, spinners' CPU s) over the timed rounds
     try:
         for name, artifact in artifacts.items():
             workers[name] = Worker(engines[name]["key"], artifact.path, args.threads, ctx.capacity)
@@ -345,6 +360,11 @@ def main(argv=None) -> int:
             tokens[(name, length, b)] = result["tokens"]
 
         runs = {key: [] for key in plan}
+        if args.load:
+            busy.start()
+            busy_pids = [proc.pid for proc in busy.procs]
+            log(f"loaded mode: {args.load} busy processes running beside every engine from here on")
+        phase_start, phase_cpu = time.perf_counter(), busy.cpu_seconds()
         wait_budget = args.wait_idle * 6  # in all: a machine that stays busy must not stretch the run forever
         for r in range(args.rounds):
             for name, length, b in plan:
@@ -356,9 +376,11 @@ def main(argv=None) -> int:
                         + ("" if wait_budget > 0 else " (the --wait-idle budget is spent)"))
                 if name not in workers:
                     continue
-                before = meter.snapshot()
+                before, busy_before = meter.snapshot(), busy.cpu_seconds()
+                started_run = time.perf_counter()
                 result = run(name, length, b, n)
                 other = meter.other_cores(before, meter.snapshot())
+                busy_after, run_wall = busy.cpu_seconds(), time.perf_counter() - started_run
                 if result is None:
                     continue
                 assert all(len(t) == n for t in result["tokens"]), f"{name} p{length} b{b}: not {n} tokens per row"
@@ -366,22 +388,39 @@ def main(argv=None) -> int:
                     warnings.append(f"WARNING: {name} p{length} b{b}: round {r + 1} tokens differ from its warm-up run")
                 runs[(name, length, b)].append(dict(
                     ttft_s=result["ttft_s"], decode_s=result["decode_s"], decode_tok_s=b * (n - 1) / result["decode_s"],
-                    other_load_cores=other))
+                    other_load_cores=other,
+                    busy_load_cores=(busy_after - busy_before) / run_wall
+                    if args.load and busy_after is not None and busy_before is not None else None))
             log(f"round {r + 1}/{args.rounds}: " + ", ".join(
                 f"{name} p{length} b{b} {runs[(name, length, b)][-1]['decode_tok_s']:.1f}"
                 for name, length, b in plan if runs[(name, length, b)]) + " tok/s")
+        if args.load:
+            spent = busy.cpu_seconds()
+            load_phase = (time.perf_counter() - phase_start,
+                          None if spent is None or phase_cpu is None else spent - phase_cpu)
+            busy.stop()
         for name, worker in list(workers.items()):
             engines[name]["peak_rss_mb"] = worker.close()
             workers.pop(name)
     finally:
+        busy.stop()
         for worker in workers.values():
             worker.kill()
 
     check = report.token_check(tokens, engines, eos_ids(model_dir), args.check_tokens, tokenizer, warnings)
     rows = report.result_rows(plan, runs, engines, limits, not_run)
     elapsed = time.perf_counter() - started
+    load = dict(processes=args.load)
+    if args.load:
+        per_run = [x["busy_load_cores"] for key in plan for x in runs[key] if x.get("busy_load_cores") is not None]
+        wall, cpu = load_phase or (None, None)
+        load.update(kind=f"pure-CPU spinners, python -c {BusyLoad.SPIN!r}, started after the warm-up, running "
+                         "through every timed run",
+                    pids=busy_pids, timed_s=wall, cores=cpu / wall if cpu is not None and wall else None,
+                    cores_per_run_median=statistics.median(per_run) if per_run else None)
     result = dict(
         model=model_dir.name, hf_dir=str(model_dir), threads=args.threads, new_tokens=n, rounds=args.rounds,
+        load=load,
         prompt_lengths=args.prompt_lengths, batch_sizes=args.batch_sizes, smoke=args.smoke,
         chat_template=not args.no_chat_template, check_tokens=args.check_tokens,
         cpu=cpu_name(), logical_cores=os.cpu_count(), versions=versions(args.engines),

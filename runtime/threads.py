@@ -1,10 +1,12 @@
 """Keep torch's and numpy's thread pools out of ONNX Runtime's way while a batch decodes.
 
-ONNX Runtime's intra-op threads spin for a while after each run, waiting for the next one. A
-multi-threaded BLAS call (numpy's OpenBLAS) or torch op issued in that window competes with them
-for the same cores: on 2 cores one [3, 1728] x [1728, 576] matmul right after a run was measured at
-60-80 ms instead of 0.5 ms. The arrays the decoding loop handles itself are small, so one thread is
-all they need.
+ONNX Runtime's intra-op threads spin for more work after each run (by default for tens of
+milliseconds; OrtEngine caps that at ort_engine.SPIN_US, and EAGLE's sessions never spin). A
+multi-threaded BLAS call (numpy's OpenBLAS) or torch op issued while they spin competes with them
+for the same cores: on 2 cores, with ONNX Runtime's default spin, one [3, 1728] x [1728, 576] matmul
+right after a run was measured at 60-80 ms instead of 0.5 ms. And a pool of its own would wake
+threads for arrays that do not need them: the arrays the decoding loop handles itself are small, so
+one thread is all they need.
 """
 
 from __future__ import annotations

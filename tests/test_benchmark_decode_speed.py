@@ -108,6 +108,25 @@ def test_markdown_report(smoke):
             assert "skipped" in text
 
 
+def test_loaded_mode(tmp_path):
+    """--load N: N busy processes beside every timed run, recorded in the report, gone afterwards."""
+    cache = Path(os.environ.get("TRT_LLM_TEST_CACHE", "~/.cache/trt-llm-tests")).expanduser() / "bench-smoke"
+    cmd = [sys.executable, str(BENCH / "decode_speed.py"), "--smoke", "--threads", "1", "--load", "1",
+           "--engines", "ours", "--no-plots", "--work-dir", str(cache), "--out-dir", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    report = json.loads((tmp_path / "decode_speed.json").read_text())
+    load = report["load"]
+    assert load["processes"] == 1 and len(load["pids"]) == 1 and "spinner" in load["kind"]
+    assert load["timed_s"] > 0 and load["cores"] > 0
+    runs = [x for row in report["results"] for x in row["runs"]]
+    assert len(runs) == len(LENGTHS) * len(BATCHES) and all(x["busy_load_cores"] is not None for x in runs)
+    for pid in load["pids"]:  # the spinners were stopped with the benchmark
+        assert not Path(f"/proc/{pid}").exists() or "while True" not in Path(f"/proc/{pid}/cmdline").read_text()
+    text = (tmp_path / "decode_speed.md").read_text()
+    assert "LOADED: 1 busy process beside every engine" in text and "**Loaded mode.** 1 busy process (" in text
+
+
 def test_gguf_conversion(tmp_path, tiny_model):
     """The F32 GGUF holds the checkpoint's weights exactly, renamed, q/k in llama.cpp's rotary layout."""
     pytest.importorskip("gguf")

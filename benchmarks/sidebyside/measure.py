@@ -166,6 +166,59 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+class BusyLoad:
+    """The loaded mode: `processes` busy processes beside the engines, each a pure-CPU spinner (a Python
+    `while True: pass`, no memory traffic to speak of, default priority, no pinning: the scheduler
+    places them as it would any neighbour). They are this process's children, so LoadMeter does not
+    count them as "other processes" (a run beside them can still be clean of *foreign* load); what they
+    used is measured here, from their CPU times."""
+
+    SPIN = "while True: pass"
+
+    def __init__(self, processes: int):
+        self.processes = processes
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self) -> None:
+        self.procs = [subprocess.Popen([sys.executable, "-c", self.SPIN], stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                      for _ in range(self.processes)]
+        # Past the interpreter's start-up: every spinner has been on a core before the first timed run.
+        deadline = time.perf_counter() + 5
+        while self.procs and time.perf_counter() < deadline:
+            if all((self._cpu(p) or 0) > 0 for p in self.procs):
+                break
+            time.sleep(0.05)
+
+    @staticmethod
+    def _cpu(proc: subprocess.Popen) -> float | None:
+        """CPU seconds one spinner has used: /proc/PID/schedstat (nanoseconds), else /proc/PID/stat (ticks)."""
+        try:
+            with open(f"/proc/{proc.pid}/schedstat") as f:
+                return int(f.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            pass
+        try:
+            with open(f"/proc/{proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds all spinners have used so far (None without /proc)."""
+        times = [self._cpu(p) for p in self.procs]
+        return None if not self.procs or None in times else sum(times)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self.procs:
+            proc.wait()
+        self.procs = []
+
+
 class LoadMeter:
     """CPU used by other processes (in cores) while we run: the machine is shared, and a busy
     neighbour on 2 cores ruins a 2-thread run (most of all torch's OpenMP barriers). Our own

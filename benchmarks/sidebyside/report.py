@@ -90,7 +90,8 @@ def engine_ratios(engines: dict) -> list[dict]:
 
 
 def targets(rows: list[dict], floor_tok_s: float | None = None) -> dict:
-    """The project's goals (issue #7): >= 2x transformers and >= GenAI at batch 1, batch-8 throughput >= 4x b1.
+    """The project's goals (issues #7, #21): >= 2x transformers and >= GenAI at batch 1, >= GenAI at batch 8,
+    batch-8 throughput >= 4x b1.
     floor_tok_s: the batch-1 matmul floor (measure.matmul_floor); a batch-1 goal records the speed it
     needs and that floor, about the fastest an engine on the same kernels can decode."""
     by = {(r["engine"], r["prompt_len"], r["batch"]): r for r in rows if r["status"] == "ok"}
@@ -98,6 +99,7 @@ def targets(rows: list[dict], floor_tok_s: float | None = None) -> dict:
     for length in sorted({r["prompt_len"] for r in rows}):
         for label, a, b, goal in (("trt-llm / transformers, batch 1", (OURS, 1), ("transformers", 1), 2.0),
                                   ("trt-llm / ort-genai, batch 1", (OURS, 1), ("ort-genai", 1), 1.0),
+                                  ("trt-llm / ort-genai, batch 8", (OURS, 8), ("ort-genai", 8), 1.0),
                                   ("trt-llm batch-8 / batch-1 throughput", (OURS, 8), (OURS, 1), 4.0)):
             x, y = by.get((a[0], length, a[1])), by.get((b[0], length, b[1]))
             if x and y:
@@ -160,17 +162,32 @@ def _f(x, spec=".2f", none="-"):
     return none if x is None else format(x, spec)
 
 
+def _busy(n: int) -> str:
+    return f"{n} busy process" + ("" if n == 1 else "es")
+
+
 def markdown(r: dict) -> str:
     bw = r["bandwidth"]
     star = lambda row: "*" if row.get("disturbed") else ""  # noqa: E731
     lines = [f"## {r['model']} side by side: {r['threads']} threads, N={r['new_tokens']} new tokens, "
-             f"{r['rounds']} round(s), interleaved" + (" (SMOKE: tiny model, plumbing only)" if r["smoke"] else ""), ""]
+             f"{r['rounds']} round(s), interleaved"
+             + (f", LOADED: {_busy(r['load']['processes'])} beside every engine"
+                if (r.get("load") or {}).get("processes") else "")
+             + (" (SMOKE: tiny model, plumbing only)" if r["smoke"] else ""), ""]
     lines.append(f"CPU: {r['cpu']}, {r['logical_cores']} logical cores; "
                  + ", ".join(f"{k} {v}" for k, v in r["versions"].items()))
     lines.append(f"Prompts: {', '.join(map(str, r['prompt_lengths']))} tokens (every row of a batch the same length, "
                  f"{'chat-formatted' if r['chat_template'] else 'raw text'}); batch sizes "
                  f"{', '.join(map(str, r['batch_sizes']))}; greedy, exactly N tokens per row.")
     lines.append("")
+    load = r.get("load") or {}
+    if load.get("processes"):
+        lines.append(f"**Loaded mode.** {_busy(load['processes'])} ({load['kind']}); every engine "
+                     f"keeps {r['threads']} threads. Over the timed rounds they used {_f(load.get('cores'))} cores "
+                     f"(median per run {_f(load.get('cores_per_run_median'))}) of {r['logical_cores']}. The "
+                     "bandwidth limit and the matmul floor below were measured before they started. \"Clean\" "
+                     "below means clean of other processes than these.")
+        lines.append("")
     lines.append(f"**Bandwidth limit.** Read bandwidth {bw['read_bytes_s'] / 1e9:.1f} GB/s (fastest of torch sum, "
                  f"torch gemv, numpy gemv over {bw['buffer_mb']} MB, {r['threads']} threads). Weights read per decode "
                  "step: " + "; ".join(
