@@ -38,7 +38,6 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
     Three steps of `steps`: loading, writing tokenizer and embedding, exporting."""
     from trt_llm.build import lora
     from trt_llm.build.checkpoint import TORCH_DTYPES, eos_token_ids, load_checkpoint
-    from trt_llm.build.decoder import DecoderGraph, ModelDims
     from trt_llm.build.eagle.stage import export_eagle_draft, load_eagle_draft, manifest_entries
     from trt_llm.build.export import export_decoder
 
@@ -54,14 +53,15 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
 
     with steps.step("exporting to ONNX"):
         hf_config = checkpoint.model.config
+        graphs = checkpoint.family.load()  # build/models/<module>.py builds its graph
         lora_layout = None
         if config.lora:
-            lora_layout = lora.layout(ModelDims(hf_config), hf_config.intermediate_size,
+            lora_layout = lora.layout(graphs.ModelDims(hf_config), hf_config.intermediate_size,
                                       config.lora.max_rank, config.lora.target_modules)
         draft = load_eagle_draft(config, checkpoint) if config.draft else None
-        graph = DecoderGraph(checkpoint.model, checkpoint.family, config.max_kv_cache_capacity, dtype,
-                             [g["name"] for g in lora_layout["groups"]] if lora_layout else [],
-                             feature_layers=draft.aux_layer_ids if draft is not None else None)
+        graph = graphs.DecoderGraph(checkpoint.model, checkpoint.family, config.max_kv_cache_capacity, dtype,
+                                    [g["name"] for g in lora_layout["groups"]] if lora_layout else [],
+                                    feature_layers=draft.aux_layer_ids if draft is not None else None)
         dims = graph.dims.to_dict()
         export_decoder(graph, directory / "llm" / "model.onnx", dtype, lora_layout)
         del graph

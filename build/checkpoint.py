@@ -9,7 +9,7 @@ from typing import Iterator
 
 import torch
 
-from trt_llm.build.families import Family, family_for
+from trt_llm.build.models import ModelFamily, family_for
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -23,7 +23,7 @@ class Checkpoint:
     model: object  # a transformers PreTrainedModel
     tokenizer: object
     generation_config: object
-    family: Family
+    family: ModelFamily
     source: str
 
 

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     from trt_llm.build.checkpoint import CheckpointError
     from trt_llm.build.eagle.stage import DraftError
-    from trt_llm.build.families import UnsupportedArchitecture
+    from trt_llm.build.models import UnsupportedArchitecture
 
     if args.quiet:
         quiet_transformers()

@@ -1,7 +1,7 @@
 """The compile stage: a portable bundle -> an engine directory for one backend.
 
 It runs on the device, so it imports neither transformers nor the checkpoint loaders, our torch
-forward pass or the exporter (build/checkpoint.py, decoder.py, export.py). `trt-llm-build` runs
+forward pass or the exporter (build/checkpoint.py, models/, export.py). `trt-llm-build` runs
 the export stage and then this same code on the folder it just exported; `trt-llm-compile` runs it
 on a copy of a bundle. Either way the engine directory is the same.
 

@@ -12,7 +12,7 @@ import torch
 from torch.export import Dim
 
 from trt_llm.build import lora
-from trt_llm.build.decoder import DecoderGraph, input_names, output_names
+from trt_llm.build.models.llama import DecoderGraph, input_names, output_names
 from trt_llm.plugins import attention
 
 ONNX_OPSET = 18

@@ -11,7 +11,7 @@ adapter (or zeros), so one batch may mix adapters.
 
 from __future__ import annotations
 
-from trt_llm.build.decoder import ModelDims
+from trt_llm.build.models.llama import ModelDims
 
 # group -> the modules packed into its projection, in packing order
 GROUPS = {

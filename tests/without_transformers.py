@@ -10,7 +10,8 @@ import subprocess
 import sys
 
 FORBIDDEN_PACKAGES = ("transformers",)
-FORBIDDEN_MODULES = ("trt_llm.build.checkpoint", "trt_llm.build.decoder", "trt_llm.build.export",
+FORBIDDEN_MODULES = ("trt_llm.build.checkpoint", "trt_llm.build.models.layers", "trt_llm.build.models.llama",
+                     "trt_llm.build.export",
                      "trt_llm.build.bundle", "trt_llm.build.eagle.model", "trt_llm.build.eagle.graph",
                      "trt_llm.build.eagle.formats", "trt_llm.build.eagle.stage")
 MARKER = "FORBIDDEN-MODULES-LOADED "

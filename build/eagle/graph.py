@@ -6,9 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trt_llm.build.decoder import rms_norm
 from trt_llm.build.eagle.model import Eagle3Draft
-import trt_llm.plugins.attention  # noqa: F401  (importing it registers torch.ops.trt_llm.attention)
+from trt_llm.build.models.layers import frozen, linear, rms_norm, rotary_tables
 
 
 class DraftGraph(nn.Module):
@@ -30,20 +29,20 @@ class DraftGraph(nn.Module):
         super().__init__()
         self.dims = draft.dims
         layer = draft.midlayer
-        frozen = lambda t: nn.Parameter(t.detach().clone(), requires_grad=False)  # noqa: E731
         self.input_norm = frozen(layer.input_layernorm.weight)
         self.hidden_norm = frozen(layer.hidden_norm.weight)
         self.post_norm = frozen(layer.post_attention_layernorm.weight)
         attn, mlp = layer.self_attn, layer.mlp
-        self.qkv_weight = frozen(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], 0))
-        self.o_weight = frozen(attn.o_proj.weight)
-        self.gate_up_weight = frozen(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight], 0))
-        self.down_weight = frozen(mlp.down_proj.weight)
+        # The decoder's layers (build/models/layers.py): the same packed linears and rotary tables.
+        self.qkv = linear(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.o = linear(attn.o_proj)
+        self.gate_up = linear(mlp.gate_proj, mlp.up_proj)
+        self.down = linear(mlp.down_proj)
         self.final_norm = frozen(draft.norm.weight)
         self.lm_head = frozen(draft.lm_head.weight)
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), draft.inv_freq)
-        self.register_buffer("cos_cache", (freqs.cos() * draft.attention_scaling).to(dtype))
-        self.register_buffer("sin_cache", (freqs.sin() * draft.attention_scaling).to(dtype))
+        cos, sin = rotary_tables(draft.inv_freq, draft.attention_scaling, max_positions, dtype)
+        self.register_buffer("cos_cache", cos)
+        self.register_buffer("sin_cache", sin)
         self.to(dtype)
 
     def forward(self, inputs_embeds, hidden, position_ids, past_lengths, query_lengths, tree_mask, logits_indices,
@@ -52,15 +51,15 @@ class DraftGraph(nn.Module):
         eps = d.rms_norm_eps
         normed_hidden = rms_norm(hidden, self.hidden_norm, eps)
         x = torch.cat([rms_norm(inputs_embeds, self.input_norm, eps), normed_hidden], dim=-1)
-        qkv = F.linear(x, self.qkv_weight)
+        qkv = self.qkv(x)
         attn, present_key, present_value = torch.ops.trt_llm.attention(
             qkv, past_key, past_value, past_lengths, query_lengths, position_ids, self.cos_cache, self.sin_cache,
             tree_mask, d.num_heads, d.kv_heads, d.head_dim ** -0.5,
         )
         residual = normed_hidden if d.norm_before_residual else hidden
-        h = residual + F.linear(attn, self.o_weight)
-        gate, up = F.linear(rms_norm(h, self.post_norm, eps), self.gate_up_weight).chunk(2, dim=-1)
-        hidden_out = h + F.linear(F.silu(gate) * up, self.down_weight)
+        h = residual + self.o(attn)
+        gate, up = self.gate_up(rms_norm(h, self.post_norm, eps)).chunk(2, dim=-1)
+        hidden_out = h + self.down(F.silu(gate) * up)
         index = logits_indices.long().unsqueeze(-1).expand(-1, -1, hidden_out.shape[-1])
         picked = rms_norm(torch.gather(hidden_out, 1, index), self.final_norm, eps)
         logits = F.linear(picked, self.lm_head).float()

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from trt_llm.build.decoder import rms_norm
+from trt_llm.build.models.layers import rms_norm
 from trt_llm.plugins.attention import rotate_half_rope  # (importing it registers torch.ops.trt_llm.attention)
 
 

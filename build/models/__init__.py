@@ -1,0 +1,50 @@
+"""The model families the build supports: a registry from the checkpoint's HF architecture to the
+module that builds its graph, with the family's options.
+
+Adding a Llama-shaped family (the same layers, maybe q/k norm) is one line in REGISTRY; a family of
+another shape is a new module beside llama.py, built from layers.py, that exposes DecoderGraph and
+ModelDims, and its line here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    name: str
+    architecture: str  # the HF class the manifest names (a GGUF's config lists none)
+    module: str  # build/models/<module>.py builds the graph
+    qk_norm: bool = False  # RMSNorm over head_dim on q and k before rotary (Qwen3)
+
+    def load(self) -> ModuleType:
+        from importlib import import_module
+
+        return import_module(f"trt_llm.build.models.{self.module}")
+
+
+REGISTRY: dict[str, ModelFamily] = {family.architecture: family for family in (
+    ModelFamily("llama", "LlamaForCausalLM", "llama"),
+    ModelFamily("qwen2", "Qwen2ForCausalLM", "llama"),
+    ModelFamily("qwen3", "Qwen3ForCausalLM", "llama", qk_norm=True),
+)}
+
+
+class UnsupportedArchitecture(ValueError):
+    pass
+
+
+def family_for(config) -> ModelFamily:
+    """The family of a HF config, by its `architectures` entry (or, without one, its model type)."""
+    architectures = list(getattr(config, "architectures", None) or [])
+    for architecture in architectures:
+        if architecture in REGISTRY:
+            return REGISTRY[architecture]
+    # A config saved without `architectures` (a GGUF's) still names its model type.
+    by_type = {family.name: family for family in REGISTRY.values()}
+    if not architectures and getattr(config, "model_type", None) in by_type:
+        return by_type[config.model_type]
+    found = ", ".join(architectures) or f"model_type {getattr(config, 'model_type', None)!r}"
+    raise UnsupportedArchitecture(f"unsupported architecture {found}; supported: {', '.join(sorted(REGISTRY))}")

@@ -1,0 +1,108 @@
+"""The layers every model family is built from: RMSNorm, the one linear factory, rotary tables and
+the pre-norm decoder layer with its LoRA hooks.
+
+Projections are packed (q/k/v into one matmul, gate/up into another): fewer, fatter nodes are what
+make the graph fast. Attention is our op (plugins/attention.py), which applies rotary itself.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import trt_llm.plugins.attention  # noqa: F401 - registers torch.ops.trt_llm.attention
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    # Written as w * (x / sqrt(mean(x.pow(2)) + eps)): ONNX Runtime fuses exactly this form (with
+    # Pow, not Mul(x, x); sqrt and divide, not rsqrt) into (Skip)SimplifiedLayerNormalization.
+    return weight * (x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def frozen(tensor: Tensor) -> nn.Parameter:
+    """A weight of the exported graph: a copy, never trained."""
+    return nn.Parameter(tensor.detach().clone(), requires_grad=False)
+
+
+class Linear(nn.Module):
+    """y = x W^T + b, plus a per-row LoRA pair when one is given. Made by `linear()` only, so that a
+    new weight format (the quantization issue) is one change there."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None):
+        super().__init__()
+        self.weight = frozen(weight)
+        self.bias = frozen(bias) if bias is not None else None
+
+    def forward(self, x: Tensor, lora: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        y = F.linear(x, self.weight, self.bias)
+        if lora is None:
+            return y
+        # x A^T B^T with A [B, r, in], B [B, out, r]: each row of the batch its own adapter.
+        a, b = lora
+        return y + torch.matmul(torch.matmul(x, a.transpose(1, 2)), b.transpose(1, 2))
+
+
+def linear(*parts: nn.Linear | Tensor) -> Linear:
+    """One packed Linear from HF linears (or bare weight tensors) whose outputs are concatenated; a
+    part without a bias gets zeros where another part has one."""
+    weights = [p.weight if isinstance(p, nn.Linear) else p for p in parts]
+    biases = [p.bias if isinstance(p, nn.Linear) else None for p in parts]
+    weight = torch.cat([w.detach() for w in weights], dim=0)
+    if all(b is None for b in biases):
+        return Linear(weight, None)
+    bias = torch.cat([b.detach() if b is not None else torch.zeros(w.shape[0], dtype=weight.dtype)
+                      for b, w in zip(biases, weights)])
+    return Linear(weight, bias)
+
+
+def rotary_tables(inv_freq: Tensor, attention_scaling: float, positions: int,
+                  dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos/sin tables [positions, head_dim/2], computed in fp32 and scaled as transformers does.
+
+    The tables are the rotary contract of the attention op: row p is position p's rotation, so a
+    family with its own rope type (default, llama3, yarn, ... all resolve to inv_freq and a scale)
+    changes only what it passes here."""
+    freqs = torch.outer(torch.arange(positions, dtype=torch.float32), inv_freq.detach().float())
+    return (freqs.cos() * attention_scaling).to(dtype), (freqs.sin() * attention_scaling).to(dtype)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention + gated MLP, the layer of every Llama-shaped family.
+
+    qk_norm: Qwen3 normalises q and k per head (RMSNorm over head_dim) before rotary."""
+
+    def __init__(self, hf_layer, dims, qk_norm: bool = False):
+        super().__init__()
+        attn, mlp = hf_layer.self_attn, hf_layer.mlp
+        self.dims = dims
+        self.input_norm = frozen(hf_layer.input_layernorm.weight)
+        self.post_norm = frozen(hf_layer.post_attention_layernorm.weight)
+        self.qkv = linear(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.o = linear(attn.o_proj)
+        self.gate_up = linear(mlp.gate_proj, mlp.up_proj)
+        self.down = linear(mlp.down_proj)
+        self.q_norm = frozen(attn.q_norm.weight) if qk_norm else None
+        self.k_norm = frozen(attn.k_norm.weight) if qk_norm else None
+
+    def forward(self, hidden, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin,
+                lora: dict | None = None, tree_mask: Tensor | None = None):
+        d = self.dims
+        lora = lora or {}
+        x = rms_norm(hidden, self.input_norm, d.rms_norm_eps)
+        qkv = self.qkv(x, lora.get("qkv"))
+        if self.q_norm is not None:
+            batch, seq = qkv.shape[0], qkv.shape[1]
+            q, k, v = qkv.split([d.num_heads * d.head_dim, d.kv_heads * d.head_dim, d.kv_heads * d.head_dim], -1)
+            q = rms_norm(q.reshape(batch, seq, d.num_heads, d.head_dim), self.q_norm, d.rms_norm_eps)
+            k = rms_norm(k.reshape(batch, seq, d.kv_heads, d.head_dim), self.k_norm, d.rms_norm_eps)
+            qkv = torch.cat([q.reshape(batch, seq, -1), k.reshape(batch, seq, -1), v], dim=-1)
+        attn, present_key, present_value = torch.ops.trt_llm.attention(
+            qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin, tree_mask,
+            d.num_heads, d.kv_heads, d.head_dim ** -0.5,
+        )
+        hidden = hidden + self.o(attn, lora.get("o"))
+        x = rms_norm(hidden, self.post_norm, d.rms_norm_eps)
+        gate, up = self.gate_up(x, lora.get("gate_up")).chunk(2, dim=-1)
+        hidden = hidden + self.down(F.silu(gate) * up, lora.get("down"))
+        return hidden, present_key, present_value

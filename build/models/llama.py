@@ -1,0 +1,108 @@
+"""Llama-shaped decoders (Llama, Qwen2, Qwen3): our own forward pass over a Hugging Face model's
+weights, the graph that gets exported.
+
+Writing the forward ourselves keeps HF's mask and cache code out of the graph and gives the graph
+contract of DESIGN.md section 5: per-sequence lengths, a fixed-capacity cache updated in place, and
+logits only where asked. The families differ only in what `ModelFamily` says (Qwen3's q/k norm; Qwen2's
+q/k/v biases are read from the checkpoint as they come).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trt_llm.build.models.layers import DecoderLayer, frozen, rms_norm, rotary_tables
+
+if TYPE_CHECKING:
+    from trt_llm.build.models import ModelFamily
+
+
+class ModelDims:
+    """The numbers the graph and the runtime agree on, read from a HF config."""
+
+    def __init__(self, config):
+        self.hidden_size = config.hidden_size
+        self.num_layers = config.num_hidden_layers
+        self.num_heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or self.hidden_size // self.num_heads
+        self.vocab_size = config.vocab_size
+        self.rms_norm_eps = config.rms_norm_eps
+
+    def to_dict(self) -> dict:
+        return dict(vars(self))
+
+
+
+class DecoderGraph(nn.Module):
+    """inputs_embeds, position_ids, past_lengths, query_lengths, logits_indices, caches -> logits, caches.
+
+    As an EAGLE base (`feature_layers` set) it also takes a tree_mask [B, S, S] (after
+    logits_indices) and returns hidden_states [B, S, 3H]: the hidden states entering those layers,
+    for every new token, which the draft model reads.
+    """
+
+    def __init__(self, hf_model, family: "ModelFamily", max_positions: int, dtype: torch.dtype,
+                 lora_groups: list[str] = (), feature_layers: list[int] | None = None):
+        super().__init__()
+        self.dims = ModelDims(hf_model.config)
+        self.lora_groups = list(lora_groups)  # packed projections with LoRA inputs, per layer
+        self.feature_layers = list(feature_layers) if feature_layers else None
+        self.layers = nn.ModuleList(DecoderLayer(l, self.dims, family.qk_norm) for l in hf_model.model.layers)
+        self.final_norm = frozen(hf_model.model.norm.weight)
+        self.lm_head = frozen(hf_model.lm_head.weight)
+        # HF's rotary module already resolved the rope type (default, llama3, yarn, ...) into
+        # inv_freq and attention_scaling, so reading those keeps every scaling variant right.
+        rotary = hf_model.model.rotary_emb
+        cos, sin = rotary_tables(rotary.inv_freq, float(getattr(rotary, "attention_scaling", 1.0)),
+                                 max_positions, dtype)
+        self.register_buffer("cos_cache", cos)
+        self.register_buffer("sin_cache", sin)
+        self.to(dtype)
+
+    def forward(self, inputs_embeds, position_ids, past_lengths, query_lengths, logits_indices, *tensors):
+        """tensors: [tree_mask if an EAGLE base], the caches (key, value per layer), then the LoRA
+        pairs (per layer, per group)."""
+        tree_mask = None
+        if self.feature_layers is not None:
+            tree_mask, tensors = tensors[0], tensors[1:]
+        caches, lora = tensors[: 2 * len(self.layers)], tensors[2 * len(self.layers):]
+        per_layer = 2 * len(self.lora_groups)
+        hidden = inputs_embeds
+        presents, entering = [], {}
+        for i, layer in enumerate(self.layers):
+            entering[i] = hidden
+            pairs = lora[i * per_layer: (i + 1) * per_layer]
+            layer_lora = {g: (pairs[2 * j], pairs[2 * j + 1]) for j, g in enumerate(self.lora_groups)}
+            hidden, key, value = layer(
+                hidden, caches[2 * i], caches[2 * i + 1], past_lengths, query_lengths, position_ids,
+                self.cos_cache, self.sin_cache, layer_lora, tree_mask,
+            )
+            presents += [key, value]
+        # The LM head runs only where logits are asked for: gather those positions first.
+        index = logits_indices.long().unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
+        hidden = torch.gather(hidden, 1, index)
+        hidden = rms_norm(hidden, self.final_norm, self.dims.rms_norm_eps)
+        logits = F.linear(hidden, self.lm_head).float()
+        if self.feature_layers is not None:
+            return (logits, torch.cat([entering[i] for i in self.feature_layers], dim=-1), *presents)
+        return (logits, *presents)
+
+
+def input_names(num_layers: int, eagle: bool = False) -> list[str]:
+    names = ["inputs_embeds", "position_ids", "past_lengths", "query_lengths", "logits_indices"]
+    names += ["tree_mask"] if eagle else []
+    for i in range(num_layers):
+        names += [f"past_key_{i}", f"past_value_{i}"]
+    return names
+
+
+def output_names(num_layers: int, eagle: bool = False) -> list[str]:
+    names = ["logits"] + (["hidden_states"] if eagle else [])
+    for i in range(num_layers):
+        names += [f"present_key_{i}", f"present_value_{i}"]
+    return names
