@@ -8,7 +8,7 @@ from pathlib import Path
 import onnx
 from onnx import helper, numpy_helper
 
-from trt_llm.plugins import attention
+from trt_llm import plugins
 
 ENGINE_NAME = "model.cpu.onnx"
 
@@ -22,7 +22,7 @@ def compile_cpu(graph_path: Path, quantization: str = "none") -> Path:
     quantized weights to the engine's own file instead.
     """
     model = onnx.load(graph_path, load_external_data=False)
-    attention.lower_for_onnxruntime(model)
+    plugins.lower_for_onnxruntime(model)
     fuse_rms_norms(model)
     engine_path = graph_path.parent / ENGINE_NAME
     if quantization == "none":

@@ -13,7 +13,7 @@ from torch.export import Dim
 
 from trt_llm.build import lora
 from trt_llm.build.models.llama import DecoderGraph, input_names, output_names
-from trt_llm.plugins import attention
+from trt_llm import plugins
 
 ONNX_OPSET = 18
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ def export_graph(module, example: tuple, names: list[str], outputs: list[str], d
         program = torch.onnx.export(
             module, example, dynamo=True, opset_version=ONNX_OPSET, input_names=names, output_names=outputs,
             dynamic_shapes=dynamic_shapes,
-            custom_translation_table={torch.ops.trt_llm.attention.default: attention.onnx_translation},
+            custom_translation_table=plugins.translation_table(),
             optimize=True, verbose=False,
         )
     model = program.model_proto
@@ -112,14 +112,15 @@ def export_graph(module, example: tuple, names: list[str], outputs: list[str], d
 
 
 def finish_custom_nodes(model: onnx.ModelProto) -> None:
-    """Attach the op's function body and drop exporter-internal attributes from its nodes."""
+    """Attach the ops' function bodies and drop exporter-internal attributes from their nodes."""
+    domains = plugins.domains()
     for node in model.graph.node:
-        if node.domain == attention.DOMAIN:
+        if node.domain in domains:
             keep = [a for a in node.attribute if not a.name.startswith("_")]
             del node.attribute[:]
             node.attribute.extend(keep)
     present = {(f.domain, f.name) for f in model.functions}
-    for function in attention.function_protos():
+    for function in plugins.function_protos():
         if (function.domain, function.name) not in present:
             model.functions.append(function)
 

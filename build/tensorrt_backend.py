@@ -164,9 +164,9 @@ def compile_tensorrt(graph_path: Path, engine_dir_llm: Path, build_config, rtx: 
     if not rtx:
         # Before the parser exists: it looks plugins up in the registry when it meets the node,
         # whose plugin_namespace attribute names the plugin's namespace.
-        from trt_llm.plugins.attention import register_tensorrt_plugin
+        from trt_llm.plugins import register_tensorrt_plugins
 
-        register_tensorrt_plugin()
+        register_tensorrt_plugins()
     return _build(trt, logger, graph_path, engine_dir_llm, build_config, backend, rtx, report)
 
 

@@ -23,8 +23,8 @@ Every new token sees all cached slots before past_lengths, and the new tokens th
 The ONNX face has two node types: `AttentionPlugin` (causal) and `TreeAttentionPlugin` (with the
 tree_mask input); the causal one's function body builds a causal mask and calls the tree one's.
 
-Facets:
- 1. `attention`: a torch custom op with an eager reference implementation (the ground truth).
+Facets (the fixed names every op file exposes for the registry in plugins/__init__.py):
+ 1. `attention` (`TORCH_OPS`): a torch custom op with an eager reference implementation (the ground truth).
  2. `onnx_translation` + `FUNCTION_BODY`: a node `trt::AttentionPlugin` carrying a `plugin_namespace`
     attribute, and a model-local ONNX function of standard ops with the same name, so any runtime
     without our plugin (ONNX Runtime, TensorRT-RTX) can run it.
@@ -179,6 +179,11 @@ def _attention_fake(qkv, past_key, past_value, past_lengths, query_lengths, posi
         torch.empty_like(past_key),
         torch.empty_like(past_value),
     )
+
+
+# ---------------------------------------------------------------------------------------------------
+# The torch ops this file defines, for the registry (plugins/__init__.py).
+TORCH_OPS = (torch.ops.trt_llm.attention.default,)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -218,10 +218,10 @@ class TrtEngine:
         if count == 0:
             raise BackendUnavailable(f"backend {backend!r} engines run on an NVIDIA GPU; {why}")
         if backend == "tensorrt":
-            # The plan's attention layers are our Python plugin: it must be registered to deserialize.
-            from trt_llm.plugins.attention import register_tensorrt_plugin
+            # The plan's attention layers are our Python plugins: they must be registered to deserialize.
+            from trt_llm.plugins import register_tensorrt_plugins
 
-            register_tensorrt_plugin()
+            register_tensorrt_plugins()
         cudart = import_cudart()
         self._logger = make_logger(trt)
         self._runtime = trt.Runtime(self._logger)
