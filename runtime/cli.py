@@ -30,6 +30,10 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--batch-size", type=positive_int, help="overrides the file's batch_size")
     parser.add_argument("--max-generate-length", type=positive_int, help="overrides the file's max_generate_length")
     parser.add_argument("--seed", type=int, help="overrides the file's seed")
+    parser.add_argument("--scheduling", choices=("static", "continuous"), default="static",
+                        help="static: batches of batch_size in file order (the reference's); continuous: up to "
+                             "batch_size requests in flight, the next admitted as soon as a row frees "
+                             "(same results, request by request)")
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="CPU threads (default: all physical cores; at most the cores this process may use)")
     parser.add_argument("--prompt-cache-budget-mb", type=positive_int, default=1024,
@@ -121,9 +125,10 @@ def _run(args, log, progress: _Progress) -> int:
         spec = SpecConfig(args.draft_top_k, args.draft_steps, args.verify_tree_size)
         progress.loaded, progress.settings, progress.output_path = loaded, settings, output_path
         runner = Runner(engine_dir, threads=threads or 0, prefix_cache=prefix_cache, profiler=profiler,
-                        spec=spec, spec_decode=not args.no_spec_decode)
-        log.info("engine %s: %s backend, %s threads, %d requests in batches of %d", engine_dir.path,
-                 engine_dir.manifest["backend"], threads or "default", len(loaded.requests), settings.batch_size)
+                        spec=spec, spec_decode=not args.no_spec_decode, scheduling=args.scheduling)
+        log.info("engine %s: %s backend, %s threads, %d requests in batches of %d (%s scheduling)",
+                 engine_dir.path, engine_dir.manifest["backend"], threads or "default", len(loaded.requests),
+                 settings.batch_size, args.scheduling)
         output = runner.run(loaded, settings, progress.finished)
     except (InputFileError, EngineDirError, RunError, OutputPathError, FlagError) as error:
         log.error("%s", error)

@@ -37,6 +37,30 @@ class KVCache:
                 for buffer in (*self.keys, *self.values):
                     buffer[row, :, target] = buffer[row, :, source]
 
+    def window(self, start: int, stop: int) -> "KVCache":
+        """Rows start .. stop - 1 as a cache of their own that shares this one's memory: a step over
+        some rows only (the prefill of requests admitted while others decode)."""
+        part = KVCache.__new__(KVCache)
+        part.keys = [k[start:stop] for k in self.keys]
+        part.values = [v[start:stop] for v in self.values]
+        part.batch, part.capacity = stop - start, self.capacity
+        return part
+
+    def reserve(self, rows: int, capacity: int, used: list[int]) -> None:
+        """At least `rows` rows of `capacity` slots: new buffers when these are smaller, with the
+        `used[i]` slots of each active row i copied over (a pool that grows between steps)."""
+        have_rows, heads, have_capacity, dim = self.keys[0].shape
+        if rows <= have_rows and capacity <= have_capacity:
+            return
+        shape = (max(rows, have_rows), heads, max(capacity, have_capacity), dim)
+        for buffers in (self.keys, self.values):
+            for i, old in enumerate(buffers):
+                new = np.zeros(shape, old.dtype)
+                for row, length in enumerate(used):
+                    new[row, :, :length] = old[row, :, :length]
+                buffers[i] = new
+        self.capacity = shape[2]
+
     def views(self):
         """(key, value) per layer for the active rows: contiguous views that share memory."""
         return [(k[: self.batch], v[: self.batch]) for k, v in zip(self.keys, self.values)]

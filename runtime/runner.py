@@ -41,6 +41,9 @@ class Prepared:
     params: SamplingParams
     system_ids: list[int] | None  # the templated system prompt's tokens, when they prefix the prompt
     adapter: LoraAdapter | None = None
+    seed: int | None = None  # this request's own sampling stream (request_seed)
+    num_logprobs: int = 0  # K as its batch resolves it (batch-uniform, like the reference)
+    save_group: bool = False  # its batch saves system prompts (batch-wide, like the reference)
 
 
 def request_seed(seed: int | None, index: int) -> int | None:
@@ -51,7 +54,8 @@ def request_seed(seed: int | None, index: int) -> int | None:
 
 class Runner:
     def __init__(self, engine_dir: EngineDir, threads: int = 0, prefix_cache: PrefixCache | None = None,
-                 profiler: Profiler | None = None, spec: SpecConfig | None = None, spec_decode: bool = True):
+                 profiler: Profiler | None = None, spec: SpecConfig | None = None, spec_decode: bool = True,
+                 scheduling: str = "static"):
         from safetensors.numpy import load_file
 
         from trt_llm.runtime.engines import open_engine
@@ -84,6 +88,7 @@ class Runner:
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(engine_dir.identity)
         self.prefix_stats = {"hits": 0, "saved": 0, "fallbacks": 0}
         self.profiler = profiler
+        self.scheduling = scheduling
         self.lora_layout = engine_dir.manifest.get("lora")
         self._adapters: dict[tuple[str, str], LoraAdapter | LoraError] = {}  # read once per path
 
@@ -97,6 +102,14 @@ class Runner:
         formatter = PromptFormatter(self.tokenizer, settings.apply_chat_template,
                                     settings.add_generation_prompt, settings.enable_thinking)
         responses = [] if finished is None else finished
+        if self.scheduling == "continuous":
+            if self.draft is None:
+                from trt_llm.runtime.continuous import run_continuous
+
+                run_continuous(self, loaded, settings, formatter, responses)
+                return OutputFile(input_file=loaded.source, responses=sorted(responses, key=lambda r: r.request_idx))
+            log.warning("--scheduling continuous runs vanilla decoding in this version; with the engine's "
+                        "EAGLE draft the requests run in static batches (--no-spec-decode for continuous)")
         slots = loaded.requests
         batches = range(0, len(slots), settings.batch_size)
         for number, batch_start in enumerate(batches, 1):
@@ -119,22 +132,25 @@ class Runner:
             for batch_idx, slot in enumerate(batch):
                 index = batch_start + batch_idx
                 if isinstance(slot, RequestError):
-                    results[index] = _error(index, batch_idx, slot.message, slot.raw_messages())
+                    results[index] = self.error(index, batch_idx, slot.message, slot.raw_messages())
                     continue
                 try:
-                    prepared.append(self._prepare(index, slot, settings, formatter))
+                    prepared.append(self.prepare(index, slot, settings, formatter))
                 except (PromptError, ValueError) as error:
-                    results[index] = _error(index, batch_idx, str(error),
-                                            loaded.raw_requests[index].get("messages", []))
+                    results[index] = self.error(index, batch_idx, str(error),
+                                                loaded.raw_requests[index].get("messages", []))
 
         if prepared:
             # Batch-uniform, like the reference: the batch computes the largest K any request asked
-            # for, and every request in it gets that K.
+            # for, and every request in it gets that K; one request asking to save system prompts
+            # makes the whole batch save them.
             num_logprobs = max(p.request.resolved_num_logprobs(settings) for p in prepared)
-            self._attach_prefixes(prepared)
+            save = any(p.request.save_system_prompt_kv_cache for p in prepared)
+            for p in prepared:
+                p.num_logprobs, p.save_group = num_logprobs, save
+                self.attach_prefix(p)
             try:
-                sampler = Sampler([p.params for p in prepared],
-                                  [request_seed(settings.seed, p.index) for p in prepared])
+                sampler = Sampler([p.params for p in prepared], [p.seed for p in prepared])
                 lora_inputs = None
                 if self.lora_layout:
                     lora_inputs = batch_inputs([p.adapter for p in prepared], self.lora_layout,
@@ -152,21 +168,30 @@ class Runner:
                 log.error("batch starting at request %d failed: %s", batch_start, error)
                 log.info("the batch's traceback:", exc_info=True)
                 for p in prepared:
-                    results[p.index] = _error(p.index, p.index - batch_start, f"batch failed: {error}",
-                                              loaded.raw_requests[p.index]["messages"])
+                    results[p.index] = self.error(p.index, p.index - batch_start, f"batch failed: {error}",
+                                                  loaded.raw_requests[p.index]["messages"])
             else:
                 for p in prepared:
-                    if p.sequence.saved is not None:
-                        self.prefix_cache.put(p.request.lora_name, p.sequence.saved)
-                        self.prefix_stats["saved"] += 1
-                    results[p.index] = self._response(p, p.index - batch_start, started,
-                                                      loaded.raw_requests[p.index]["messages"])
-                    if self.profiler:
-                        self.profiler.ttft_ms[p.index] = results[p.index].time_to_first_token_ms
+                    results[p.index] = self.finish(p, p.index - batch_start, started,
+                                                   loaded.raw_requests[p.index]["messages"])
         return [results[i] for i in sorted(results)]
 
-    def _prepare(self, index: int, request: Request, settings: InputSettings,
-                 formatter: PromptFormatter) -> Prepared:
+    def error(self, index: int, batch_idx: int, message: str, messages) -> Response:
+        return _error(index, batch_idx, message, messages)
+
+    def finish(self, p: Prepared, batch_idx: int, started: float, messages) -> Response:
+        """The response of a finished request (its saved system prompt goes into the cache)."""
+        if p.sequence.saved is not None:
+            self.prefix_cache.put(p.request.lora_name, p.sequence.saved)
+            self.prefix_stats["saved"] += 1
+        response = self._response(p, batch_idx, started, messages)
+        if self.profiler:
+            self.profiler.ttft_ms[p.index] = response.time_to_first_token_ms
+        return response
+
+    def prepare(self, index: int, request: Request, settings: InputSettings,
+                formatter: PromptFormatter) -> Prepared:
+        """A validated request -> what the engine runs: its prompt tokens, limits and sampling."""
         where = f"requests[{index}]"
         adapter = None
         if request.lora_name is not None:
@@ -195,7 +220,7 @@ class Runner:
         params = SamplingParams(settings.temperature, settings.top_k, settings.top_p, bias or None)
         detokenizer = IncrementalDetokenizer(self.token_bytes, request.stop_list())
         return Prepared(index, request, prompt, Sequence(prompt.token_ids, max_new, detokenizer), params,
-                        self._system_ids(where, prompt), adapter)
+                        self._system_ids(where, prompt), adapter, request_seed(settings.seed, index))
 
     def _adapter(self, where: str, name: str, path: str) -> LoraAdapter:
         if not self.lora_layout:
@@ -226,19 +251,17 @@ class Runner:
             return None
         return ids
 
-    def _attach_prefixes(self, prepared: list[Prepared]) -> None:
-        """Reuse saved system prompts; save new ones when any request of the batch asks (batch-wide)."""
-        save = any(p.request.save_system_prompt_kv_cache for p in prepared)
-        for p in prepared:
-            # At least one prompt token must be prefilled: it gives the first logits.
-            if not p.system_ids or len(p.system_ids) >= len(p.sequence.prompt_ids):
-                continue
-            entry = self.prefix_cache.get(p.request.lora_name, p.system_ids)
-            if entry is not None:
-                p.sequence.reused = entry
-                self.prefix_stats["hits"] += 1
-            elif save:
-                p.sequence.save_prefix = len(p.system_ids)
+    def attach_prefix(self, p: Prepared) -> None:
+        """Reuse a saved system prompt for `p`, or save its own when its batch asks (p.save_group)."""
+        # At least one prompt token must be prefilled: it gives the first logits.
+        if not p.system_ids or len(p.system_ids) >= len(p.sequence.prompt_ids):
+            return
+        entry = self.prefix_cache.get(p.request.lora_name, p.system_ids)
+        if entry is not None:
+            p.sequence.reused = entry
+            self.prefix_stats["hits"] += 1
+        elif p.save_group:
+            p.sequence.save_prefix = len(p.system_ids)
 
     def _response(self, p: Prepared, batch_idx: int, started: float, messages) -> Response:
         s = p.sequence

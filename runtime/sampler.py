@@ -64,23 +64,38 @@ class Sampler:
             seeds = [None] * len(params)
         if len(seeds) != len(params):
             raise ValueError(f"{len(params)} params but {len(seeds)} seeds")
-        self.params = list(params)
-        self.seeds = [secrets.randbits(63) if s is None else int(s) for s in seeds]
-        self._greedy = [p.greedy for p in self.params]
-        self._all_greedy = all(self._greedy)
-        self._filter_key = [(p.temperature, p.top_k, p.top_p) for p in self.params]
+        self.params: list[SamplingParams] = []
+        self.seeds: list[int] = []
+        self._greedy: list[bool] = []
+        self._filter_key: list[tuple[float, int, float]] = []
         # Generators are created on first use, on the device the logits live on
         # (torch.multinomial needs the generator on the tensor's device).
-        self._gens: list[torch.Generator | None] = [None] * len(self.params)
+        self._gens: list[torch.Generator | None] = []
         # Bias preprocessed once into (ids, values, max id); None = row has no bias.
         self._bias: list[tuple[torch.Tensor, torch.Tensor, int] | None] = []
-        for p in self.params:
-            if not p.logit_bias:
-                self._bias.append(None)
-                continue
-            ids = torch.tensor(list(p.logit_bias.keys()), dtype=torch.int64)
-            vals = torch.tensor(list(p.logit_bias.values()), dtype=torch.float32)
+        self._sampled_rows = 0  # rows that are not greedy
+        for p, seed in zip(params, seeds):
+            self.add(p, seed)
+
+    def add(self, params: SamplingParams, seed: int | None = None) -> int:
+        """One more original row (a request joining a running engine); returns its row index."""
+        self.params.append(params)
+        self.seeds.append(secrets.randbits(63) if seed is None else int(seed))
+        self._greedy.append(params.greedy)
+        self._sampled_rows += not params.greedy
+        self._filter_key.append((params.temperature, params.top_k, params.top_p))
+        self._gens.append(None)
+        if params.logit_bias:
+            ids = torch.tensor(list(params.logit_bias.keys()), dtype=torch.int64)
+            vals = torch.tensor(list(params.logit_bias.values()), dtype=torch.float32)
             self._bias.append((ids, vals, int(ids.max())))
+        else:
+            self._bias.append(None)
+        return len(self.params) - 1
+
+    @property
+    def _all_greedy(self) -> bool:
+        return self._sampled_rows == 0
 
     # -- public API ---------------------------------------------------------
 

@@ -313,7 +313,7 @@ def test_verbose_logs_the_run(engine, tmp_path):
                              "-o", str(tmp_path / "out.json"), "--threads", "1", "-v"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0
-    assert "cpu backend, 1 threads, 3 requests in batches of 2" in result.stderr
+    assert "cpu backend, 1 threads, 3 requests in batches of 2 (static scheduling)" in result.stderr
     assert "batch 1 of 2: requests 0-1" in result.stderr and "batch 2 of 2: requests 2-2" in result.stderr
     assert "3 requests, 0 failed" in result.stderr
 

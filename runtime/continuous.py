@@ -1,0 +1,75 @@
+"""`trt-llm-run --scheduling continuous`: an input file on the step-level engine (engine_core.py).
+
+Up to `batch_size` requests are in flight; the next one in file order is admitted as soon as a row
+frees, instead of waiting for its whole static batch to finish. Results are the static run's, request
+by request: the reference's batch-wide rules are resolved per request from the static batch it would
+have run in (its `batch_idx`, the largest `num_logprobs` of that batch, whether that batch saves
+system prompts), and each row computes what it computes in a static batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+from trt_llm.runtime.engine_core import EngineCore, EngineRequest
+from trt_llm.runtime.prompt import PromptError
+from trt_llm.runtime.threads import leaves_cores_to_the_engine
+from trt_llm.schemas.input_file import RequestError
+
+log = logging.getLogger(__name__)
+
+
+@leaves_cores_to_the_engine
+def run_continuous(runner, loaded, settings, formatter, responses: list) -> None:
+    """Append every request's response to `responses` as it finishes (in finishing order)."""
+    size = settings.batch_size
+    pending: deque = deque()
+    for index, slot in enumerate(loaded.requests):
+        messages = loaded.raw_requests[index].get("messages", []) if isinstance(loaded.raw_requests[index], dict) else []
+        if isinstance(slot, RequestError):
+            responses.append(runner.error(index, index % size, slot.message, slot.raw_messages()))
+            continue
+        try:
+            pending.append((runner.prepare(index, slot, settings, formatter), messages))
+        except (PromptError, ValueError) as error:
+            responses.append(runner.error(index, index % size, str(error), messages))
+    _apply_batch_rules([p for p, _ in pending], settings)
+
+    core = EngineCore(runner.model, size, "continuous", runner.lora_layout, runner.profiler)
+    in_flight: dict[int, tuple] = {}  # request index -> (prepared, messages, admitted at)
+    while pending or core.has_unfinished():
+        # Top up the free rows just before they are taken: a system prompt saved by a request that
+        # finished a moment ago is reused by the next one.
+        while pending and len(core.scheduler.running) + len(core.scheduler.waiting) < size:
+            prepared, messages = pending.popleft()
+            runner.attach_prefix(prepared)
+            in_flight[prepared.index] = (prepared, messages, time.perf_counter())
+            core.add_request(EngineRequest(prepared.index, prepared.sequence, prepared.params, prepared.seed,
+                                           prepared.num_logprobs, prepared.adapter))
+        try:
+            finished = core.step()
+        except Exception as error:  # the engine failed: its running requests fail, the run goes on
+            log.error("a step failed with requests %s in flight: %s", sorted(in_flight), error)
+            log.info("the step's traceback:", exc_info=True)
+            for index, (prepared, messages, _) in sorted(in_flight.items()):
+                responses.append(runner.error(index, index % size, f"batch failed: {error}", messages))
+            in_flight.clear()
+            core = EngineCore(runner.model, size, "continuous", runner.lora_layout, runner.profiler)
+            continue
+        for request in finished:
+            prepared, messages, admitted = in_flight.pop(request.id)
+            responses.append(runner.finish(prepared, prepared.index % size, admitted, messages))
+
+
+def _apply_batch_rules(prepared: list, settings) -> None:
+    """The reference's batch-wide rules, per request, from the static batch it belongs to."""
+    groups: dict[int, list] = {}
+    for p in prepared:
+        groups.setdefault(p.index // settings.batch_size, []).append(p)
+    for group in groups.values():
+        k = max(p.request.resolved_num_logprobs(settings) for p in group)
+        save = any(p.request.save_system_prompt_kv_cache for p in group)
+        for p in group:
+            p.num_logprobs, p.save_group = k, save

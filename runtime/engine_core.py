@@ -1,0 +1,220 @@
+"""The step-level engine: requests join and leave a running batch between steps.
+
+    core = EngineCore(model, max_rows=4)
+    core.add_request(EngineRequest(...))       # waits until a row of the KV pool is free
+    while core.has_unfinished():
+        for done in core.step():               # one model pass: a prefill of newly admitted
+            ...                                # requests, or one decode token for every running row
+
+The KV pool is one cache of `max_rows` rows, allocated once (it grows only when a request needs more
+slots than any before it). Running requests hold the rows 0 .. n-1: a finished row leaves and the
+rows behind it move up, a new request takes the next free row. A step is either a prefill of the
+requests just admitted (run on their rows alone, so their batch-mates' decoding is not padded to a
+prompt's width) or a decode step of every running row: each row computes exactly what it computes
+in a static batch, so its tokens do not depend on who joins or leaves around it.
+
+Admission (`Scheduler`): "continuous" admits the next waiting request as soon as a row frees;
+"static" admits a whole group of requests only when the pool is empty, which is the reference's
+batches of `batch_size` in file order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from trt_llm.runtime.generate import Model, Sequence, _record_logprobs, _restore, _snapshot, append_token
+from trt_llm.runtime.sampler import Sampler, SamplingParams
+
+ABORTED = "aborted"
+
+
+@dataclass(eq=False)
+class EngineRequest:
+    """One request as the engine runs it: its token state and how to sample it."""
+    id: object
+    sequence: Sequence
+    params: SamplingParams
+    seed: int | None = None
+    num_logprobs: int = 0
+    adapter: object | None = None  # a runtime.lora.LoraAdapter, or None for the base model
+    group: int = 0  # static scheduling: requests of one group are admitted together
+    row: int = field(default=-1, init=False)  # the sampler's row of this request
+
+
+class Scheduler:
+    """Waiting and running requests, and who may take a free row of the pool."""
+
+    def __init__(self, max_rows: int, policy: str = "continuous"):
+        if policy not in ("continuous", "static"):
+            raise ValueError(f"scheduling: {policy!r} is not a policy; choose continuous or static")
+        self.max_rows, self.policy = max_rows, policy
+        self.waiting: deque[EngineRequest] = deque()
+        self.running: list[EngineRequest] = []
+
+    def admit(self) -> list[EngineRequest]:
+        """The waiting requests that start now, in arrival order (moved to running)."""
+        if self.policy == "static":
+            if self.running or not self.waiting:
+                return []
+            group = self.waiting[0].group
+            admitted = []
+            while self.waiting and self.waiting[0].group == group and len(admitted) < self.max_rows:
+                admitted.append(self.waiting.popleft())
+        else:
+            admitted = [self.waiting.popleft() for _ in range(min(len(self.waiting), self.max_rows - len(self.running)))]
+        self.running += admitted
+        return admitted
+
+
+class EngineCore:
+    def __init__(self, model: Model, max_rows: int, policy: str = "continuous", lora_layout: dict | None = None,
+                 profiler=None):
+        self.model = model
+        self.scheduler = Scheduler(max_rows, policy)
+        self.sampler = Sampler([])
+        self.lora_layout = lora_layout
+        self.profiler = profiler
+        self.cache = None  # the KV pool, made at the first admission
+        self._lora_inputs: dict[str, np.ndarray] = {}
+        self._lora_rows: list = []  # the adapters the LoRA inputs were built for, row by row
+
+    # -- the API ----------------------------------------------------------------------------------
+
+    def add_request(self, request: EngineRequest) -> None:
+        request.row = self.sampler.add(request.params, request.seed)
+        self.scheduler.waiting.append(request)
+
+    def abort(self, request_id) -> EngineRequest | None:
+        """Stop a request, waiting or running; it finishes with finish_reason "aborted"."""
+        for request in self.scheduler.waiting:
+            if request.id == request_id:
+                self.scheduler.waiting.remove(request)
+                request.sequence.finish_reason = ABORTED
+                return request
+        for index, request in enumerate(self.scheduler.running):
+            if request.id == request_id:
+                request.sequence.finish_reason = ABORTED
+                self._leave([index])
+                return request
+        return None
+
+    def has_unfinished(self) -> bool:
+        return bool(self.scheduler.waiting or self.scheduler.running)
+
+    def step(self) -> list[EngineRequest]:
+        """One model pass; returns the requests that finished in it.
+
+        Run the loop of steps inside runtime.threads.single_threaded_host_math() (once: it costs about
+        a millisecond to enter), so that the host's small math leaves the cores to the engine."""
+        admitted = self.scheduler.admit()
+        if admitted:
+            return self._prefill(admitted)
+        if self.scheduler.running:
+            return self._decode()
+        return []
+
+    # -- the passes -------------------------------------------------------------------------------
+
+    def _stage(self, name: str):
+        return self.profiler.stage(name) if self.profiler else nullcontext()
+
+    def _prefill(self, admitted: list[EngineRequest]) -> list[EngineRequest]:
+        running = self.scheduler.running
+        start = len(running) - len(admitted)
+        self._reserve(admitted)
+        self._update_lora()
+        sequences = [r.sequence for r in admitted]
+        window = self.cache.window(start, len(running))
+        past = np.array([_restore(window, row, s.reused) for row, s in enumerate(sequences)], dtype=np.int32)
+        lengths = np.array([len(s.prompt_ids) for s in sequences], dtype=np.int32) - past
+        width = int(lengths.max())
+        token_ids = np.zeros((len(admitted), width), dtype=np.int64)
+        for row, s in enumerate(sequences):
+            token_ids[row, : lengths[row]] = s.prompt_ids[past[row]:]
+        positions = past[:, None] + np.arange(width, dtype=np.int32)[None, :]
+        logits = np.empty((len(admitted), 1, self.model.dims["vocab_size"]), dtype=np.float32)
+        lora = {name: array[start:] for name, array in self._lora_inputs.items()}
+        with self._stage("prefill"):
+            self.model.engine.run(self.model.embedding[token_ids], positions, past, lengths, (lengths - 1)[:, None],
+                                  window, logits, lora, *self.model.eagle_io(len(admitted), width))
+        if self.profiler:
+            self.profiler.count("prefill_computed_tokens", int(lengths.sum()))
+            self.profiler.count("prefill_reused_tokens", int(past.sum()))
+        for row, s in enumerate(sequences):
+            if s.save_prefix:
+                s.saved = _snapshot(window, row, s.prompt_ids[: s.save_prefix])
+        return self._sample(admitted, logits, first=start)
+
+    def _decode(self) -> list[EngineRequest]:
+        running = self.scheduler.running
+        last = np.array([r.sequence.generated[-1] for r in running], dtype=np.int64)
+        past = np.array([r.sequence.length - 1 for r in running], dtype=np.int32)
+        logits = np.empty((len(running), 1, self.model.dims["vocab_size"]), dtype=np.float32)
+        with self._stage("decode_step"):
+            self.model.engine.run(self.model.embedding[last][:, None], past[:, None], past,
+                                  np.ones(len(running), np.int32), np.zeros((len(running), 1), np.int32), self.cache,
+                                  logits, self._lora_inputs, *self.model.eagle_io(len(running), 1))
+        if self.profiler:
+            self.profiler.count("decode_tokens", len(running))
+        return self._sample(running, logits, first=0)
+
+    def _sample(self, requests: list[EngineRequest], logits: np.ndarray, first: int) -> list[EngineRequest]:
+        """Sample one token for each of `requests` (running rows first, first + 1, ...); the ones that
+        finish leave the pool."""
+        with self._stage("sample"):
+            step_logits = torch.from_numpy(logits[:, 0])
+            rows = [r.row for r in requests]
+            sampled = self.sampler.sample(step_logits, rows)
+            tokens = sampled.tolist()
+            with_logprobs = [i for i, r in enumerate(requests) if r.num_logprobs]
+            if with_logprobs:
+                # Each request's own K: a batch-uniform K is the caller's rule to set.
+                for k in sorted({requests[i].num_logprobs for i in with_logprobs}):
+                    picked = [i for i in with_logprobs if requests[i].num_logprobs == k]
+                    index = torch.tensor(picked)
+                    _record_logprobs([requests[i].sequence for i in picked], step_logits[index], sampled[index], k)
+        now = time.perf_counter()
+        finished = [i for i, (r, token) in enumerate(zip(requests, tokens))
+                    if append_token(self.model, r.sequence, token, now)]
+        done = [requests[i] for i in finished]
+        if finished:
+            self._leave([first + i for i in finished])
+        return done
+
+    # -- the pool ---------------------------------------------------------------------------------
+
+    def _reserve(self, admitted: list[EngineRequest]) -> None:
+        running = self.scheduler.running
+        need = max(len(r.sequence.prompt_ids) + r.sequence.max_new_tokens for r in admitted)
+        if self.cache is None:
+            self.cache = self.model.new_cache(self.scheduler.max_rows, need)
+        else:
+            self.cache.reserve(self.scheduler.max_rows, need, [r.sequence.length for r in running[: -len(admitted)]])
+        self.cache.batch = len(running)
+
+    def _leave(self, indexes: list[int]) -> None:
+        """Running rows `indexes` leave; the rows behind them move up."""
+        running = self.scheduler.running
+        gone = set(indexes)
+        keep = [i for i in range(len(running)) if i not in gone]
+        # A row's used slots: its prompt and generated tokens but the last (not yet in the cache).
+        self.cache.keep_rows(keep, [running[i].sequence.length - 1 for i in keep])
+        self.scheduler.running = [running[i] for i in keep]
+        self._update_lora()
+
+    def _update_lora(self) -> None:
+        if not self.lora_layout:
+            return
+        adapters = [r.adapter for r in self.scheduler.running]
+        if adapters == self._lora_rows:
+            return
+        from trt_llm.runtime.lora import batch_inputs
+
+        self._lora_rows = adapters
+        self._lora_inputs = batch_inputs(adapters, self.lora_layout, self.model.embedding.dtype) if adapters else {}
