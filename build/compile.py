@@ -18,6 +18,7 @@ from pathlib import Path
 from trt_llm.build.engine_dir import ENGINE, read_bundle, tool_versions, write_manifest
 from trt_llm.build.progress import Steps
 from trt_llm.build.staging import copy_tree, staged
+from trt_llm.runtime.spec_config import tree_defaults_entry
 from trt_llm.schemas.build_config import MAX_BATCH_SIZE, BuildConfig, ConfigError, parse_build_config
 
 # TensorRT: the graph is exported in this dtype and built strongly typed, so it is the precision.
@@ -139,6 +140,11 @@ def compile_in_place(directory: Path, manifest: dict, config: BuildConfig, steps
                 quantization = draft_quantization(config)
                 engines["draft"] = compile_cpu(directory / components["draft"]["graph"], quantization)
                 components["draft"]["quantization"] = quantization
+        if "draft" in components:
+            # The tree that pays on this backend (runtime/spec_config.py); run flags override it.
+            draft = components["draft"]
+            draft["tree_defaults"] = tree_defaults_entry(config.backend, draft["max_draft_tree_size"],
+                                                         draft["max_verify_tree_size"])
         for name, path in engines.items():
             entry = components[name]
             components[name] = {"graph": entry["graph"], "engine": path.relative_to(directory).as_posix(),

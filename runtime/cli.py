@@ -41,10 +41,13 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--kv-cache-dir", help="also keep saved system-prompt KV here, across runs")
     parser.add_argument("--no-spec-decode", action="store_true",
                         help="vanilla decoding even when the engine has an EAGLE draft")
-    parser.add_argument("--draft-top-k", type=positive_int, default=10, help="children kept per drafted node")
-    parser.add_argument("--draft-steps", type=positive_int, default=6, help="tree depth drafted per round")
-    parser.add_argument("--verify-tree-size", type=positive_int, default=60,
-                        help="tokens per verification pass (root included); smaller pays off sooner on a CPU")
+    parser.add_argument("--draft-top-k", type=positive_int,
+                        help="children kept per drafted node (default: the engine's, 3 on cpu, 10 on TensorRT)")
+    parser.add_argument("--draft-steps", type=positive_int,
+                        help="tree depth drafted per round (default: the engine's, 2 on cpu, 6 on TensorRT)")
+    parser.add_argument("--verify-tree-size", type=positive_int,
+                        help="tokens per verification pass, root included (default: the engine's, 4 on cpu, "
+                             "60 on TensorRT)")
     parser.add_argument("--profile-output", help="write the run's profile (JSON) here; its folder is made")
     parser.add_argument("--dump-profile", action="store_true", help="print a profile summary to stderr")
     parser.add_argument("-v", "--verbose", action="store_true", help="log the engine, each batch and the totals")
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args, log, progress: _Progress) -> int:
-    from trt_llm.runtime.eagle import SpecConfig
+    from trt_llm.runtime.spec_config import resolve_spec
     from trt_llm.runtime.engine_dir import EngineDir, EngineDirError
     from trt_llm.runtime.prefix_cache import PrefixCache
     from trt_llm.runtime.profiler import Profiler, format_summary
@@ -122,7 +125,9 @@ def _run(args, log, progress: _Progress) -> int:
         engine_dir = EngineDir.open(args.engine_dir)
         prefix_cache = PrefixCache(engine_dir.identity, args.prompt_cache_budget_mb << 20, args.kv_cache_dir)
         profiler = Profiler() if (args.profile_output or args.dump_profile) else None
-        spec = SpecConfig(args.draft_top_k, args.draft_steps, args.verify_tree_size)
+        draft = engine_dir.manifest["components"].get("draft")
+        spec = resolve_spec(draft, engine_dir.manifest["backend"], args.draft_top_k, args.draft_steps,
+                            args.verify_tree_size) if draft else None
         progress.loaded, progress.settings, progress.output_path = loaded, settings, output_path
         runner = Runner(engine_dir, threads=threads or 0, prefix_cache=prefix_cache, profiler=profiler,
                         spec=spec, spec_decode=not args.no_spec_decode, scheduling=args.scheduling)

@@ -30,14 +30,8 @@ import torch
 
 from trt_llm.runtime.generate import Model, Sequence, append_token, prefill, record_step
 from trt_llm.runtime.sampler import Sampler
+from trt_llm.runtime.spec_config import SpecConfig  # noqa: F401 - where callers import it from
 from trt_llm.runtime.threads import leaves_cores_to_the_engine
-
-
-@dataclass(frozen=True)
-class SpecConfig:
-    draft_top_k: int = 10
-    draft_steps: int = 6
-    verify_tree_size: int = 60
 
 
 @dataclass

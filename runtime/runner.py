@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from trt_llm.runtime.detokenizer import IncrementalDetokenizer
 from trt_llm.runtime.eagle import SpecConfig, SpecStats, check_spec, generate_eagle, load_draft_engine
+from trt_llm.runtime.spec_config import resolve_spec
 from trt_llm.runtime.engine_dir import EngineDir, loading
 from trt_llm.runtime.generate import Model, Sequence, generate
 from trt_llm.runtime.lora import LoraAdapter, LoraError, batch_inputs, load_adapter
@@ -79,7 +80,9 @@ class Runner:
         if eagle and spec_decode:
             with loading("EAGLE draft", engine_dir.path / "draft"):
                 self.draft = load_draft_engine(engine_dir, threads, embedding)
-        self.spec = check_spec(spec or SpecConfig(), engine_dir) if self.draft else None
+        if self.draft is not None and spec is None:  # the tree the engine's build recorded for its backend
+            spec = resolve_spec(engine_dir.manifest["components"]["draft"], engine_dir.manifest["backend"])
+        self.spec = check_spec(spec, engine_dir) if self.draft else None
         self.spec_stats = SpecStats()
         with loading("tokenizer", engine_dir.tokenizer_dir):
             self.tokenizer = Tokenizer.from_dir(engine_dir.tokenizer_dir)

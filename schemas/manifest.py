@@ -75,13 +75,21 @@ class LlmComponent(BaseModel):
     tensorrt_version: str | None = None
 
 
+class TreeDefaults(BaseModel):
+    model_config = _LENIENT
+    draft_top_k: PositiveInt
+    draft_steps: PositiveInt
+    verify_tree_size: Annotated[int, Field(ge=2)]
+
+
 class DraftComponent(BaseModel):
     model_config = _LENIENT
     graph: RelativePath
     engine: RelativePath | None = None
     tensors: RelativePath
     max_draft_tree_size: PositiveInt
-    max_verify_tree_size: PositiveInt
+    max_verify_tree_size: Annotated[int, Field(ge=2)]
+    tree_defaults: TreeDefaults | None = None  # the backend's default tree (runtime/spec_config.py)
 
 
 class TokenizerComponent(BaseModel):

@@ -298,3 +298,21 @@ def test_quantizing_a_draft_needs_fp32_weights(tiny_model, tmp_path):
                          dtype="fp16", draft={"model": str(tmp_path), "quantization": "int4"})
     with pytest.raises(BuildError, match="draft.quantization: 'int4' quantizes fp32 weights, and the graph is fp16"):
         build_engine(config, progress=False)
+
+
+def test_the_build_records_the_backends_tree_and_flags_override_it(engine, monkeypatch):
+    from trt_llm.runtime.spec_config import TREE_DEFAULTS, default_tree, resolve_spec
+
+    manifest = json.loads((engine / "manifest.json").read_text())
+    draft = manifest["components"]["draft"]
+    # cpu: the measured best small tree; it fits this engine's limits (24 drafted, 16 verified).
+    assert draft["tree_defaults"] == {"draft_top_k": 3, "draft_steps": 2, "verify_tree_size": 4}
+    assert Runner(EngineDir.open(engine), threads=1).spec == SpecConfig(3, 2, 4)
+    assert resolve_spec(draft, "cpu", draft_steps=5) == SpecConfig(3, 5, 4)
+    # An engine built before the defaults were recorded gets its backend's.
+    old = {k: v for k, v in draft.items() if k != "tree_defaults"}
+    assert resolve_spec(old, "cpu") == SpecConfig(3, 2, 4)
+    # The TensorRT backends default to the spec's tree, shrunk to what an engine was built for.
+    assert TREE_DEFAULTS["tensorrt"] == TREE_DEFAULTS["tensorrt-rtx"] == SpecConfig(10, 6, 60)
+    assert default_tree("tensorrt", 24, 16) == SpecConfig(4, 6, 16)
+    assert default_tree("tensorrt", 60, 60) == SpecConfig(10, 6, 60)
