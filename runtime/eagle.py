@@ -143,12 +143,13 @@ def generate_eagle(model: Model, draft: Draft, sequences: list[Sequence], sample
                              pending_tokens=s.prompt_ids[start + 1:] + [token],
                              pending_features=features[row, :n].copy())
 
+    cached = list(range(batch))  # the sequence in each cache row: all of them after the prefill
     while active:
-        if active != sorted(rows):  # rows finished: compact both caches and the batch inputs
-            keep = [i for i, r in enumerate(sorted(rows)) if r in active]
+        if active != cached:  # rows finished (also at their first token): compact both caches and the inputs
+            keep = [cached.index(r) for r in active]
             cache.keep_rows(keep, [rows[r].committed for r in active])
             draft_cache.keep_rows(keep, [rows[r].draft_committed for r in active])
-            rows = {r: rows[r] for r in active}
+            rows, cached = {r: rows[r] for r in active}, list(active)
             extra = {name: np.ascontiguousarray(array[active]) for name, array in (lora_inputs or {}).items()}
         state = [rows[r] for r in active]
         with stage("draft"):

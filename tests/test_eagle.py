@@ -316,3 +316,16 @@ def test_the_build_records_the_backends_tree_and_flags_override_it(engine, monke
     assert TREE_DEFAULTS["tensorrt"] == TREE_DEFAULTS["tensorrt-rtx"] == SpecConfig(10, 6, 60)
     assert default_tree("tensorrt", 24, 16) == SpecConfig(4, 6, 16)
     assert default_tree("tensorrt", 60, 60) == SpecConfig(10, 6, 60)
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_a_row_that_ends_at_its_first_token_leaves_the_speculating_batch(engine, name):
+    """Found by gpu_check's EAGLE row: a request whose first token ends it left the batch without the
+    caches being compacted, and the next verification pass failed for the whole batch."""
+    data = {**SETTINGS[name], "batch_size": 4, "max_generate_length": 12, "requests": [
+        chat_request(PROMPTS[0]), chat_request(PROMPTS[1]), chat_request("Hi", logit_bias={"2": 100.0}),
+        chat_request(PROMPTS[2])]}
+    spec_responses, _ = run(engine, data)
+    vanilla, _ = run(engine, data, spec_decode=False)
+    assert spec_responses[2].generated_tokens == 1
+    assert_same(spec_responses, vanilla)
