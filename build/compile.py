@@ -49,9 +49,9 @@ def check_backend(config: BuildConfig, exported: bool = False) -> None:
         fixed = f" (the bundle was exported in {config.dtype}; export it again in one of those)" if exported else ""
         raise BuildError(f"dtype: {config.dtype!r} is not supported by the {config.backend} backend; "
                          f"choose one of {', '.join(SUPPORTED_DTYPES[config.backend])}{fixed}")
-    if config.draft is not None and config.backend != "cpu":
-        raise BuildError(f"draft: EAGLE3 drafts are built for the cpu backend only in this version "
-                         f"(backend {config.backend!r})")
+    if config.draft is not None and config.draft.quantization in ("int8", "int4") and config.backend != "cpu":
+        raise BuildError(f"draft.quantization: {config.draft.quantization!r} quantizes the draft for the cpu "
+                         f"backend (ONNX Runtime's integer matmuls); on {config.backend!r} use 'none' or 'auto'")
     if config.draft is not None and config.draft.quantization in ("int8", "int4") and config.dtype != "fp32":
         raise BuildError(f"draft.quantization: {config.draft.quantization!r} quantizes fp32 weights, and the "
                          f"graph is {config.dtype}; use 'none' or 'auto', or dtype 'fp32'")
@@ -61,7 +61,7 @@ def draft_quantization(config: BuildConfig) -> str:
     """What `draft.quantization` means for this config: none, int8 or int4."""
     chosen = config.draft.quantization
     if chosen == "auto":
-        return "int8" if config.dtype == "fp32" else "none"
+        return "int8" if config.dtype == "fp32" and config.backend == "cpu" else "none"
     return chosen
 
 
@@ -128,8 +128,14 @@ def compile_in_place(directory: Path, manifest: dict, config: BuildConfig, steps
             from trt_llm.build.tensorrt_backend import TensorRTBuildError, compile_tensorrt
 
             try:
-                engines["llm"] = compile_tensorrt(graph, graph.parent, config, rtx=config.backend == "tensorrt-rtx",
-                                                  report=lambda phase: steps.report(f"compiling: {phase}"))
+                for name in ("llm", "draft") if "draft" in components else ("llm",):
+                    # The draft's plan has the base's profiles (its dynamic dims have the same names).
+                    component_graph = directory / components[name]["graph"]
+                    engines[name] = compile_tensorrt(component_graph, component_graph.parent, config,
+                                                     rtx=config.backend == "tensorrt-rtx",
+                                                     report=lambda phase: steps.report(f"compiling {name}: {phase}"))
+                if "draft" in components:
+                    components["draft"]["quantization"] = "none"
             except TensorRTBuildError as error:
                 raise BuildError(str(error)) from None
         else:

@@ -97,6 +97,8 @@ class DeviceKVCache:
         self.dtype = np.dtype(dtype)
         self.batch, self.capacity, self.kv_heads, self.head_dim = batch, capacity, kv_heads, head_dim
         self.row_bytes = kv_heads * capacity * head_dim * self.dtype.itemsize
+        self.batch_capacity = batch  # rows allocated; `batch` is the rows in use
+        self.parent = None  # set on a window (see window())
         self.sets = []  # two sets of (keys, values), each a list of device pointers per layer
         for _ in range(2):
             keys, values = [], []
@@ -127,7 +129,14 @@ class DeviceKVCache:
 
     def swap(self) -> None:
         """After a step: what the engine wrote as `present` is the cache now."""
-        self.current = 1 - self.current
+        if self.parent is None:
+            self.current = 1 - self.current
+            return
+        # A window: its rows, written into the other set, are copied back into the parent's current.
+        kind = self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+        for written, live in zip((*self.next_keys, *self.next_values), (*self.keys, *self.values)):
+            _check(self.cudart, self.cudart.cudaMemcpyAsync(live, written, self.batch * self.row_bytes, kind,
+                                                            self.stream))
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -156,6 +165,55 @@ class DeviceKVCache:
                     self._copy_slots(base + target * self.row_bytes, base + source * self.row_bytes, length, kind)
         self.batch = len(rows)
 
+    def move_slots(self, row: int, sources: list[int], start: int) -> None:
+        """Copy slots `sources` (ascending, each >= its target) of `row` to start, start + 1, ...: an
+        EAGLE round keeps its accepted tree nodes' keys and values contiguous. One slot is Hkv runs of
+        D elements, `capacity` slots apart; in stream order, so overlapping moves stay right."""
+        kind = self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+        slot = self.head_dim * self.dtype.itemsize
+        pitch = self.capacity * slot
+        for target, source in enumerate(sources, start):
+            if source != target:
+                for base in (*self.keys, *self.values):
+                    at = base + row * self.row_bytes
+                    _check(self.cudart, self.cudart.cudaMemcpy2DAsync(at + target * slot, pitch, at + source * slot,
+                                                                      pitch, slot, self.kv_heads, kind, self.stream))
+
+    def window(self, start: int, stop: int) -> "DeviceKVCache":
+        """Rows start .. stop - 1 as a cache of their own over this one's memory (a step over some rows
+        only). The engine writes `present` into the other buffer set and swaps; the window's swap
+        copies its rows back into this cache's current set instead, so the other rows stay valid."""
+        part = DeviceKVCache.__new__(DeviceKVCache)
+        part.cudart, part.stream, part.dtype = self.cudart, self.stream, self.dtype
+        part.batch, part.capacity, part.kv_heads, part.head_dim = stop - start, self.capacity, self.kv_heads, self.head_dim
+        part.row_bytes = self.row_bytes
+        offset = start * self.row_bytes
+        part.sets = [([k + offset for k in keys], [v + offset for v in values]) for keys, values in self.sets]
+        part.current, part.parent, part.batch_capacity = self.current, self, stop - start
+        return part
+
+    def reserve(self, rows: int, capacity: int, used: list[int]) -> None:
+        """At least `rows` rows of `capacity` slots: new device buffers when these are smaller, with
+        the `used[i]` slots of each active row i copied over (a pool that grows between steps)."""
+        have_rows = self.batch_capacity
+        if rows <= have_rows and capacity <= self.capacity:
+            return
+        rows, capacity = max(rows, have_rows), max(capacity, self.capacity)
+        grown = DeviceKVCache(self.cudart, self.stream, len(self.keys), rows, self.kv_heads, capacity,
+                              self.head_dim, self.dtype)
+        kind = self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+        slot = self.head_dim * self.dtype.itemsize
+        for new_base, old_base in zip((*grown.keys, *grown.values), (*self.keys, *self.values)):
+            for row, length in enumerate(used):
+                if length > 0:
+                    _check(self.cudart, self.cudart.cudaMemcpy2DAsync(
+                        new_base + row * grown.row_bytes, capacity * slot, old_base + row * self.row_bytes,
+                        self.capacity * slot, length * slot, self.kv_heads, kind, self.stream))
+        _check(self.cudart, self.cudart.cudaStreamSynchronize(self.stream))
+        self.free()
+        self.sets, self.current, grown.sets = grown.sets, grown.current, []
+        self.capacity, self.row_bytes, self.batch_capacity = capacity, grown.row_bytes, rows
+
     def write_prefix(self, row: int, keys: list[np.ndarray], values: list[np.ndarray]) -> None:
         kind = self.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
         for base, saved in zip((*self.keys, *self.values), (*keys, *values)):
@@ -176,6 +234,8 @@ class DeviceKVCache:
         return out[:layers], out[layers:]
 
     def free(self) -> None:
+        if self.parent is not None:  # a window's memory is its parent's
+            return
         for keys, values in self.sets:
             for ptr in (*keys, *values):
                 self.cudart.cudaFree(ptr)

