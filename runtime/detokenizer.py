@@ -13,7 +13,8 @@ from .token_bytes import TokenBytes
 
 
 class IncrementalDetokenizer:
-    """Feed token ids with `add`; read `text`, or `finish()` once generation is over.
+    """Feed token ids with `add`; read `text`, or `finish()` once generation is over; `delta()`
+    hands out the new final text for streaming.
 
     Stop rule: generation halts at the first token after which some stop string occurs in
     the decoded text; among the stop strings present then, the earliest start wins, and the
@@ -36,6 +37,7 @@ class IncrementalDetokenizer:
         self._tail = ""  # last `_keep` characters of the decoded text
         self._cut: int | None = None  # where the text ends once a stop string matched
         self._finished: str | None = None
+        self._streamed = 0  # characters handed out by delta()
         self.matched_stop: str | None = None
 
     @property
@@ -76,6 +78,25 @@ class IncrementalDetokenizer:
         text = "".join(self._chunks)
         self._chunks = [text]
         return text if self._cut is None else text[: self._cut]
+
+    def delta(self) -> str:
+        """The output text new since the last call, for streaming: only text that is final, so the
+        deltas joined are always a prefix of the final text and, after finish(), all of it. The end
+        of the text that could still begin a stop string is held back until it cannot (or is cut)."""
+        text = self.text
+        stable = len(text)
+        if self._finished is None and not self.stopped:
+            stable -= self._possible_stop_start(text)
+        out = text[self._streamed:stable]
+        self._streamed = max(self._streamed, stable)
+        return out
+
+    def _possible_stop_start(self, text: str) -> int:
+        """How many trailing characters of `text` are a proper prefix of some stop string."""
+        for k in range(min(self._keep, len(text)), 0, -1):
+            if any(stop.startswith(text[-k:]) for stop in self._stops):
+                return k
+        return 0
 
     def finish(self) -> str:
         """Final text: held-back incomplete bytes become U+FFFD; a stop string is cut off."""

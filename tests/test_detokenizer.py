@@ -231,3 +231,34 @@ def test_stops_iff_a_stop_string_appears(tiny, text, stops):
         assert not any(s in text for s in stops)
         assert detok.finish() == text == tok.decode(ids, skip_special_tokens=True)
     assert not any(s in detok.finish() for s in stops)
+
+
+# -- streaming deltas ---------------------------------------------------------------
+
+
+@given(pieces=st.lists(st.sampled_from([b"a", b"b", b"ab", b"\xe4", b"\xb8\xad", b"!", b"s", b"to", b"p", b"\xf0"]),
+                       max_size=24),
+       stop=st.lists(st.sampled_from(["stop", "ab!", "b", "\u4e2d!", "zz"]), max_size=2))
+@settings(derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+def test_deltas_join_to_the_final_text_and_never_retract(pieces, stop):
+    detok = IncrementalDetokenizer(Pieces(pieces), stop)
+    streamed = ""
+    for n in range(len(pieces)):
+        halted = detok.add(n)
+        streamed += detok.delta()
+        assert detok.text.startswith(streamed)  # nothing handed out is ever taken back
+        if halted:
+            break
+    final = detok.finish()
+    streamed += detok.delta()
+    assert streamed == final
+    assert not any(s in streamed for s in stop if s)  # a stop string never reaches the stream
+
+
+def test_a_possible_stop_start_is_held_back_until_it_cannot_be_one():
+    detok = IncrementalDetokenizer(Pieces([b"hello s", b"t", b"ay", b"!"]), ["stop"])
+    deltas = []
+    for n in range(4):
+        detok.add(n)
+        deltas.append(detok.delta())
+    assert deltas == ["hello ", "", "stay", "!"]  # "s", then "st" might have begun "stop"
