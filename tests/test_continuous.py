@@ -149,3 +149,24 @@ def test_abort_frees_the_row_for_the_next(setup):
     while solo.has_unfinished():
         solo.step()
     assert b.sequence.generated == alone.sequence.generated
+
+
+def test_the_static_policy_runs_the_references_batches(setup):
+    """EngineCore with the static policy: groups admitted together once the pool is empty, as the
+    static runner's batches (same tokens, and never a row of the next group beside this one's)."""
+    engine, adapters = setup
+    data = {"batch_size": 3, "temperature": 0.0, "max_generate_length": 10, "available_lora_weights": adapters,
+            "requests": mixed_requests(7)}
+    static, runner = run(engine, data, "static")
+    loaded = parse_input_dict(json.loads(json.dumps(data)), source="<test>")
+    core = EngineCore(runner.model, 3, "static", lora_layout=runner.lora_layout)
+    requests = []
+    for index, request in enumerate(loaded.requests):
+        engine_request = _engine_request(runner, index, request, loaded.settings)
+        engine_request.group = index // 3
+        requests.append(engine_request)
+        core.add_request(engine_request)
+    while core.has_unfinished():
+        assert len({r.group for r in core.scheduler.running}) <= 1
+        core.step()
+    assert [r.sequence.generated for r in requests] == [s.output_token_ids for s in static]
