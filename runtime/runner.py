@@ -71,7 +71,7 @@ class Runner:
                                  f"[{dims['vocab_size']}, {dims['hidden_size']}]")
         eagle = engine_dir.manifest["model"].get("eagle") or {}
         # Under speculation the base and the draft sessions alternate: neither may spin (measured on
-        # 2 cores: EAGLE3 0.53x -> 1.07x vanilla). Vanilla decoding keeps spinning (about 10% faster).
+        # 2 cores: EAGLE3 0.53x -> 1.07x vanilla). Vanilla decoding spins briefly (OrtEngine.SPIN_US).
         with loading("engine", engine_dir.component_path("llm", "engine")):
             engine = open_engine(engine_dir, threads, spinning=not (eagle and spec_decode))
         self.model = Model(engine, embedding, dims, engine_dir.eos_token_ids,
