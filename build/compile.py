@@ -122,7 +122,6 @@ def compile_in_place(directory: Path, manifest: dict, config: BuildConfig, steps
     engine directory's; returns the new manifest. One step of `steps`."""
     components = {name: dict(entry) for name, entry in manifest["components"].items()}
     with steps.step(f"compiling for {config.backend}"):
-        graph = directory / components["llm"]["graph"]
         engines = {}
         if config.backend in TENSORRT_BACKENDS:
             from trt_llm.build.tensorrt_backend import TensorRTBuildError, compile_tensorrt

@@ -11,8 +11,8 @@ import onnx
 import torch
 from torch.export import Dim
 
-from trt_llm.build import lora
-from trt_llm.build.models.llama import DecoderGraph, input_names, output_names
+from trt_llm.build.models.llama import DecoderGraph
+from trt_llm.schemas.graph_spec import decoder_spec, draft_spec
 from trt_llm import plugins
 
 ONNX_OPSET = 18
@@ -48,34 +48,24 @@ def _example_inputs(graph: DecoderGraph, dtype: torch.dtype, lora_layout: dict |
     )
 
 
+def _dynamic_axes(specs) -> list[dict]:
+    """Each input's {axis: Dim} from its spec; one Dim per name, shared by every input that has it."""
+    dims: dict[str, Dim] = {}
+    return [{axis: dims.setdefault(name, Dim(name)) for axis, name in enumerate(spec.dims) if name} for spec in specs]
+
+
 def _dynamic_shapes(num_layers: int, lora_layout: dict | None, eagle: bool = False) -> tuple:
-    batch, seq, kept, capacity = Dim("batch"), Dim("seq"), Dim("kept"), Dim("capacity")
-    cache = {0: batch, 2: capacity}
-    lora_shapes = []
-    if lora_layout:
-        ranks = {g["name"]: Dim(f"lora_rank_{g['name']}") for g in lora_layout["groups"]}
-        for _ in range(num_layers):
-            for group in lora_layout["groups"]:
-                lora_shapes += [{0: batch, 1: ranks[group["name"]]}, {0: batch, 2: ranks[group["name"]]}]
-    return (
-        {0: batch, 1: seq}, {0: batch, 1: seq}, {0: batch}, {0: batch}, {0: batch, 1: kept},
-        # *tensors is one positional entry holding a tuple: the caches, then the LoRA pairs
-        tuple(([{0: batch, 1: seq, 2: seq}] if eagle else []) + [cache] * (2 * num_layers) + lora_shapes),
-    )
+    axes = _dynamic_axes(decoder_spec(num_layers, eagle, lora_layout).inputs)
+    # forward(inputs_embeds, position_ids, past_lengths, query_lengths, logits_indices, *tensors):
+    # *tensors is one positional entry holding a tuple (the tree mask, the caches, the LoRA pairs).
+    return (*axes[:5], tuple(axes[5:]))
 
 
 def export_decoder(graph: DecoderGraph, path: Path, dtype: torch.dtype, lora_layout: dict | None = None) -> Path:
     """Write `path` (+ `path.data` external weights); returns the path."""
-    layers = graph.dims.num_layers
-    eagle = graph.feature_layers is not None
-    names = input_names(layers, eagle) + (lora.input_names(lora_layout) if lora_layout else [])
-    return export_graph(graph, _example_inputs(graph, dtype, lora_layout), names, output_names(layers, eagle),
-                        _dynamic_shapes(layers, lora_layout, eagle), path)
-
-
-DRAFT_INPUTS = ["inputs_embeds", "hidden", "position_ids", "past_lengths", "query_lengths", "tree_mask",
-                "logits_indices", "past_key_0", "past_value_0"]
-DRAFT_OUTPUTS = ["logits", "hidden_out", "present_key_0", "present_value_0"]
+    spec = decoder_spec(graph.dims.num_layers, graph.feature_layers is not None, lora_layout)
+    return export_graph(graph, _example_inputs(graph, dtype, lora_layout), spec.input_names, spec.output_names,
+                        _dynamic_shapes(graph.dims.num_layers, lora_layout, graph.feature_layers is not None), path)
 
 
 def export_draft(graph, hidden_size: int, kv_heads: int, head_dim: int, path: Path, dtype: torch.dtype) -> Path:
@@ -89,10 +79,8 @@ def export_draft(graph, hidden_size: int, kv_heads: int, head_dim: int, path: Pa
         torch.zeros(batch, kv_heads, capacity, head_dim, dtype=dtype),
         torch.zeros(batch, kv_heads, capacity, head_dim, dtype=dtype),
     )
-    b, s, k, c = Dim("batch"), Dim("seq"), Dim("kept"), Dim("capacity")
-    shapes = ({0: b, 1: s}, {0: b, 1: s}, {0: b, 1: s}, {0: b}, {0: b}, {0: b, 1: s, 2: s}, {0: b, 1: k},
-              {0: b, 2: c}, {0: b, 2: c})
-    return export_graph(graph, example, DRAFT_INPUTS, DRAFT_OUTPUTS, shapes, path)
+    spec = draft_spec()
+    return export_graph(graph, example, spec.input_names, spec.output_names, tuple(_dynamic_axes(spec.inputs)), path)
 
 
 def export_graph(module, example: tuple, names: list[str], outputs: list[str], dynamic_shapes, path: Path) -> Path:

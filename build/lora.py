@@ -50,8 +50,6 @@ def layout(dims: ModelDims, intermediate_size: int, max_rank: int, target_module
 
 
 def input_names(lora_layout: dict) -> list[str]:
-    names = []
-    for layer in range(lora_layout["num_layers"]):
-        for group in lora_layout["groups"]:
-            names += [f"lora_{group['name']}_a_{layer}", f"lora_{group['name']}_b_{layer}"]
-    return names
+    from trt_llm.schemas.graph_spec import lora_inputs
+
+    return [spec.name for spec in lora_inputs(lora_layout)]

@@ -31,6 +31,7 @@ import torch
 from trt_llm.runtime.generate import Model, Sequence, append_token, prefill, record_step
 from trt_llm.runtime.sampler import Sampler
 from trt_llm.runtime.spec_config import SpecConfig  # noqa: F401 - where callers import it from
+from trt_llm.schemas.graph_spec import DRAFT_HIDDEN, DRAFT_HIDDEN_OUT, FEATURES, TREE_MASK
 from trt_llm.runtime.threads import leaves_cores_to_the_engine
 
 
@@ -200,8 +201,8 @@ def _draft_catch_up(draft: Draft, state: list[_Row], draft_cache) -> np.ndarray:
     logits = np.empty((batch, 1, len(draft.d2t)), dtype=np.float32)
     hidden_out = np.empty((batch, width, hidden_size), dtype=draft.embedding.dtype)
     draft.engine.run(draft.embedding[tokens], positions, past, counts, (counts - 1)[:, None], draft_cache,
-                     logits, None, {"hidden": hidden.astype(draft.embedding.dtype), "tree_mask": _causal(counts, width)},
-                     {"hidden_out": hidden_out})
+                     logits, None, {DRAFT_HIDDEN: hidden.astype(draft.embedding.dtype), TREE_MASK: _causal(counts, width)},
+                     {DRAFT_HIDDEN_OUT: hidden_out})
     for i, r in enumerate(state):
         r.draft_committed += int(counts[i])
         r.root_draft_logits = logits[i, 0].copy()
@@ -271,7 +272,7 @@ def _draft_tree(draft: Draft, state: list[_Row], draft_cache, hidden_root: np.nd
         logits = np.empty((batch, frontier_width, len(draft.d2t)), dtype=np.float32)
         hidden_out = np.empty((batch, width, draft.hidden_size), dtype=draft.embedding.dtype)
         draft.engine.run(draft.embedding[tokens], positions, past, counts, indices, draft_cache, logits,
-                         None, {"hidden": hidden_in, "tree_mask": mask}, {"hidden_out": hidden_out})
+                         None, {DRAFT_HIDDEN: hidden_in, TREE_MASK: mask}, {DRAFT_HIDDEN_OUT: hidden_out})
         for i, r in enumerate(state):
             children, log_probs = _best_children(draft, logits[i, :len(r.frontier)], k,
                                                  sampler.params[active[i]].logit_bias)
@@ -325,7 +326,7 @@ def _verify(model: Model, state: list[_Row], cache, spec: SpecConfig, extra: dic
     features = np.empty((batch, width, model.feature_width), dtype=model.embedding.dtype)
     model.engine.run(model.embedding[tokens], positions, past, counts,
                      np.broadcast_to(np.arange(width, dtype=np.int32), (batch, width)), cache, logits, extra,
-                     {"tree_mask": mask}, {"hidden_states": features})
+                     {TREE_MASK: mask}, {FEATURES: features})
     return logits, features, chosen
 
 

@@ -11,6 +11,7 @@ import torch
 
 from trt_llm.runtime.sampler import Sampler, log_softmax_topn, token_logprob
 from trt_llm.runtime.threads import leaves_cores_to_the_engine
+from trt_llm.schemas.graph_spec import FEATURES, TREE_MASK
 
 END_OF_SEQUENCE = "end-of-sequence"
 MAX_LENGTH = "max-length"
@@ -56,7 +57,7 @@ class Model:
         if not self.feature_width:
             return {}, {}
         mask = np.broadcast_to(np.tril(np.ones((seq, seq), dtype=bool)), (batch, seq, seq)).copy()
-        return {"tree_mask": mask}, {"hidden_states": np.empty((batch, seq, self.feature_width), self.embedding.dtype)}
+        return {TREE_MASK: mask}, {FEATURES: np.empty((batch, seq, self.feature_width), self.embedding.dtype)}
 
     def new_cache(self, batch: int, capacity: int):
         # The engine owns its cache's memory (host arrays for ONNX Runtime, device buffers for TensorRT).
@@ -137,7 +138,7 @@ def prefill(model: Model, sequences: list[Sequence], cache, extra: dict, stage, 
     for row, s in enumerate(sequences):
         if s.save_prefix:
             s.saved = _snapshot(cache, row, s.prompt_ids[: s.save_prefix])
-    return logits, past, lengths, step_outputs.get("hidden_states")
+    return logits, past, lengths, step_outputs.get(FEATURES)
 
 
 def append_token(model: Model, s: Sequence, token: int, now: float) -> bool:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from trt_llm.schemas.graph_spec import lora_input
+
 _TENSOR = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.\w+)?\.weight$")
 
 
@@ -123,6 +125,6 @@ def batch_inputs(adapters: list[LoraAdapter | None], layout: dict, dtype=np.floa
                     r, offset, width = pair[0].shape[0], group["out_offsets"][module], pair[1].shape[0]
                     a[row, j * rank: j * rank + r] = pair[0]
                     b[row, offset: offset + width, j * rank: j * rank + r] = pair[1]
-            inputs[f"lora_{group['name']}_a_{layer}"] = a
-            inputs[f"lora_{group['name']}_b_{layer}"] = b
+            inputs[lora_input(group["name"], "a", layer)] = a
+            inputs[lora_input(group["name"], "b", layer)] = b
     return inputs

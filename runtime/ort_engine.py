@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from trt_llm.runtime.kv_cache import KVCache
+from trt_llm.schemas.graph_spec import LOGITS, STEP_INPUTS, past, present
 
 
 # How long an idle intra-op thread spins for more work before it sleeps (ONNX Runtime's
@@ -49,9 +50,9 @@ class OrtEngine:
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         """A cache this engine can bind: [batch, Hkv, capacity, D] per layer, in the graph's dtype."""
-        past = next(i for i in self.session.get_inputs() if i.name == "past_key_0")
-        dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[past.type]
-        return KVCache(self.num_layers, batch, past.shape[1], capacity, past.shape[3], dtype)
+        cache = next(i for i in self.session.get_inputs() if i.name == past("key", 0))
+        dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[cache.type]
+        return KVCache(self.num_layers, batch, cache.shape[1], capacity, cache.shape[3], dtype)
 
     def run(self, inputs_embeds: np.ndarray, position_ids: np.ndarray, past_lengths: np.ndarray,
             query_lengths: np.ndarray, logits_indices: np.ndarray, cache: KVCache,
@@ -67,16 +68,15 @@ class OrtEngine:
         """
         extra = extra or {}
         binding = self._binding
-        for name, array in (("inputs_embeds", inputs_embeds), ("position_ids", position_ids),
-                            ("past_lengths", past_lengths), ("query_lengths", query_lengths),
-                            ("logits_indices", logits_indices), *(step_inputs or {}).items()):
+        for name, array in (*zip(STEP_INPUTS, (inputs_embeds, position_ids, past_lengths, query_lengths,
+                                               logits_indices)), *(step_inputs or {}).items()):
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
         for name, array in (step_outputs or {}).items():
             binding.bind_output(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
         # Logits are bound every call (their width changes with each EAGLE verification); the cache
         # bindings only when the batch does: re-binding 2 x layers buffers every step would cost
         # more than the small inputs above (about 1.5 ms a verification pass on 30 layers).
-        binding.bind_output("logits", "cpu", 0, logits_out.dtype, logits_out.shape, logits_out.ctypes.data)
+        binding.bind_output(LOGITS, "cpu", 0, logits_out.dtype, logits_out.shape, logits_out.ctypes.data)
         # The cache is recognised by identity (a weak reference: a new cache at a recycled id() must not
         # pass for the old one); its buffers are allocated once and never replaced. Reading 60 buffer
         # addresses through .ctypes every step instead cost 60-100 us a step (cProfile), the largest
@@ -87,9 +87,9 @@ class OrtEngine:
             for i, (key_buffer, value_buffer) in enumerate(cache.views()):
                 # The same memory as past input and present output: the op updates it in place.
                 for kind, buffer in (("key", key_buffer), ("value", value_buffer)):
-                    binding.bind_input(f"past_{kind}_{i}", "cpu", 0, buffer.dtype, buffer.shape,
+                    binding.bind_input(past(kind, i), "cpu", 0, buffer.dtype, buffer.shape,
                                        buffer.ctypes.data)
-                    binding.bind_output(f"present_{kind}_{i}", "cpu", 0, buffer.dtype, buffer.shape,
+                    binding.bind_output(present(kind, i), "cpu", 0, buffer.dtype, buffer.shape,
                                         buffer.ctypes.data)
             for name, array in extra.items():
                 binding.bind_input(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)

@@ -32,10 +32,12 @@ from pathlib import Path
 import numpy as np
 
 from trt_llm.runtime.cuda_graphs import CAPTURE, REPLAY, GraphCache, step_key
+from trt_llm.schemas import graph_spec
+from trt_llm.schemas.graph_spec import STEP_INPUTS
 from trt_llm.runtime.trt_import import (BackendUnavailable, cuda_device_count, import_cudart, import_tensorrt,
                                         make_logger)
 
-SMALL_INPUTS = ("inputs_embeds", "position_ids", "past_lengths", "query_lengths", "logits_indices")
+SMALL_INPUTS = STEP_INPUTS
 GRAPHS_ENV = "TRT_LLM_CUDA_GRAPHS"
 log = logging.getLogger(__name__)
 
@@ -297,7 +299,7 @@ class TrtEngine:
         self.num_layers, self.backend = num_layers, backend
         self.stream = _check(self.cudart, self.cudart.cudaStreamCreate())
         self._stream_handle = int(self.stream)
-        self.profile_max_seq = [int(engine.get_tensor_profile_shape("inputs_embeds", p)[2][1])
+        self.profile_max_seq = [int(engine.get_tensor_profile_shape(STEP_INPUTS[0], p)[2][1])
                                 for p in range(engine.num_optimization_profiles)]
         decode_profile = min(range(len(self.profile_max_seq)), key=lambda p: (self.profile_max_seq[p], p))
         native = graphs and backend == "tensorrt-rtx" and hasattr(engine, "create_runtime_config") \
@@ -324,7 +326,7 @@ class TrtEngine:
         self._torch_pool = None  # the torch memory pool of the plugin's work memory in captured graphs
         self.dtypes = {name: np.dtype(trt.nptype(engine.get_tensor_dtype(name)))
                        for name in (engine.get_tensor_name(i) for i in range(engine.num_io_tensors))}
-        cache_shape = engine.get_tensor_shape("past_key_0")  # [-1, Hkv, -1, D]
+        cache_shape = engine.get_tensor_shape(graph_spec.past("key", 0))  # [-1, Hkv, -1, D]
         self.kv_heads, self.head_dim = int(cache_shape[1]), int(cache_shape[3])
         self._buffers: dict[str, DeviceBuffer] = {}
         self.timer = CudaTimer(self.cudart, self.stream)
@@ -332,7 +334,7 @@ class TrtEngine:
 
     def new_cache(self, batch: int, capacity: int) -> DeviceKVCache:
         return DeviceKVCache(self.cudart, self.stream, self.num_layers, batch, self.kv_heads, capacity,
-                             self.head_dim, self.dtypes["past_key_0"])
+                             self.head_dim, self.dtypes[graph_spec.past("key", 0)])
 
     def _context_index(self, seq: int) -> int:
         """The profile with the smallest range that holds `seq` new tokens per row."""
@@ -374,9 +376,9 @@ class TrtEngine:
         for i in range(self.num_layers):
             for kind, past, present in (("key", cache.keys, cache.next_keys),
                                         ("value", cache.values, cache.next_values)):
-                bindings.append((f"past_{kind}_{i}", cache.shape, past[i]))
-                bindings.append((f"present_{kind}_{i}", None, present[i]))
-        outputs = {"logits": logits_out, **(step_outputs or {})}
+                bindings.append((graph_spec.past(kind, i), cache.shape, past[i]))
+                bindings.append((graph_spec.present(kind, i), None, present[i]))
+        outputs = {graph_spec.LOGITS: logits_out, **(step_outputs or {})}
         sizes = {}
         for name, host in outputs.items():
             sizes[name] = host.size * self.dtypes[name].itemsize

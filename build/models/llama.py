@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trt_llm.build.models.layers import DecoderLayer, frozen, rms_norm, rotary_tables
+from trt_llm.schemas.graph_spec import decoder_spec
 
 if TYPE_CHECKING:
     from trt_llm.build.models import ModelFamily
@@ -94,15 +95,9 @@ class DecoderGraph(nn.Module):
 
 
 def input_names(num_layers: int, eagle: bool = False) -> list[str]:
-    names = ["inputs_embeds", "position_ids", "past_lengths", "query_lengths", "logits_indices"]
-    names += ["tree_mask"] if eagle else []
-    for i in range(num_layers):
-        names += [f"past_key_{i}", f"past_value_{i}"]
-    return names
+    """The graph's inputs without the LoRA pairs (schemas/graph_spec.py)."""
+    return decoder_spec(num_layers, eagle).input_names
 
 
 def output_names(num_layers: int, eagle: bool = False) -> list[str]:
-    names = ["logits"] + (["hidden_states"] if eagle else [])
-    for i in range(num_layers):
-        names += [f"present_key_{i}", f"present_value_{i}"]
-    return names
+    return decoder_spec(num_layers, eagle).output_names
