@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trt_llm.runtime.cli_args import (FlagError, Interrupted, OneLineParser, capped_threads, positive_int,
@@ -83,14 +84,13 @@ def resolve_settings(loaded, args):
         raise FlagError(f"{flag}: {describe(first, RANGES)}") from None
 
 
+@dataclass
 class _Progress:
     """What a run has got so far, for the output of an interrupted one."""
-    loaded = None
-    settings = None
+    loaded: object = None
+    settings: object = None
     output_path: Path | None = None
-
-    def __init__(self):
-        self.finished: list = []
+    finished: list = field(default_factory=list)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,10 +135,9 @@ def _run(args, log, progress: _Progress) -> int:
                  engine_dir.path, engine_dir.manifest["backend"], threads or "default", len(loaded.requests),
                  settings.batch_size, args.scheduling)
         output = runner.run(loaded, settings, progress.finished)
-    except (InputFileError, EngineDirError, RunError, OutputPathError, FlagError) as error:
-        log.error("%s", error)
-        return EXIT_UNUSABLE
-    except ValueError as error:  # speculation settings the engine cannot take (check_spec)
+    except (InputFileError, EngineDirError, RunError, OutputPathError, FlagError, ValueError) as error:
+        # ValueError: speculation settings the engine cannot take (check_spec); the others name
+        # the input file, the engine directory, the run's settings, an output path or a flag.
         log.error("%s", error)
         return EXIT_UNUSABLE
     _write_output(output_path, output)

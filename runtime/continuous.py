@@ -15,6 +15,7 @@ from collections import deque
 
 from trt_llm.runtime.engine_core import EngineCore, EngineRequest
 from trt_llm.runtime.prompt import PromptError
+from trt_llm.runtime.runner import apply_batch_rules
 from trt_llm.runtime.threads import leaves_cores_to_the_engine
 from trt_llm.schemas.input_file import RequestError
 
@@ -27,15 +28,19 @@ def run_continuous(runner, loaded, settings, formatter, responses: list) -> None
     size = settings.batch_size
     pending: deque = deque()
     for index, slot in enumerate(loaded.requests):
-        messages = loaded.raw_requests[index].get("messages", []) if isinstance(loaded.raw_requests[index], dict) else []
+        messages = loaded.messages(index)
         if isinstance(slot, RequestError):
-            responses.append(runner.error(index, index % size, slot.message, slot.raw_messages()))
+            responses.append(runner.error(index, index % size, slot.message, messages))
             continue
         try:
             pending.append((runner.prepare(index, slot, settings, formatter), messages))
         except (PromptError, ValueError) as error:
             responses.append(runner.error(index, index % size, str(error), messages))
-    _apply_batch_rules([p for p, _ in pending], settings)
+    static_batches: dict[int, list] = {}
+    for p, _ in pending:
+        static_batches.setdefault(p.index // size, []).append(p)
+    for batch in static_batches.values():
+        apply_batch_rules(batch, settings)
 
     core = EngineCore(runner.model, size, "continuous", runner.lora_layout, runner.profiler)
     in_flight: dict[int, tuple] = {}  # request index -> (prepared, messages, admitted at)
@@ -62,14 +67,3 @@ def run_continuous(runner, loaded, settings, formatter, responses: list) -> None
             prepared, messages, admitted = in_flight.pop(request.id)
             responses.append(runner.finish(prepared, prepared.index % size, admitted, messages))
 
-
-def _apply_batch_rules(prepared: list, settings) -> None:
-    """The reference's batch-wide rules, per request, from the static batch it belongs to."""
-    groups: dict[int, list] = {}
-    for p in prepared:
-        groups.setdefault(p.index // settings.batch_size, []).append(p)
-    for group in groups.values():
-        k = max(p.request.resolved_num_logprobs(settings) for p in group)
-        save = any(p.request.save_system_prompt_kv_cache for p in group)
-        for p in group:
-            p.num_logprobs, p.save_group = k, save

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from trt_llm.runtime.generate import Model, Sequence, _record_logprobs, _restore, _snapshot, append_token
+from trt_llm.runtime.generate import Model, Sequence, append_token, prefill, record_logprobs
 from trt_llm.runtime.sampler import Sampler, SamplingParams
 
 ABORTED = "aborted"
@@ -129,26 +129,11 @@ class EngineCore:
         start = len(running) - len(admitted)
         self._reserve(admitted)
         self._update_lora()
-        sequences = [r.sequence for r in admitted]
+        # The static batch's prefill, on the admitted rows of the pool alone.
         window = self.cache.window(start, len(running))
-        past = np.array([_restore(window, row, s.reused) for row, s in enumerate(sequences)], dtype=np.int32)
-        lengths = np.array([len(s.prompt_ids) for s in sequences], dtype=np.int32) - past
-        width = int(lengths.max())
-        token_ids = np.zeros((len(admitted), width), dtype=np.int64)
-        for row, s in enumerate(sequences):
-            token_ids[row, : lengths[row]] = s.prompt_ids[past[row]:]
-        positions = past[:, None] + np.arange(width, dtype=np.int32)[None, :]
-        logits = np.empty((len(admitted), 1, self.model.dims["vocab_size"]), dtype=np.float32)
         lora = {name: array[start:] for name, array in self._lora_inputs.items()}
-        with self._stage("prefill"):
-            self.model.engine.run(self.model.embedding[token_ids], positions, past, lengths, (lengths - 1)[:, None],
-                                  window, logits, lora, *self.model.eagle_io(len(admitted), width))
-        if self.profiler:
-            self.profiler.count("prefill_computed_tokens", int(lengths.sum()))
-            self.profiler.count("prefill_reused_tokens", int(past.sum()))
-        for row, s in enumerate(sequences):
-            if s.save_prefix:
-                s.saved = _snapshot(window, row, s.prompt_ids[: s.save_prefix])
+        logits, _, _, _ = prefill(self.model, [r.sequence for r in admitted], window, lora, self._stage,
+                                  self.profiler)
         return self._sample(admitted, logits, first=start)
 
     def _decode(self) -> list[EngineRequest]:
@@ -178,7 +163,7 @@ class EngineCore:
                 for k in sorted({requests[i].num_logprobs for i in with_logprobs}):
                     picked = [i for i in with_logprobs if requests[i].num_logprobs == k]
                     index = torch.tensor(picked)
-                    _record_logprobs([requests[i].sequence for i in picked], step_logits[index], sampled[index], k)
+                    record_logprobs([requests[i].sequence for i in picked], step_logits[index], sampled[index], k)
         now = time.perf_counter()
         finished = [i for i, (r, token) in enumerate(zip(requests, tokens))
                     if append_token(self.model, r.sequence, token, now)]

@@ -35,6 +35,13 @@ class OutputPathError(ValueError):
     """An output path that cannot be written; the message names the option."""
 
 
+def _probe(folder: Path) -> None:
+    """Create and remove a file in `folder`: raises OSError where nothing can be written."""
+    handle, probe = tempfile.mkstemp(prefix=".probe.", dir=folder)
+    os.close(handle)
+    os.unlink(probe)
+
+
 def prepare_output_file(path: str | Path, option: str) -> Path:
     """Check, before any work, that `path` can be written as a file: its folder is made if missing
     (as users expect of -o), and a directory or an unwritable place is refused."""
@@ -43,9 +50,7 @@ def prepare_output_file(path: str | Path, option: str) -> Path:
         raise OutputPathError(f"{option} {str(path)!r}: is a directory; give a file name")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        handle, probe = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        os.close(handle)
-        os.unlink(probe)
+        _probe(path.parent)
     except OSError as error:
         raise OutputPathError(f"{option} {str(path)!r}: cannot write there: {error.strerror or error}") from None
     return path
@@ -56,9 +61,7 @@ def prepare_output_dir(path: str | Path, option: str) -> Path:
     path = Path(os.path.abspath(path))
     try:
         path.mkdir(parents=True, exist_ok=True)
-        handle, probe = tempfile.mkstemp(prefix=".probe.", dir=path)
-        os.close(handle)
-        os.unlink(probe)
+        _probe(path)
     except FileExistsError:
         raise OutputPathError(f"{option} {str(path)!r}: is a file, not a folder") from None
     except OSError as error:

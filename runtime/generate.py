@@ -91,7 +91,7 @@ def generate(model: Model, sequences: list[Sequence], sampler: Sampler, num_logp
             sampled = sampler.sample(step_logits, active)
             tokens = sampled.tolist()
             if num_logprobs:
-                _record_logprobs([sequences[r] for r in active], step_logits, sampled, num_logprobs)
+                record_logprobs([sequences[r] for r in active], step_logits, sampled, num_logprobs)
         now = time.perf_counter()
         still = [row for row, token in zip(active, tokens) if not append_token(model, sequences[row], token, now)]
         if not still:
@@ -155,7 +155,7 @@ def append_token(model: Model, s: Sequence, token: int, now: float) -> bool:
     return s.finish_reason is not None
 
 
-def _record_logprobs(rows: list[Sequence], logits: torch.Tensor, sampled: torch.Tensor, k: int) -> None:
+def record_logprobs(rows: list[Sequence], logits: torch.Tensor, sampled: torch.Tensor, k: int) -> None:
     values, ids = log_softmax_topn(logits, k)
     chosen = token_logprob(logits, sampled)
     for s, row_ids, row_values, value in zip(rows, ids.tolist(), values.tolist(), chosen.tolist()):
@@ -165,7 +165,7 @@ def _record_logprobs(rows: list[Sequence], logits: torch.Tensor, sampled: torch.
 
 def record_step(s: Sequence, logits: torch.Tensor, token: int, k: int) -> None:
     """Log-probabilities of one row's step (logits [V]): the top k and the sampled token."""
-    _record_logprobs([s], logits[None], torch.tensor([token]), k)
+    record_logprobs([s], logits[None], torch.tensor([token]), k)
 
 
 def _restore(cache, row: int, entry) -> int:

@@ -140,17 +140,11 @@ class Runner:
                 try:
                     prepared.append(self.prepare(index, slot, settings, formatter))
                 except (PromptError, ValueError) as error:
-                    results[index] = self.error(index, batch_idx, str(error),
-                                                loaded.raw_requests[index].get("messages", []))
+                    results[index] = self.error(index, batch_idx, str(error), loaded.messages(index))
 
         if prepared:
-            # Batch-uniform, like the reference: the batch computes the largest K any request asked
-            # for, and every request in it gets that K; one request asking to save system prompts
-            # makes the whole batch save them.
-            num_logprobs = max(p.request.resolved_num_logprobs(settings) for p in prepared)
-            save = any(p.request.save_system_prompt_kv_cache for p in prepared)
+            num_logprobs = apply_batch_rules(prepared, settings)
             for p in prepared:
-                p.num_logprobs, p.save_group = num_logprobs, save
                 self.attach_prefix(p)
             try:
                 sampler = Sampler([p.params for p in prepared], [p.seed for p in prepared])
@@ -172,11 +166,10 @@ class Runner:
                 log.info("the batch's traceback:", exc_info=True)
                 for p in prepared:
                     results[p.index] = self.error(p.index, p.index - batch_start, f"batch failed: {error}",
-                                                  loaded.raw_requests[p.index]["messages"])
+                                                  loaded.messages(p.index))
             else:
                 for p in prepared:
-                    results[p.index] = self.finish(p, p.index - batch_start, started,
-                                                   loaded.raw_requests[p.index]["messages"])
+                    results[p.index] = self.finish(p, p.index - batch_start, started, loaded.messages(p.index))
         return [results[i] for i in sorted(results)]
 
     def error(self, index: int, batch_idx: int, message: str, messages) -> Response:
@@ -306,10 +299,21 @@ def interrupted_output(loaded: LoadedInput, settings: InputSettings, finished: l
     """The output of a run stopped by a signal: every finished response, and the others failed
     with `why`, so that nothing that was computed is lost."""
     done = {response.request_idx: response for response in finished}
-    responses = []
-    for index, raw in enumerate(loaded.raw_requests):
-        messages = raw.get("messages") if isinstance(raw, dict) else None
-        responses.append(done.get(index) or error_response(
-            index, index % settings.batch_size, f"requests[{index}]: {why}", messages))
+    responses = [done.get(index) or error_response(index, index % settings.batch_size, f"requests[{index}]: {why}",
+                                                   loaded.messages(index))
+                 for index in range(len(loaded.raw_requests))]
     return OutputFile(input_file=loaded.source, responses=responses)
+
+
+def apply_batch_rules(batch: list[Prepared], settings: InputSettings) -> int:
+    """The reference's batch-wide rules on the requests of one batch; returns the batch's K.
+
+    Batch-uniform: the batch computes the largest num_logprobs any request asked for, and every
+    request in it gets that K. Batch-wide: one request asking to save system prompts makes the
+    whole batch save them."""
+    k = max(p.request.resolved_num_logprobs(settings) for p in batch)
+    save = any(p.request.save_system_prompt_kv_cache for p in batch)
+    for p in batch:
+        p.num_logprobs, p.save_group = k, save
+    return k
 

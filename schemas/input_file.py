@@ -217,8 +217,13 @@ class RequestError:
 
     def raw_messages(self) -> list[Any]:
         """The request's ``messages`` as given, for echoing into the output file."""
-        msgs = self.raw.get("messages") if isinstance(self.raw, dict) else None
-        return msgs if isinstance(msgs, list) else []
+        return messages_as_given(self.raw)
+
+
+def messages_as_given(raw: Any) -> list[Any]:
+    """A raw request's ``messages`` for echoing into the output file ([] where there is no list)."""
+    msgs = raw.get("messages") if isinstance(raw, dict) else None
+    return msgs if isinstance(msgs, list) else []
 
 
 @dataclass
@@ -232,6 +237,10 @@ class LoadedInput:
     @property
     def errors(self) -> list[RequestError]:
         return [r for r in self.requests if isinstance(r, RequestError)]
+
+    def messages(self, index: int) -> list[Any]:
+        """Request `index`'s ``messages`` as given, for echoing into the output file."""
+        return messages_as_given(self.raw_requests[index])
 
 
 def load_input_file(path: str | Path) -> LoadedInput:
