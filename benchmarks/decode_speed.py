@@ -12,6 +12,8 @@ round) so that noise from a shared machine hits them all alike.
     python benchmarks/decode_speed.py --smoke            # a tiny random model, seconds: checks the plumbing
     python benchmarks/decode_speed.py --threads 4 --rounds 5 --out-dir /tmp/bench
     python benchmarks/decode_speed.py --load 2            # loaded mode: 2 busy processes beside every engine
+    python benchmarks/decode_speed.py --ours-ref /tmp/ref --engines ours,ours-ref,genai
+                                                          # before and after: trt-llm at another commit beside this one
 
 Every run is greedy and generates exactly N new tokens per row (no stop at EOS). Per run:
   * time to first token (TTFT): from the call until the first token is chosen (prefill included);
@@ -56,7 +58,7 @@ REPO = Path(__file__).resolve().parent.parent
 MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TESTS_CACHE = Path.home() / ".cache" / "trt-llm-tests"
-ALL_ENGINES = ("ours", "transformers", "genai", "llamacpp", "llamacpp-q4")
+ALL_ENGINES = ("ours", "ours-ref", "transformers", "genai", "llamacpp", "llamacpp-q4")
 DEFAULT_ENGINES = "ours,transformers,genai,llamacpp,llamacpp-q4"
 
 
@@ -87,6 +89,9 @@ def parse_args(argv=None):
     p.add_argument("--load", type=int, default=0, metavar="N",
                    help="loaded mode: N busy processes (pure-CPU spinners) running beside every engine's timed "
                         "runs, the same threads for all (default 0: quiet)")
+    p.add_argument("--ours-ref", type=Path, default=None, metavar="DIR",
+                   help="a trt-llm checkout at another commit, run as engine ours-ref beside this tree "
+                        "(e.g. git worktree add /tmp/ref <commit>)")
     p.add_argument("--bandwidth-mb", type=int, default=512, help="buffer read to measure the bandwidth (default 512)")
     p.add_argument("--rebuild", action="store_true", help="rebuild (and re-time) every engine's artifact")
     p.add_argument("--no-chat-template", action="store_true", help="raw text prompts instead of chat-formatted")
@@ -104,6 +109,10 @@ def parse_args(argv=None):
     args.batch_sizes = sorted({int(b) for b in str(args.batch_sizes).split(",")})
     args.prompt_lengths = sorted({int(n) for n in str(args.prompt_lengths).split(",")})
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if args.ours_ref is not None:
+        from sidebyside.peers import ours_ref
+
+        os.environ[ours_ref.ENV] = str(args.ours_ref)
     unknown = set(args.engines) - set(ALL_ENGINES)
     if unknown:
         p.error(f"unknown engines: {', '.join(sorted(unknown))}")
@@ -308,7 +317,9 @@ def main(argv=None) -> int:
     load_phase = None  # (wall s, spinners' CPU s) over the timed rounds
     try:
         for name, artifact in artifacts.items():
-            workers[name] = Worker(engines[name]["key"], artifact.path, args.threads, ctx.capacity)
+            module = peers.load(engines[name]["key"])
+            pythonpath = module.worker_pythonpath() if hasattr(module, "worker_pythonpath") else None
+            workers[name] = Worker(engines[name]["key"], artifact.path, args.threads, ctx.capacity, pythonpath)
         for name in list(workers):
             try:
                 workers[name].wait_ready()

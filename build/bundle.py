@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trt_llm.build.engine_dir import BUNDLE, FORMAT_VERSION, tool_versions, write_manifest
+from trt_llm.build.engine_dir import BUNDLE, tool_versions, write_manifest
+from trt_llm.schemas.manifest import FORMAT_VERSION
 from trt_llm.build.progress import Steps
 from trt_llm.schemas.build_config import BuildConfig
 

@@ -18,7 +18,8 @@ import json
 from importlib import metadata
 from pathlib import Path
 
-FORMAT_VERSION = 1
+from trt_llm.schemas.manifest import FORMAT_VERSION, ManifestError, validate_manifest
+
 MANIFEST = "manifest.json"
 BUNDLE, ENGINE = "bundle", "engine"
 TOOLS = ("trt-llm", "torch", "transformers", "onnx", "onnxscript", "onnxruntime")
@@ -40,6 +41,9 @@ def tool_versions() -> dict[str, str]:
 
 
 def write_manifest(directory: Path, manifest: dict) -> dict:
+    """Write `manifest` after validating it with the runtime's own model (schemas/manifest.py): a
+    build never writes what the runtime would refuse."""
+    validate_manifest(manifest, f"{directory}/{MANIFEST} (as built)")
     (Path(directory) / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
@@ -65,15 +69,13 @@ def read_bundle(directory: str | Path) -> dict:
     if kind != BUNDLE:
         raise BundleError(f"{directory}: an engine directory already compiled for {manifest.get('backend')!r}, not a "
                           "bundle; trt-llm-compile takes the folder that trt-llm-build --export-only writes")
-    for key in ("build_config", "model", "limits", "components"):
-        if not isinstance(manifest.get(key), dict):
-            raise BundleError(f"{path}: manifest has no {key!r} section")
+    try:
+        validate_manifest(manifest, str(path))  # the runtime's model: every section and path it reads
+    except ManifestError as error:
+        raise BundleError(str(error)) from None
     components = manifest["components"]
     files = [(name, key, value) for name, entry in components.items() if isinstance(entry, dict)
              for key, value in entry.items() if key in ("graph", "embedding", "config", "tensors", "dir")]
-    for name in ("llm", "tokenizer"):
-        if name not in components:
-            raise BundleError(f"{path}: manifest lists no {name!r} component")
     for name, key, relative in files:
         target = directory / relative
         if not (target.is_dir() if key == "dir" else target.is_file()):

@@ -119,7 +119,7 @@ def continue_prompts(model, prompt_ids: list[list[int]], gen_tokens: int, batch_
     [{'ids': LongTensor (prompt + generated, ending with the end-of-sequence token when there was one),
     'prompt_len', 'eos_end'}]. Greedy; temperature > 0 samples instead, from the full distribution (no
     top-k or top-p), prompt i with seed `seed + i` whatever the batching."""
-    from trt_llm.runtime.generate import END_OF_SEQUENCE, Sequence
+    from trt_llm.runtime.sequence import END_OF_SEQUENCE, Sequence
     from trt_llm.runtime.generate import generate as engine_generate
     from trt_llm.runtime.sampler import Sampler, SamplingParams
     from trt_llm.schemas.build_config import MAX_BATCH_SIZE

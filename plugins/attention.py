@@ -9,9 +9,9 @@ Inputs (shapes):
     past_value     [B, Hkv, L, D]
     past_lengths   [B] int32                 tokens already cached = write offset
     query_lengths  [B] int32                 valid new tokens per row (rows are right-padded, 0 = idle)
-    position_ids   [B, S] int32              rotary positions of the new tokens
-    cos_cache      [P, D/2] float            cos(position * inv_freq) * attention scaling
-    sin_cache      [P, D/2] float
+    position_ids   [B, S] int32              each new token's row of cos_cache / sin_cache
+    cos_cache      [P, D/2] float            rotation rows, any P: token (b, s) turns by
+    sin_cache      [P, D/2] float            row position_ids[b, s] (rotate-half layout)
     tree_mask      [B, S, S] bool, optional  which new tokens each new token sees (EAGLE tree
                                              verification); without it the new tokens are causal
 Attributes: num_heads, kv_num_heads, scale.
@@ -19,6 +19,12 @@ Outputs: attention output [B, S, Hq * D] (zeros at padded positions), present_ke
 (the caches with the new tokens written at past_lengths .. past_lengths + query_lengths - 1).
 Every new token sees all cached slots before past_lengths, and the new tokens that tree_mask allows
 (itself and its ancestors, which the runtime orders before it).
+
+The rotary contract: a text model passes its position tables (row p = cos(p * inv_freq) * scale,
+build/models/layers.rotary_tables) and the token positions; mRoPE (Qwen2.5-VL, Qwen3-VL: positions
+[3, B, S], sectioned frequencies) passes per-token rows and their indices (layers.sectioned_rotary).
+Every facet below only ever looks rows up, so both run on all of them; tests/test_rotary_contract.py
+checks each against transformers' mRoPE.
 
 The ONNX face has two node types: `AttentionPlugin` (causal) and `TreeAttentionPlugin` (with the
 tree_mask input); the causal one's function body builds a causal mask and calls the tree one's.
@@ -29,7 +35,8 @@ Facets (the fixed names every op file exposes for the registry in plugins/__init
     attribute, and a model-local ONNX function of standard ops with the same name, so any runtime
     without our plugin (ONNX Runtime, TensorRT-RTX) can run it.
  3. `lower_for_onnxruntime`: rewrites the node to `com.microsoft.GroupQueryAttention`, whose CPU kernel
-    does rotary, the in-place cache write and the ragged causal attention in one call.
+    does rotary, the in-place cache write and the ragged causal attention in one call (a computed
+    rotation table is padded to the capacity rows GQA wants).
  4. `register_tensorrt_plugin`: both node types as `tensorrt.plugin` plugins whose kernel is
     `attention_kernel` (plain torch, any device, safe to capture in a CUDA graph).
 """
@@ -363,6 +370,9 @@ def lower_for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
         helper.make_node("Squeeze", [f"{p}/capacity_i32"], [f"{p}/total_sequence_length"]),
         helper.make_node("Cast", [position_ids], [f"{p}/position_ids"], to=onnx.TensorProto.INT64),
     ]
+    tables = _tables_of_capacity(graph, plugin_nodes, p)
+    for nodes in tables.values():
+        shared += nodes
     tree_nodes = [n for n in plugin_nodes if n.op_type == TREE_OP_NAME]
     if tree_nodes:
         shared += _attention_bias_nodes(p, tree_nodes[0].input[8], past_lengths, query_lengths, first.input[0],
@@ -375,6 +385,7 @@ def lower_for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
         if node is first:
             new_nodes.extend(shared)
         qkv, past_k, past_v, _, _, _, cos_cache, sin_cache = node.input[:8]
+        cos_cache, sin_cache = (f"{p}/{name}/rows" if name in tables else name for name in (cos_cache, sin_cache))
         bias = f"{p}/attention_bias" if node.op_type == TREE_OP_NAME else ""
         new_nodes.append(helper.make_node(
             "GroupQueryAttention",
@@ -394,6 +405,31 @@ def lower_for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return model
+
+
+def _tables_of_capacity(graph, plugin_nodes, p) -> dict[str, list[onnx.NodeProto]]:
+    """GQA wants at least total_sequence_length (= the capacity) rows in cos_cache / sin_cache. The
+    text tables are initializers of max_positions rows and pass as they are; a table the graph
+    computes (mRoPE's per-token rows, B * S of them) is zero-padded to the capacity, once per step for
+    all layers: {table name: the nodes making f"{p}/{name}/rows"}."""
+    constant = {t.name for t in graph.initializer}
+    constant |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    names = {name for n in plugin_nodes for name in n.input[6:8] if name not in constant}
+    tables = {}
+    for name in sorted(names):
+        q = f"{p}/{name}"
+        tables[name] = [
+            helper.make_node("Shape", [name], [f"{q}/count"], start=0, end=1),
+            helper.make_node("Shape", [plugin_nodes[0].input[1]], [f"{q}/capacity"], start=2, end=3),
+            helper.make_node("Sub", [f"{q}/capacity", f"{q}/count"], [f"{q}/short"]),
+            helper.make_node("Constant", [], [f"{q}/none"], value=helper.make_tensor("none", onnx.TensorProto.INT64, [1], [0])),
+            helper.make_node("Max", [f"{q}/short", f"{q}/none"], [f"{q}/missing"]),
+            helper.make_node("Constant", [], [f"{q}/zeros"],
+                             value=helper.make_tensor("zeros", onnx.TensorProto.INT64, [2], [0, 0])),
+            helper.make_node("Concat", [f"{q}/zeros", f"{q}/missing", f"{q}/none"], [f"{q}/pads"], axis=0),
+            helper.make_node("Pad", [name, f"{q}/pads"], [f"{q}/rows"]),
+        ]
+    return tables
 
 
 def _attention_bias_nodes(p, tree_mask, past_lengths, query_lengths, activations, const) -> list[onnx.NodeProto]:

@@ -4,7 +4,9 @@ Up to `batch_size` requests are in flight; the next one in file order is admitte
 frees, instead of waiting for its whole static batch to finish. Results are the static run's, request
 by request: the reference's batch-wide rules are resolved per request from the static batch it would
 have run in (its `batch_idx`, the largest `num_logprobs` of that batch, whether that batch saves
-system prompts), and each row computes what it computes in a static batch.
+system prompts, whether it speculates), and each row computes what it computes in a static batch.
+With an EAGLE draft every row speculates, but a request whose static batch disabled speculation
+verifies its root alone (vanilla's one token a step; the tokens are the same either way).
 """
 
 from __future__ import annotations
@@ -13,9 +15,8 @@ import logging
 import time
 from collections import deque
 
-from trt_llm.runtime.engine_core import EngineCore, EngineRequest
 from trt_llm.runtime.prompt import PromptError
-from trt_llm.runtime.runner import apply_batch_rules
+from trt_llm.runtime.requests import apply_batch_rules
 from trt_llm.runtime.threads import leaves_cores_to_the_engine
 from trt_llm.schemas.input_file import RequestError
 
@@ -42,7 +43,7 @@ def run_continuous(runner, loaded, settings, formatter, responses: list) -> None
     for batch in static_batches.values():
         apply_batch_rules(batch, settings)
 
-    core = EngineCore(runner.model, size, "continuous", runner.lora_layout, runner.profiler)
+    core = runner.engine_core(size, "continuous")
     in_flight: dict[int, tuple] = {}  # request index -> (prepared, messages, admitted at)
     while pending or core.has_unfinished():
         # Top up the free rows just before they are taken: a system prompt saved by a request that
@@ -51,8 +52,7 @@ def run_continuous(runner, loaded, settings, formatter, responses: list) -> None
             prepared, messages = pending.popleft()
             runner.attach_prefix(prepared)
             in_flight[prepared.index] = (prepared, messages, time.perf_counter())
-            core.add_request(EngineRequest(prepared.index, prepared.sequence, prepared.params, prepared.seed,
-                                           prepared.num_logprobs, prepared.adapter))
+            core.add_request(runner.engine_request(prepared))
         try:
             finished = core.step()
         except Exception as error:  # the engine failed: its running requests fail, the run goes on
@@ -61,7 +61,7 @@ def run_continuous(runner, loaded, settings, formatter, responses: list) -> None
             for index, (prepared, messages, _) in sorted(in_flight.items()):
                 responses.append(runner.error(index, index % size, f"batch failed: {error}", messages))
             in_flight.clear()
-            core = EngineCore(runner.model, size, "continuous", runner.lora_layout, runner.profiler)
+            core = runner.engine_core(size, "continuous")
             continue
         for request in finished:
             prepared, messages, admitted = in_flight.pop(request.id)

@@ -1,17 +1,18 @@
 """The step-level engine: requests join and leave a running batch between steps.
 
-    core = EngineCore(model, max_rows=4)
-    core.add_request(EngineRequest(...))       # waits until a row of the KV pool is free
+    core = EngineCore(model, max_rows=4)                   # vanilla decoding; or strategy=Eagle(...)
+    core.add_request(EngineRequest(...))                   # waits until a row of the KV pool is free
     while core.has_unfinished():
-        for done in core.step():               # one model pass: a prefill of newly admitted
-            ...                                # requests, or one decode token for every running row
+        for done in core.step():                           # one pass: a prefill of newly admitted
+            ...                                            # requests, or a decode step of every running row
 
 The KV pool is one cache of `max_rows` rows, allocated once (it grows only when a request needs more
 slots than any before it). Running requests hold the rows 0 .. n-1: a finished row leaves and the
 rows behind it move up, a new request takes the next free row. A step is either a prefill of the
 requests just admitted (run on their rows alone, so their batch-mates' decoding is not padded to a
-prompt's width) or a decode step of every running row: each row computes exactly what it computes
-in a static batch, so its tokens do not depend on who joins or leaves around it.
+prompt's width) or a decode step of every running row, which the decoding strategy
+(runtime/decoding/) defines: each row computes exactly what it computes in a static batch, so its
+tokens do not depend on who joins or leaves around it.
 
 Admission (`Scheduler`): "continuous" admits the next waiting request as soon as a row frees;
 "static" admits a whole group of requests only when the pool is empty, which is the reference's
@@ -23,15 +24,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from trt_llm.runtime.generate import Model, Sequence, append_token, prefill, record_logprobs
+from trt_llm.runtime.model import Model
 from trt_llm.runtime.sampler import Sampler, SamplingParams
-
-ABORTED = "aborted"
+from trt_llm.runtime.sequence import ABORTED, Sequence, append_token, record_logprobs
 
 
 @dataclass(eq=False)
@@ -44,7 +44,8 @@ class EngineRequest:
     num_logprobs: int = 0
     adapter: object | None = None  # a runtime.lora.LoraAdapter, or None for the base model
     group: int = 0  # static scheduling: requests of one group are admitted together
-    row: int = field(default=-1, init=False)  # the sampler's row of this request
+    speculate: bool = True  # under EAGLE: False verifies the root alone (vanilla's tokens, one per step)
+    row: int = -1  # the sampler's row of this request (add_request sets it)
 
 
 class Scheduler:
@@ -74,20 +75,26 @@ class Scheduler:
 
 class EngineCore:
     def __init__(self, model: Model, max_rows: int, policy: str = "continuous", lora_layout: dict | None = None,
-                 profiler=None):
+                 profiler=None, strategy=None, sampler: Sampler | None = None):
+        """strategy: a runtime.decoding strategy (Vanilla() by default, Eagle(...) with a draft).
+        sampler: one whose rows the requests already hold (EngineRequest.row), or None for a new one."""
+        from trt_llm.runtime.decoding.vanilla import Vanilla
+
         self.model = model
         self.scheduler = Scheduler(max_rows, policy)
-        self.sampler = Sampler([])
+        self.strategy = strategy if strategy is not None else Vanilla()
+        self.sampler = sampler if sampler is not None else Sampler([])
         self.lora_layout = lora_layout
         self.profiler = profiler
         self.cache = None  # the KV pool, made at the first admission
-        self._lora_inputs: dict[str, np.ndarray] = {}
-        self._lora_rows: list = []  # the adapters the LoRA inputs were built for, row by row
+        self.lora_inputs: dict[str, np.ndarray] = {}  # the running rows' LoRA inputs, row by row
+        self._lora_rows: list = []  # the adapters the LoRA inputs were built for
 
     # -- the API ----------------------------------------------------------------------------------
 
     def add_request(self, request: EngineRequest) -> None:
-        request.row = self.sampler.add(request.params, request.seed)
+        if request.row < 0:
+            request.row = self.sampler.add(request.params, request.seed)
         self.scheduler.waiting.append(request)
 
     def abort(self, request_id) -> EngineRequest | None:
@@ -114,74 +121,61 @@ class EngineCore:
         a millisecond to enter), so that the host's small math leaves the cores to the engine."""
         admitted = self.scheduler.admit()
         if admitted:
-            return self._prefill(admitted)
-        if self.scheduler.running:
-            return self._decode()
-        return []
+            start = len(self.scheduler.running) - len(admitted)
+            self._reserve(admitted)
+            self._update_lora()
+            finished = self.strategy.prefill(self, admitted, start)
+        elif self.scheduler.running:
+            finished = self.strategy.step(self)
+        else:
+            return []
+        done = [self.scheduler.running[i] for i in finished]
+        if finished:
+            self._leave(finished)
+        return done
 
-    # -- the passes -------------------------------------------------------------------------------
+    def run_to_completion(self) -> None:
+        while self.has_unfinished():
+            self.step()
 
-    def _stage(self, name: str):
+    # -- what strategies use ----------------------------------------------------------------------
+
+    def stage(self, name: str):
         return self.profiler.stage(name) if self.profiler else nullcontext()
 
-    def _prefill(self, admitted: list[EngineRequest]) -> list[EngineRequest]:
-        running = self.scheduler.running
-        start = len(running) - len(admitted)
-        self._reserve(admitted)
-        self._update_lora()
-        # The static batch's prefill, on the admitted rows of the pool alone.
-        window = self.cache.window(start, len(running))
-        lora = {name: array[start:] for name, array in self._lora_inputs.items()}
-        logits, _, _, _ = prefill(self.model, [r.sequence for r in admitted], window, lora, self._stage,
-                                  self.profiler)
-        return self._sample(admitted, logits, first=start)
+    def lora_window(self, start: int) -> dict[str, np.ndarray]:
+        """The LoRA inputs of running rows start .. end."""
+        return {name: array[start:] for name, array in self.lora_inputs.items()} if start else self.lora_inputs
 
-    def _decode(self) -> list[EngineRequest]:
-        running = self.scheduler.running
-        last = np.array([r.sequence.generated[-1] for r in running], dtype=np.int64)
-        past = np.array([r.sequence.length - 1 for r in running], dtype=np.int32)
-        logits = np.empty((len(running), 1, self.model.dims["vocab_size"]), dtype=np.float32)
-        with self._stage("decode_step"):
-            self.model.engine.run(self.model.embedding[last][:, None], past[:, None], past,
-                                  np.ones(len(running), np.int32), np.zeros((len(running), 1), np.int32), self.cache,
-                                  logits, self._lora_inputs, *self.model.eagle_io(len(running), 1))
-        if self.profiler:
-            self.profiler.count("decode_tokens", len(running))
-        return self._sample(running, logits, first=0)
-
-    def _sample(self, requests: list[EngineRequest], logits: np.ndarray, first: int) -> list[EngineRequest]:
-        """Sample one token for each of `requests` (running rows first, first + 1, ...); the ones that
-        finish leave the pool."""
-        with self._stage("sample"):
-            step_logits = torch.from_numpy(logits[:, 0])
-            rows = [r.row for r in requests]
-            sampled = self.sampler.sample(step_logits, rows)
+    def sample(self, requests: list[EngineRequest], logits: np.ndarray, first: int) -> list[int]:
+        """Sample one token for each of `requests` (the running rows first, first + 1, ...) from
+        logits [n, V] and append it; returns the running indexes of the ones that finished."""
+        with self.stage("sample"):
+            step_logits = torch.from_numpy(logits)
+            sampled = self.sampler.sample(step_logits, [r.row for r in requests])
             tokens = sampled.tolist()
             with_logprobs = [i for i, r in enumerate(requests) if r.num_logprobs]
-            if with_logprobs:
-                # Each request's own K: a batch-uniform K is the caller's rule to set.
-                for k in sorted({requests[i].num_logprobs for i in with_logprobs}):
-                    picked = [i for i in with_logprobs if requests[i].num_logprobs == k]
-                    index = torch.tensor(picked)
-                    record_logprobs([requests[i].sequence for i in picked], step_logits[index], sampled[index], k)
+            # Each request's own K: a batch-uniform K is the caller's rule to set.
+            for k in sorted({requests[i].num_logprobs for i in with_logprobs}):
+                picked = [i for i in with_logprobs if requests[i].num_logprobs == k]
+                index = torch.tensor(picked)
+                record_logprobs([requests[i].sequence for i in picked], step_logits[index], sampled[index], k)
         now = time.perf_counter()
-        finished = [i for i, (r, token) in enumerate(zip(requests, tokens))
-                    if append_token(self.model, r.sequence, token, now)]
-        done = [requests[i] for i in finished]
-        if finished:
-            self._leave([first + i for i in finished])
-        return done
+        return [first + i for i, (r, token) in enumerate(zip(requests, tokens))
+                if append_token(self.model.eos, r.sequence, token, now)]
 
     # -- the pool ---------------------------------------------------------------------------------
 
     def _reserve(self, admitted: list[EngineRequest]) -> None:
         running = self.scheduler.running
         need = max(len(r.sequence.prompt_ids) + r.sequence.max_new_tokens for r in admitted)
+        need += self.strategy.extra_slots
         if self.cache is None:
             self.cache = self.model.new_cache(self.scheduler.max_rows, need)
         else:
-            self.cache.reserve(self.scheduler.max_rows, need, [r.sequence.length for r in running[: -len(admitted)]])
+            self.cache.reserve(self.scheduler.max_rows, need, [r.sequence.length - 1 for r in running[: -len(admitted)]])
         self.cache.batch = len(running)
+        self.strategy.reserve(self, need)
 
     def _leave(self, indexes: list[int]) -> None:
         """Running rows `indexes` leave; the rows behind them move up."""
@@ -190,6 +184,7 @@ class EngineCore:
         keep = [i for i in range(len(running)) if i not in gone]
         # A row's used slots: its prompt and generated tokens but the last (not yet in the cache).
         self.cache.keep_rows(keep, [running[i].sequence.length - 1 for i in keep])
+        self.strategy.leave(keep)
         self.scheduler.running = [running[i] for i in keep]
         self._update_lora()
 
@@ -202,4 +197,4 @@ class EngineCore:
         from trt_llm.runtime.lora import batch_inputs
 
         self._lora_rows = adapters
-        self._lora_inputs = batch_inputs(adapters, self.lora_layout, self.model.embedding.dtype) if adapters else {}
+        self.lora_inputs = batch_inputs(adapters, self.lora_layout, self.model.embedding.dtype) if adapters else {}

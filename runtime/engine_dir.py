@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-FORMAT_VERSION = 1
+from trt_llm.schemas.manifest import FORMAT_VERSION
+
 RUNNABLE_BACKENDS = ("cpu", "tensorrt", "tensorrt-rtx")  # the TensorRT ones need their module and a GPU
 
 

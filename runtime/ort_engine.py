@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from trt_llm.runtime.kv_cache import KVCache
-from trt_llm.schemas.graph_spec import LOGITS, STEP_INPUTS, past, present
+from trt_llm.runtime.step import Step
+from trt_llm.schemas.graph_spec import past, present
 
 
 # How long an idle intra-op thread spins for more work before it sleeps (ONNX Runtime's
@@ -54,29 +55,19 @@ class OrtEngine:
         dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[cache.type]
         return KVCache(self.num_layers, batch, cache.shape[1], capacity, cache.shape[3], dtype)
 
-    def run(self, inputs_embeds: np.ndarray, position_ids: np.ndarray, past_lengths: np.ndarray,
-            query_lengths: np.ndarray, logits_indices: np.ndarray, cache: KVCache,
-            logits_out: np.ndarray, extra: dict[str, np.ndarray] | None = None,
-            step_inputs: dict[str, np.ndarray] | None = None,
-            step_outputs: dict[str, np.ndarray] | None = None) -> np.ndarray:
-        """One forward pass; writes the new tokens into `cache` and the logits into `logits_out`.
-
-        logits_out: float32 [B, K, V], preallocated by the caller and reused across steps.
-        extra: inputs that stay the same for a whole batch (the LoRA inputs), bound with the cache.
-        step_inputs / step_outputs: more per-call inputs (an EAGLE tree_mask, a draft's hidden) and
-        preallocated outputs (an EAGLE base's hidden_states, a draft's hidden_out).
-        """
-        extra = extra or {}
+    def run(self, step: Step, cache: KVCache, lora: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """One forward pass (runtime/step.py); writes the new tokens into `cache`, the logits into
+        step.logits and the step's other outputs into their arrays. lora: the LoRA inputs, which stay
+        the same while the batch does and are bound with the cache."""
+        extra = lora or {}
         binding = self._binding
-        for name, array in (*zip(STEP_INPUTS, (inputs_embeds, position_ids, past_lengths, query_lengths,
-                                               logits_indices)), *(step_inputs or {}).items()):
+        for name, array in step.named_inputs():
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
-        for name, array in (step_outputs or {}).items():
+        # The outputs are bound every call (the logits' width changes with each EAGLE verification);
+        # the cache bindings only when the batch does: re-binding 2 x layers buffers every step would
+        # cost more than the small inputs above (about 1.5 ms a verification pass on 30 layers).
+        for name, array in step.named_outputs().items():
             binding.bind_output(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
-        # Logits are bound every call (their width changes with each EAGLE verification); the cache
-        # bindings only when the batch does: re-binding 2 x layers buffers every step would cost
-        # more than the small inputs above (about 1.5 ms a verification pass on 30 layers).
-        binding.bind_output(LOGITS, "cpu", 0, logits_out.dtype, logits_out.shape, logits_out.ctypes.data)
         # The cache is recognised by identity (a weak reference: a new cache at a recycled id() must not
         # pass for the old one); its buffers are allocated once and never replaced. Reading 60 buffer
         # addresses through .ctypes every step instead cost 60-100 us a step (cProfile), the largest
@@ -95,4 +86,4 @@ class OrtEngine:
                 binding.bind_input(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
             self._bound = (weakref.ref(cache), cache.batch, cache.capacity, extra_key)
         self.session.run_with_iobinding(binding)
-        return logits_out
+        return step.logits

@@ -32,12 +32,11 @@ from pathlib import Path
 import numpy as np
 
 from trt_llm.runtime.cuda_graphs import CAPTURE, REPLAY, GraphCache, step_key
+from trt_llm.runtime.step import Step
 from trt_llm.schemas import graph_spec
-from trt_llm.schemas.graph_spec import STEP_INPUTS
 from trt_llm.runtime.trt_import import (BackendUnavailable, cuda_device_count, import_cudart, import_tensorrt,
                                         make_logger)
 
-SMALL_INPUTS = STEP_INPUTS
 GRAPHS_ENV = "TRT_LLM_CUDA_GRAPHS"
 log = logging.getLogger(__name__)
 
@@ -299,7 +298,7 @@ class TrtEngine:
         self.num_layers, self.backend = num_layers, backend
         self.stream = _check(self.cudart, self.cudart.cudaStreamCreate())
         self._stream_handle = int(self.stream)
-        self.profile_max_seq = [int(engine.get_tensor_profile_shape(STEP_INPUTS[0], p)[2][1])
+        self.profile_max_seq = [int(engine.get_tensor_profile_shape(graph_spec.STEP_INPUTS[0], p)[2][1])
                                 for p in range(engine.num_optimization_profiles)]
         decode_profile = min(range(len(self.profile_max_seq)), key=lambda p: (self.profile_max_seq[p], p))
         native = graphs and backend == "tensorrt-rtx" and hasattr(engine, "create_runtime_config") \
@@ -353,23 +352,16 @@ class TrtEngine:
             ptr, array.ctypes.data, array.nbytes, self.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, self.stream))
         return array, ptr
 
-    def run(self, inputs_embeds: np.ndarray, position_ids: np.ndarray, past_lengths: np.ndarray,
-            query_lengths: np.ndarray, logits_indices: np.ndarray, cache: DeviceKVCache,
-            logits_out: np.ndarray, extra: dict[str, np.ndarray] | None = None,
-            step_inputs: dict[str, np.ndarray] | None = None,
-            step_outputs: dict[str, np.ndarray] | None = None) -> np.ndarray:
-        """One forward pass; the new tokens go into `cache`, the logits into `logits_out` (float32 [B, K, V]).
-
-        extra, step_inputs: more inputs by name; step_outputs: more outputs by name, copied into
-        the given host arrays (the same contract as OrtEngine.run)."""
+    def run(self, step: Step, cache: DeviceKVCache, lora: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """One forward pass (runtime/step.py); the new tokens go into `cache`, the outputs into the
+        step's host arrays (the same contract as OrtEngine.run)."""
         cudart = self.cudart
-        index = self._context_index(inputs_embeds.shape[1])
+        seq = step.inputs_embeds.shape[1]
+        index = self._context_index(seq)
         # (name, shape for an input / None for an output, device address) of every tensor bound.
         bindings: list[tuple[str, tuple[int, ...] | None, int]] = []
         staged = []  # host arrays stay referenced until the synchronize below: the copies are asynchronous
-        for name, array in (*zip(SMALL_INPUTS, (inputs_embeds, position_ids, past_lengths, query_lengths,
-                                                logits_indices)),
-                            *(extra or {}).items(), *(step_inputs or {}).items()):
+        for name, array in (*step.named_inputs(), *(lora or {}).items()):
             host, ptr = self._upload(name, array)
             staged.append(host)
             bindings.append((name, host.shape, ptr))
@@ -378,14 +370,14 @@ class TrtEngine:
                                         ("value", cache.values, cache.next_values)):
                 bindings.append((graph_spec.past(kind, i), cache.shape, past[i]))
                 bindings.append((graph_spec.present(kind, i), None, present[i]))
-        outputs = {graph_spec.LOGITS: logits_out, **(step_outputs or {})}
+        outputs = step.named_outputs()
         sizes = {}
         for name, host in outputs.items():
             sizes[name] = host.size * self.dtypes[name].itemsize
             ptr = self._buffers.setdefault(name, DeviceBuffer(cudart)).reserve(sizes[name])
             bindings.append((name, None, ptr))
 
-        key = step_key(index, bindings, inputs_embeds.shape[1]) if self.graph_mode == "capture" else None
+        key = step_key(index, bindings, seq) if self.graph_mode == "capture" else None
         action = self.graphs.decide(key)
         context = self.contexts[index]
         with self.timer:
@@ -416,7 +408,7 @@ class TrtEngine:
         del staged
         cache.swap()
         self.last_step_ms = self.timer.elapsed_ms()
-        return logits_out
+        return step.logits
 
     def _capture(self, key, context, cache: DeviceKVCache) -> None:
         """Record the context's execution with its current bindings as a graph for `key`."""

@@ -1,7 +1,7 @@
 """The manifest of an engine directory or bundle (`manifest.json`), as the runtime reads it.
 
-The build writes it (build/bundle.py, build/compile.py); `EngineDir.open` validates it with these
-models before anything else is read, so a corrupt or hand-edited manifest (wrong JSON type, a key
+The build writes it (build/bundle.py, build/compile.py) through these models, so what it writes is
+what the runtime reads; `EngineDir.open` and trt-llm-compile validate it before anything else is read, so a corrupt or hand-edited manifest (wrong JSON type, a key
 missing or mistyped, a path that leaves the engine directory) is one line naming the key, never a
 KeyError later. Unknown keys are allowed: a newer build may add sections this runtime ignores.
 """
@@ -15,6 +15,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic_core import PydanticCustomError
 
 from ._errors import format_errors, json_type
+
+# The one format version: the build writes it and both the runtime and trt-llm-compile read only it.
+FORMAT_VERSION = 1
 
 _LENIENT = ConfigDict(strict=True, extra="allow")
 PositiveInt = Annotated[int, Field(ge=1)]
@@ -92,6 +95,14 @@ class DraftComponent(BaseModel):
     tree_defaults: TreeDefaults | None = None  # the backend's default tree (runtime/spec_config.py)
 
 
+class EncoderComponent(BaseModel):
+    """A vision or audio encoder: its graph (and compiled engine) and its preprocessing config."""
+    model_config = _LENIENT
+    graph: RelativePath
+    engine: RelativePath | None = None
+    config: RelativePath
+
+
 class TokenizerComponent(BaseModel):
     model_config = _LENIENT
     dir: RelativePath
@@ -102,6 +113,8 @@ class Components(BaseModel):
     llm: LlmComponent
     tokenizer: TokenizerComponent
     draft: DraftComponent | None = None
+    vision: EncoderComponent | None = None
+    audio: EncoderComponent | None = None
 
 
 class LoraGroup(BaseModel):
@@ -152,4 +165,4 @@ def validate_manifest(data: Any, source: str) -> Manifest:
                             "with trt-llm-build") from None
 
 
-__all__ = ["Manifest", "ManifestError", "validate_manifest"]
+__all__ = ["FORMAT_VERSION", "Manifest", "ManifestError", "validate_manifest"]

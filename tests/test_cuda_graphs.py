@@ -18,7 +18,9 @@ import pytest
 
 from trt_llm.runtime import cuda_graphs, trt_engine
 from trt_llm.runtime.cuda_graphs import CAPTURE, PLAIN, REPLAY, GraphCache, step_key
-from trt_llm.runtime.generate import Model, Sequence, generate
+from trt_llm.runtime.generate import generate
+from trt_llm.runtime.model import Model
+from trt_llm.runtime.sequence import Sequence
 from trt_llm.runtime.sampler import Sampler, SamplingParams
 from trt_llm.runtime.trt_engine import GRAPHS_ENV, TrtEngine, cuda_graphs_requested
 

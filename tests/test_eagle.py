@@ -9,8 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from helpers import PROMPTS, chat_request
-from trt_llm.runtime import eagle
-from trt_llm.runtime.eagle import SpecConfig
+from trt_llm.runtime.decoding import eagle
+from trt_llm.runtime.spec_config import SpecConfig
+from trt_llm.runtime.step import Step
 from trt_llm.runtime.engine_dir import EngineDir
 from trt_llm.runtime.runner import Runner
 from trt_llm.schemas.input_file import parse_input_dict
@@ -35,9 +36,9 @@ def engine(tiny_model, build_engine_for, tmp_path_factory):
     return build_engine_for(base, draft={"model": str(folder), "max_draft_tree_size": 24, "max_verify_tree_size": 16})
 
 
-def run(engine_dir, data, spec_decode=True, spec=SpecConfig(4, 3, 10)):
+def run(engine_dir, data, spec_decode=True, spec=SpecConfig(4, 3, 10), scheduling="static"):
     loaded = parse_input_dict(json.loads(json.dumps(data)))
-    runner = Runner(EngineDir.open(engine_dir), threads=1, spec=spec, spec_decode=spec_decode)
+    runner = Runner(EngineDir.open(engine_dir), threads=1, spec=spec, spec_decode=spec_decode, scheduling=scheduling)
     return runner.run(loaded, loaded.settings).responses, runner.spec_stats
 
 
@@ -74,14 +75,14 @@ def oracle_draft(monkeypatch):
     batched bookkeeping of accepted paths are exercised."""
     futures = {}
 
-    def tree(draft, state, draft_cache, hidden_root, spec, model, sampler, active, max_position):
+    def tree(draft, state, draft_cache, hidden_root, spec, biases, max_position):
         for r in state:
             future = futures[tuple(r.sequence.prompt_ids)][len(r.sequence.generated):]
             r.tree, parent = [], -1
             for depth, token in enumerate(future[: spec.draft_steps], start=1):
                 r.tree.append(eagle._Node(token, parent, depth, -float(depth), hidden_root[0]))
                 parent = len(r.tree) - 1
-                wrong = (token + 7) % model.dims["vocab_size"]
+                wrong = (token + 7) % len(draft.embedding)
                 r.tree.append(eagle._Node(wrong, r.tree[parent].parent, depth, -depth - 0.5, hidden_root[0]))
 
     monkeypatch.setattr(eagle, "_draft_tree", tree)
@@ -205,10 +206,10 @@ def test_tree_verification_gives_each_path_its_transformers_logits(engine, tiny_
     n, s = len(prompt), len(tree)
     logits = np.empty((1, 1, dims["vocab_size"]), np.float32)
     feature_width = json.loads((engine / "manifest.json").read_text())["model"]["eagle"]["feature_width"]
-    session.run(embedding[np.array([prompt])], np.arange(n, dtype=np.int32)[None], np.zeros(1, np.int32),
-                np.array([n], np.int32), np.array([[n - 1]], np.int32), cache, logits, None,
-                {"tree_mask": np.tril(np.ones((1, n, n), bool))},
-                {"hidden_states": np.empty((1, n, feature_width), np.float32)})
+    session.run(Step(embedding[np.array([prompt])], np.arange(n, dtype=np.int32)[None], np.zeros(1, np.int32),
+                     np.array([n], np.int32), np.array([[n - 1]], np.int32), logits,
+                     {"tree_mask": np.tril(np.ones((1, n, n), bool))},
+                     {"hidden_states": np.empty((1, n, feature_width), np.float32)}), cache)
     mask = np.zeros((1, s, s), bool)
     depth = []
     for i, (_, parent) in enumerate(tree):
@@ -219,9 +220,10 @@ def test_tree_verification_gives_each_path_its_transformers_logits(engine, tiny_
             d += node is not None
         depth.append(d)
     tree_logits = np.empty((1, s, dims["vocab_size"]), np.float32)
-    session.run(embedding[np.array([[t for t, _ in tree]])], (n + np.array(depth, dtype=np.int32))[None],
-                np.array([n], np.int32), np.array([s], np.int32), np.arange(s, dtype=np.int32)[None], cache,
-                tree_logits, None, {"tree_mask": mask}, {"hidden_states": np.empty((1, s, feature_width), np.float32)})
+    session.run(Step(embedding[np.array([[t for t, _ in tree]])], (n + np.array(depth, dtype=np.int32))[None],
+                     np.array([n], np.int32), np.array([s], np.int32), np.arange(s, dtype=np.int32)[None],
+                     tree_logits, {"tree_mask": mask},
+                     {"hidden_states": np.empty((1, s, feature_width), np.float32)}), cache)
     model = AutoModelForCausalLM.from_pretrained(tiny_model("llama", num_hidden_layers=4)).eval()
     for i in range(s):
         path, node = [], i
@@ -245,10 +247,10 @@ def _draft_log_probs(engine_dir: EngineDir, hidden: np.ndarray, tokens: np.ndarr
     cache = draft_engine.new_cache(1, width)
     logits = np.empty((1, width, len(load_file(str(engine_dir.component_path("draft", "tensors")))["d2t"])),
                       dtype=np.float32)
-    draft_engine.run(embedding[tokens], np.arange(width, dtype=np.int32)[None], np.zeros(1, np.int32),
-                     np.array([width], np.int32), np.arange(width, dtype=np.int32)[None], cache, logits, None,
-                     {"hidden": hidden, "tree_mask": np.tril(np.ones((1, width, width), bool))},
-                     {"hidden_out": np.empty((1, width, hidden.shape[-1]), np.float32)})
+    draft_engine.run(Step(embedding[tokens], np.arange(width, dtype=np.int32)[None], np.zeros(1, np.int32),
+                          np.array([width], np.int32), np.arange(width, dtype=np.int32)[None], logits,
+                          {"hidden": hidden, "tree_mask": np.tril(np.ones((1, width, width), bool))},
+                          {"hidden_out": np.empty((1, width, hidden.shape[-1]), np.float32)}), cache)
     return torch.from_numpy(logits[0]).log_softmax(-1).numpy()
 
 
@@ -329,3 +331,90 @@ def test_a_row_that_ends_at_its_first_token_leaves_the_speculating_batch(engine,
     vanilla, _ = run(engine, data, spec_decode=False)
     assert spec_responses[2].generated_tokens == 1
     assert_same(spec_responses, vanilla)
+
+
+# -- speculation on the step-level engine: requests join and leave a speculating batch -------------
+
+def _mixed(count: int) -> list[dict]:
+    """Distinct prompts (the oracle draft knows each by its tokens) with the request features."""
+    requests = []
+    for i in range(count):
+        extra = {}
+        if i % 4 == 1:
+            extra["num_logprobs"] = 3
+        if i % 4 == 2:
+            extra["logit_bias"] = {"100": 4.0, "5": -100.0}
+        if i % 5 == 3:
+            extra["stop"] = ["e"]
+        if i == 4:
+            extra["disable_spec_decode"] = True  # its static batch (3, 4, 5) runs vanilla
+        request = chat_request(f"{PROMPTS[i % len(PROMPTS)]} ({i})" + " more" * (i % 3), **extra)
+        if i % 3 == 0:
+            request["messages"].insert(0, {"role": "system", "content": "You answer about the sea, in plain words."})
+            request["save_system_prompt_kv_cache"] = True
+        requests.append(request)
+    return requests
+
+
+@pytest.mark.parametrize("mode", list(SETTINGS))
+def test_continuous_scheduling_under_speculation_equals_static(engine, oracle_draft, mode):
+    """--scheduling continuous with the draft: requests are admitted into a speculating batch as rows
+    free, the oracle draft's long accepted paths are compacted in rows that move, and every request
+    gets its static result (the vanilla tokens), logprobs, stop strings, logit bias, reused system
+    prompts and a static batch that disabled speculation included."""
+    data = {**SETTINGS[mode], "batch_size": 3, "max_generate_length": 24, "requests": _mixed(10)}
+    vanilla = run(engine, data, spec_decode=False)[0]
+    for response in vanilla:
+        oracle_draft[tuple(_prompt_ids(engine, response))] = response.output_token_ids
+    static, _ = run(engine, data)
+    continuous, stats = run(engine, data, scheduling="continuous")
+    assert [r.request_idx for r in continuous] == list(range(10))
+    assert_same(continuous, static)
+    assert_same(continuous, vanilla)
+    assert [r.batch_idx for r in continuous] == [r.batch_idx for r in static]
+    assert len({r.generated_tokens for r in continuous}) >= 2  # rows free while others run
+    assert stats.mean_accepted > 2
+    assert any(r.reused_tokens for r in continuous)
+
+
+@pytest.mark.parametrize("late", [
+    chat_request("Hi there, how are you today?"),
+    chat_request("Write a poem", num_logprobs=4, stop=["o"]),
+    chat_request("Write a poem about ships", logit_bias={"0": -100.0, "2": -100.0, "100": 3.0}),
+])
+@pytest.mark.parametrize("mode", list(SETTINGS))
+def test_a_request_admitted_mid_speculation_gives_its_tokens_alone(engine, late, mode):
+    from trt_llm.runtime.engine_core import EngineRequest
+    from trt_llm.runtime.prompt import PromptFormatter
+
+    data = {**SETTINGS[mode], "max_generate_length": 20,
+            "requests": [chat_request(PROMPTS[0]), chat_request(PROMPTS[2]), late]}
+    loaded = parse_input_dict(json.loads(json.dumps(data)))
+    runner = Runner(EngineDir.open(engine), threads=1, spec=SpecConfig(4, 3, 10))
+    formatter = PromptFormatter(runner.tokenizer, True, True, False)
+
+    def request(index):
+        p = runner.prepare(index, loaded.requests[index], loaded.settings, formatter)
+        p.num_logprobs = loaded.requests[index].resolved_num_logprobs(loaded.settings)
+        return EngineRequest(index, p.sequence, p.params, p.seed, p.num_logprobs)
+
+    core = runner.engine_core(4, "continuous")
+    first = [request(0), request(1)]
+    for r in first:
+        core.add_request(r)
+    for _ in range(4):  # the first two prefill and speculate a few rounds
+        core.step()
+    assert all(0 < len(r.sequence.generated) < 20 for r in first)
+    joined = request(2)
+    core.add_request(joined)
+    core.run_to_completion()
+    solo = runner.engine_core(1, "continuous")
+    alone = request(2)
+    solo.add_request(alone)
+    solo.run_to_completion()
+    assert runner.spec_stats.rounds > 0
+    assert joined.sequence.generated == alone.sequence.generated
+    assert joined.sequence.finish_reason == alone.sequence.finish_reason
+    assert [ids for ids, _ in joined.sequence.top_logprobs] == [ids for ids, _ in alone.sequence.top_logprobs]
+    for (_, got), (_, want) in zip(joined.sequence.top_logprobs, alone.sequence.top_logprobs):
+        assert got == pytest.approx(want, abs=1e-4)

@@ -48,6 +48,7 @@ def prefill_logits(engine_dir, token_ids):
     from trt_llm.runtime.engine_dir import EngineDir
     from trt_llm.runtime.kv_cache import KVCache
     from trt_llm.runtime.ort_engine import OrtEngine
+    from trt_llm.runtime.step import Step
 
     engine = EngineDir.open(engine_dir)
     dims = engine.dims
@@ -56,8 +57,8 @@ def prefill_logits(engine_dir, token_ids):
     cache = KVCache(dims["num_layers"], 1, dims["kv_heads"], len(token_ids) + 1, dims["head_dim"], embedding.dtype)
     n = len(token_ids)
     logits = np.empty((1, 1, dims["vocab_size"]), np.float32)
-    session.run(embedding[np.array(token_ids)][None], np.arange(n, dtype=np.int32)[None],
-                np.zeros(1, np.int32), np.array([n], np.int32), np.array([[n - 1]], np.int32), cache, logits)
+    session.run(Step(embedding[np.array(token_ids)][None], np.arange(n, dtype=np.int32)[None],
+                     np.zeros(1, np.int32), np.array([n], np.int32), np.array([[n - 1]], np.int32), logits), cache)
     return logits[0, 0]
 
 

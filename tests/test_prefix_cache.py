@@ -48,6 +48,22 @@ def test_tiny_qwen3_outputs_identical_with_cache(tiny_model, build_engine_for):
     assert_cache_changes_nothing(build_engine_for(tiny_model("qwen3")))
 
 
+def test_a_long_reused_prefix_beside_a_long_fresh_prompt(tiny_model, build_engine_for):
+    """One prefill pass would write the fresh prompt's padded width after the reused prefix's
+    slots, past the batch's cache (sized for the longest prompt and 4 new tokens): the batch still
+    runs, with the tokens each request gives without the cache."""
+    engine = build_engine_for(tiny_model("qwen3"))
+    long_question = {"messages": [{"role": "user", "content": " ".join(["Tell me about parcels."] * 12)}]}
+    requests = [conversation(QUESTIONS[0], save=True), conversation(QUESTIONS[1]), conversation(QUESTIONS[2]),
+                long_question]  # batch 0 saves the system prompt; in batch 1, request 2 reuses it
+    with_cache, runner = run(engine, requests, max_new=4)
+    without, _ = run(engine, [conversation(q) for q in QUESTIONS[:3]] + [long_question], max_new=4)
+    assert all(r.finish_reason != "error" for r in with_cache), [r.error for r in with_cache]
+    assert with_cache[2].reused_tokens > 30
+    assert with_cache[2].reused_tokens + with_cache[3].prompt_tokens > with_cache[3].prompt_tokens + 4
+    assert [r.output_token_ids for r in with_cache] == [r.output_token_ids for r in without]
+
+
 @pytest.mark.slow
 def test_smollm2_outputs_identical_with_cache(smollm2_engine):
     assert_cache_changes_nothing(smollm2_engine)

@@ -162,16 +162,16 @@ def test_an_engine_failure_costs_only_its_batch(engine, monkeypatch):
     """A batch whose engine call fails gets error responses; the batches around it still run."""
     from trt_llm.runtime import runner as runner_module
 
-    real = runner_module.generate
+    real = runner_module._run_to_completion
     calls = []
 
-    def flaky(model, sequences, *args, **kwargs):
-        calls.append(len(sequences))
+    def flaky(core):
+        calls.append(len(core.scheduler.waiting))
         if len(calls) == 2:
             raise RuntimeError("simulated engine failure")
-        return real(model, sequences, *args, **kwargs)
+        return real(core)
 
-    monkeypatch.setattr(runner_module, "generate", flaky)
+    monkeypatch.setattr(runner_module, "_run_to_completion", flaky)
     data = {"batch_size": 2, "temperature": 0.0, "max_generate_length": 4,
             "requests": [chat_request(p) for p in PROMPTS]}
     responses = run_input(engine, data).responses

@@ -68,9 +68,9 @@ class WorkerError(RuntimeError):
 class Worker:
     """The orchestrator's handle on one engine process."""
 
-    def __init__(self, engine: str, path: Path, threads: int, capacity: int):
+    def __init__(self, engine: str, path: Path, threads: int, capacity: int, pythonpath: str | None = None):
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCHMARKS_DIR), env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, str(BENCHMARKS_DIR), env.get("PYTHONPATH")) if p)
         self.engine = engine
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sidebyside.worker", engine, str(path), "--threads", str(threads),

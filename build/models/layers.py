@@ -1,5 +1,5 @@
-"""The layers every model family is built from: RMSNorm, the one linear factory, rotary tables and
-the pre-norm decoder layer with its LoRA hooks.
+"""The layers every model family is built from: RMSNorm, the one linear factory, rotary tables (and
+mRoPE's per-token rows) and the pre-norm decoder layer with its LoRA hooks.
 
 Projections are packed (q/k/v into one matmul, gate/up into another): fewer, fatter nodes are what
 make the graph fast. Attention is our op (plugins/attention.py), which applies rotary itself.
@@ -58,13 +58,46 @@ def linear(*parts: nn.Linear | Tensor) -> Linear:
 
 def rotary_tables(inv_freq: Tensor, attention_scaling: float, positions: int,
                   dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos/sin tables [positions, head_dim/2], computed in fp32 and scaled as transformers does.
+    """cos/sin tables [positions, head_dim/2], computed in fp32 and scaled as transformers does: row
+    p is position p's rotation. A family with its own rope type (default, llama3, yarn, ... all
+    resolve to inv_freq and a scale) changes only what it passes here.
 
-    The tables are the rotary contract of the attention op: row p is position p's rotation, so a
-    family with its own rope type (default, llama3, yarn, ... all resolve to inv_freq and a scale)
-    changes only what it passes here."""
+    The rotary contract of the attention op (plugins/attention.py) is: the op rotates new token
+    (b, s) by row `position_ids[b, s]` of its `cos_cache` / `sin_cache` [P, head_dim/2], any P. A text
+    family passes these tables and the token positions; mRoPE passes per-token rows
+    (`sectioned_rotary`) and their indices, so no facet of the op knows which one it runs."""
     freqs = torch.outer(torch.arange(positions, dtype=torch.float32), inv_freq.detach().float())
     return (freqs.cos() * attention_scaling).to(dtype), (freqs.sin() * attention_scaling).to(dtype)
+
+
+def mrope_streams(sections: list[int], interleaved: bool) -> Tensor:
+    """Which position stream (0 temporal, 1 height, 2 width) each of the head_dim/2 rotary frequencies
+    reads under mRoPE [head_dim/2] int64. Qwen2-VL / Qwen2.5-VL: consecutive chunks of `sections`
+    frequencies (mrope_section [16, 24, 24]); Qwen3-VL (`mrope_interleaved`): frequency j reads height
+    when j % 3 == 1 and j < 3 * sections[1], width when j % 3 == 2 and j < 3 * sections[2], else time."""
+    half = sum(sections)
+    if not interleaved:
+        return torch.cat([torch.full((n,), i % 3, dtype=torch.int64) for i, n in enumerate(sections)])
+    streams = torch.zeros(half, dtype=torch.int64)
+    for stream in (1, 2):
+        streams[stream: 3 * sections[stream]: 3] = stream
+    return streams
+
+
+def sectioned_rotary(cos_table: Tensor, sin_table: Tensor, positions: Tensor,
+                     streams: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """mRoPE under the op's rotary contract: per-token rows and the index of each token's row.
+
+    positions: [3, B, S] the temporal, height and width position of each new token; streams:
+    `mrope_streams`. Frequency j of token (b, s) turns by positions[streams[j], b, s], which is
+    column j of that position's row in the text tables (the same products cos(p * inv_freq[j])).
+    Returns cos, sin [B * S, head_dim/2] and the row index [B, S] int32 to pass as position_ids."""
+    _, batch, seq = positions.shape
+    pick = streams.view(1, 1, 1, -1).expand(1, batch, seq, streams.numel())
+    cos = torch.gather(cos_table[positions], 0, pick).reshape(batch * seq, -1)
+    sin = torch.gather(sin_table[positions], 0, pick).reshape(batch * seq, -1)
+    index = torch.arange(batch * seq, dtype=torch.int32, device=positions.device).view(batch, seq)
+    return cos, sin, index
 
 
 class DecoderLayer(nn.Module):

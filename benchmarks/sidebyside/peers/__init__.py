@@ -5,6 +5,7 @@
     missing(ctx)  None, or why it cannot run here (then it is skipped with that note)
     prepare(ctx)  -> artifacts.Artifact: builds (or finds) what the runner loads
     Runner(path, threads, capacity).run(prompts, n) -> {ttft_s, decode_s, tokens}
+    worker_pythonpath()  optional: a folder its worker process imports first
 
 Runner.run gets token ids (one list per row, all the same length) and must generate exactly n tokens per
 row, greedy, without stopping at an end-of-sequence token, and report: ttft_s = from the call until the
@@ -16,7 +17,7 @@ from __future__ import annotations
 import importlib
 
 # CLI key -> module name; the order is the report's order.
-ENGINES = {"ours": "ours", "transformers": "hf", "genai": "genai", "llamacpp": "llamacpp",
+ENGINES = {"ours": "ours", "ours-ref": "ours_ref", "transformers": "hf", "genai": "genai", "llamacpp": "llamacpp",
            "llamacpp-q4": "llamacpp_q4"}
 
 

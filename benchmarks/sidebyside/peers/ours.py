@@ -1,5 +1,5 @@
 """trt-llm: our engine directory (cpu backend, fp32), built with `trt-llm-build`, run through the real
-runtime (runtime/generate.py: Model, prefill and the decode loop, greedy Sampler)."""
+runtime (runtime/generate.py: one static batch on the engine core, greedy Sampler)."""
 
 from __future__ import annotations
 
@@ -56,8 +56,12 @@ class Runner:
         from safetensors.numpy import load_file
 
         from trt_llm.runtime.engine_dir import EngineDir
-        from trt_llm.runtime.generate import Model
         from trt_llm.runtime.ort_engine import OrtEngine
+
+        try:
+            from trt_llm.runtime.model import Model
+        except ImportError:  # a trt-llm before issue 16 (peers/ours_ref.py runs one)
+            from trt_llm.runtime.generate import Model
 
         ed = EngineDir.open(path)
         dims = ed.dims
@@ -66,8 +70,13 @@ class Runner:
         self.model = Model(engine, embedding, dims, [])  # no EOS: every row makes exactly n tokens
 
     def run(self, prompts: list[list[int]], n: int) -> dict:
-        from trt_llm.runtime.generate import Sequence, generate
+        from trt_llm.runtime.generate import generate
         from trt_llm.runtime.sampler import Sampler, SamplingParams
+
+        try:
+            from trt_llm.runtime.sequence import Sequence
+        except ImportError:  # before issue 16
+            from trt_llm.runtime.generate import Sequence
 
         t0 = time.perf_counter()
         sequences = [Sequence(list(p), n) for p in prompts]

@@ -1,6 +1,6 @@
-"""EAGLE3 speculative decoding of one batch: draft a token tree, verify it in one base pass, accept.
+"""EAGLE3 speculative decoding: draft a token tree, verify it in one base pass, accept.
 
-Each round, per row:
+Each round, per running row:
  1. the draft catches up on the tokens the base accepted last round (with the base's features),
  2. the draft expands a tree level by level from the last token (the root): every frontier node's
     top-k children are scored by cumulative log-probability and the best k form the next frontier,
@@ -15,44 +15,33 @@ of the row's generator, exactly as vanilla decoding draws it: the output is the 
 greedy or sampled, and the draft only decides how many tokens one base pass yields.
  5. the accepted nodes' keys and values move to contiguous slots after the root's.
 
-The draft's tree nodes are recomputed at each level (the draft is one layer) because the attention
-op sees every cached slot; its cache only keeps the caught-up context between rounds.
+A request that must not speculate (EngineRequest.speculate False) verifies its root alone: one
+token a round, vanilla's. The draft's tree nodes are recomputed at each level (the draft is one
+layer) because the attention op sees every cached slot; the draft's KV pool, its rows aligned with
+the base pool's, only keeps the caught-up context between rounds.
 """
 
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from trt_llm.runtime.generate import Model, Sequence, append_token, prefill, record_step
+from trt_llm.runtime.decoding.draft import Draft, SpecStats
+from trt_llm.runtime.decoding.prefill import prefill
+from trt_llm.runtime.model import Model
 from trt_llm.runtime.sampler import Sampler
-from trt_llm.runtime.spec_config import SpecConfig  # noqa: F401 - where callers import it from
+from trt_llm.runtime.sequence import Sequence, append_token, record_step
+from trt_llm.runtime.spec_config import SpecConfig
+from trt_llm.runtime.step import Step
 from trt_llm.schemas.graph_spec import DRAFT_HIDDEN, DRAFT_HIDDEN_OUT, FEATURES, TREE_MASK
-from trt_llm.runtime.threads import leaves_cores_to_the_engine
-
-
-@dataclass
-class Draft:
-    """What the loop needs from the draft side of an engine directory."""
-
-    engine: object  # an engine over the draft graph (one layer)
-    fc: np.ndarray  # [H, 3H]: target features -> draft hidden
-    d2t: np.ndarray  # [Vd] int64: target id = draft id + d2t[draft id]
-    embedding: np.ndarray  # [V, H]: the token embedding the draft reads (the base's unless its own)
-    hidden_size: int
-    target_ids: np.ndarray = field(init=False)  # [Vd]: the target id of each draft id
-
-    def __post_init__(self):
-        self.target_ids = np.arange(len(self.d2t)) + self.d2t
 
 
 @dataclass
 class _Row:
-    """One sequence's speculative state."""
+    """One running request's speculative state."""
 
     sequence: Sequence
     committed: int  # tokens in the base cache (the root is the next one)
@@ -67,118 +56,79 @@ class _Row:
 
 
 @dataclass
-class SpecStats:
-    rounds: int = 0  # verification passes, counted per row
-    emitted: int = 0  # tokens they emitted
-
-    @property
-    def mean_accepted(self) -> float:
-        return self.emitted / self.rounds if self.rounds else 0.0
-
-
-def load_draft_engine(engine_dir, threads: int, base_embedding: np.ndarray) -> Draft:
-    """The draft side of an engine directory (components.draft in its manifest)."""
-    from safetensors.numpy import load_file
-
-    from trt_llm.runtime.engines import open_engine
-
-    paths = engine_dir.manifest["components"]["draft"]
-    tensors = load_file(str(engine_dir.path / paths["tensors"]))
-    embedding = base_embedding
-    if "embedding" in tensors:
-        embedding = tensors["embedding"]
-    engine = open_engine(engine_dir, threads, "draft", spinning=False)  # see Runner: base and draft alternate
-    return Draft(engine, tensors["fc"], tensors["d2t"].astype(np.int64), embedding, int(tensors["fc"].shape[0]))
+class _Node:
+    token: int  # target vocabulary id
+    parent: int  # index in the row's tree (-1 = the root)
+    depth: int
+    score: float  # cumulative draft log-probability
+    hidden_in: np.ndarray  # the draft hidden its parent produced
 
 
-def check_spec(spec: SpecConfig, engine_dir) -> SpecConfig:
-    """Refuse speculation settings beyond what the engine was built for."""
-    limits = engine_dir.manifest["components"]["draft"]
-    drafted = spec.draft_top_k * spec.draft_steps
-    if min(spec.draft_top_k, spec.draft_steps) < 1 or spec.verify_tree_size < 2:
-        raise ValueError(f"draft top-k {spec.draft_top_k} and draft steps {spec.draft_steps} must be >= 1, "
-                         f"verify tree size {spec.verify_tree_size} >= 2")
-    if drafted > limits["max_draft_tree_size"]:
-        raise ValueError(f"draft top-k {spec.draft_top_k} x draft steps {spec.draft_steps} = {drafted} nodes "
-                         f"exceeds the engine's max_draft_tree_size {limits['max_draft_tree_size']}")
-    if spec.verify_tree_size > limits["max_verify_tree_size"]:
-        raise ValueError(f"verify tree size {spec.verify_tree_size} exceeds the engine's max_verify_tree_size "
-                         f"{limits['max_verify_tree_size']}")
-    return spec
+class Eagle:
+    def __init__(self, draft: Draft, spec: SpecConfig, stats: SpecStats | None = None):
+        self.draft, self.spec = draft, spec
+        self.stats = stats if stats is not None else SpecStats()
+        self.extra_slots = spec.verify_tree_size + 1  # a verification writes the tree after the root
+        self.cache = None  # the draft's KV pool
+        self.rows: list[_Row] = []  # one per running request, in the same order
 
+    def reserve(self, core, need: int) -> None:
+        draft_need = need - self.extra_slots + self.spec.draft_top_k * self.spec.draft_steps + 1
+        if self.cache is None:
+            self.cache = self.draft.engine.new_cache(core.scheduler.max_rows, draft_need)
+        else:
+            self.cache.reserve(core.scheduler.max_rows, draft_need, [r.draft_committed for r in self.rows])
+        self.cache.batch = len(core.scheduler.running)
 
-def _causal(lengths: np.ndarray, width: int) -> np.ndarray:
-    mask = np.tril(np.ones((width, width), dtype=bool))
-    return np.broadcast_to(mask, (len(lengths), width, width)).copy()
+    def prefill(self, core, admitted, start: int) -> list[int]:
+        """Logits at each prompt's last token, features at every prefilled token. A reused system
+        prompt has no features: the draft's context then starts after it (it only proposes)."""
+        window = core.cache.window(start, len(core.scheduler.running))
+        done = prefill(core.model, [r.sequence for r in admitted], window, core.lora_window(start), core.stage,
+                       core.profiler)
+        finished = core.sample(admitted, done.logits[:, 0], first=start)
+        for i, request in enumerate(admitted):
+            s, begin, n = request.sequence, int(done.reused[i]), int(done.computed[i])
+            root = s.generated[-1]
+            self.rows.append(_Row(s, committed=begin + n, draft_committed=0, draft_offset=begin, root=root,
+                                  pending_tokens=s.prompt_ids[begin + 1:] + [root],
+                                  pending_features=done.features[i, :n].copy()))
+        return finished
 
-
-@leaves_cores_to_the_engine
-def generate_eagle(model: Model, draft: Draft, sequences: list[Sequence], sampler: Sampler, spec: SpecConfig,
-                   num_logprobs: int = 0, profiler=None, lora_inputs: dict | None = None,
-                   stats: SpecStats | None = None) -> None:
-    """Run `sequences` (one batch) to completion with EAGLE3 speculation (see the module doc)."""
-    stage = profiler.stage if profiler else (lambda name: nullcontext())
-    stats = stats if stats is not None else SpecStats()
-    batch = len(sequences)
-    tree_nodes = spec.draft_top_k * spec.draft_steps
-    longest = max(len(s.prompt_ids) + s.max_new_tokens for s in sequences)
-    cache = model.new_cache(batch, longest + spec.verify_tree_size + 1)
-    draft_cache = draft.engine.new_cache(batch, longest + tree_nodes + 1)
-    max_position = (model.max_positions or 1 << 30) - 1
-    extra = lora_inputs or {}
-
-    # Prefill: logits at each prompt's last token, features at every prefilled token. A reused
-    # system prompt has no features: the draft's context then starts after it (it only proposes).
-    logits, past, lengths, features = prefill(model, sequences, cache, extra, stage, profiler)
-    first = sampler.sample(torch.from_numpy(logits[:, 0]), list(range(batch)))
-    now = time.perf_counter()
-    active, rows = [], {}
-    for row, s in enumerate(sequences):
-        token = int(first[row])
-        if num_logprobs:
-            record_step(s, torch.from_numpy(logits[row, 0]), token, num_logprobs)
-        if not append_token(model, s, token, now):
-            active.append(row)
-            start, n = int(past[row]), int(lengths[row])
-            rows[row] = _Row(s, committed=start + n, draft_committed=0, draft_offset=start, root=token,
-                             pending_tokens=s.prompt_ids[start + 1:] + [token],
-                             pending_features=features[row, :n].copy())
-
-    cached = list(range(batch))  # the sequence in each cache row: all of them after the prefill
-    while active:
-        if active != cached:  # rows finished (also at their first token): compact both caches and the inputs
-            keep = [cached.index(r) for r in active]
-            cache.keep_rows(keep, [rows[r].committed for r in active])
-            draft_cache.keep_rows(keep, [rows[r].draft_committed for r in active])
-            rows, cached = {r: rows[r] for r in active}, list(active)
-            extra = {name: np.ascontiguousarray(array[active]) for name, array in (lora_inputs or {}).items()}
-        state = [rows[r] for r in active]
-        with stage("draft"):
-            hidden_root = _draft_catch_up(draft, state, draft_cache)
-            for r in state:
-                r.tree = []
-            _draft_tree(draft, state, draft_cache, hidden_root, spec, model, sampler, active, max_position)
-        with stage("verify"):
-            verify_logits, verify_features, chosen = _verify(model, state, cache, spec, extra, max_position)
-        stats.rounds += len(state)  # row-rounds: the mean accepted length is per sequence
-        emitted_before = stats.emitted
-        still = []
-        with stage("accept"):
-            for index, (row, r) in enumerate(zip(active, state)):
-                s = sequences[row]
-                emitted, path, done = _accept(model, s, r, chosen[index], verify_logits[index], sampler, row,
-                                              num_logprobs)
-                stats.emitted += len(emitted)
+    def step(self, core) -> list[int]:
+        running, state, model = core.scheduler.running, self.rows, core.model
+        max_position = (model.max_positions or 1 << 30) - 1
+        biases = [core.sampler.params[r.row].logit_bias for r in running]
+        with core.stage("draft"):
+            hidden_root = _draft_catch_up(self.draft, state, self.cache)
+            _draft_tree(self.draft, state, self.cache, hidden_root, self.spec, biases, max_position)
+        with core.stage("verify"):
+            sizes = [self.spec.verify_tree_size - 1 if r.speculate else 0 for r in running]
+            logits, features, chosen = _verify(model, state, core.cache, sizes, core.lora_inputs, max_position)
+        finished, emitted_total = [], 0
+        with core.stage("accept"):
+            for index, (request, r) in enumerate(zip(running, state)):
+                emitted, path, done = _accept(model, request, r, chosen[index], logits[index], core.sampler)
+                emitted_total += len(emitted)
                 if done:
+                    finished.append(index)
                     continue
-                _commit(cache, index, r, path, chosen[index], emitted, verify_features[index])
-                still.append(row)
-        if profiler:
-            profiler.count("decode_tokens", stats.emitted - emitted_before)
-        active = still
-    if profiler:
-        profiler.count("spec_rounds", stats.rounds)
-        profiler.count("spec_emitted", stats.emitted)
+                _commit(core.cache, index, r, path, chosen[index], emitted, features[index])
+        self.stats.rounds += len(state)  # row-rounds: the mean accepted length is per sequence
+        self.stats.emitted += emitted_total
+        if core.profiler:
+            core.profiler.count("decode_tokens", emitted_total)
+            core.profiler.count("spec_rounds", len(state))
+            core.profiler.count("spec_emitted", emitted_total)
+        return finished
+
+    def leave(self, keep: list[int]) -> None:
+        self.cache.keep_rows(keep, [self.rows[i].draft_committed for i in keep])
+        self.rows = [self.rows[i] for i in keep]
+
+
+def _causal(width: int, batch: int) -> np.ndarray:
+    return np.broadcast_to(np.tril(np.ones((width, width), dtype=bool)), (batch, width, width)).copy()
 
 
 def _draft_catch_up(draft: Draft, state: list[_Row], draft_cache) -> np.ndarray:
@@ -186,6 +136,11 @@ def _draft_catch_up(draft: Draft, state: list[_Row], draft_cache) -> np.ndarray:
     hidden output at each row's last one (the root's parent state) [B, H]."""
     counts = np.array([len(r.pending_tokens) for r in state], dtype=np.int32)
     width = int(counts.max())
+    if len(state) > 1 and max(r.draft_committed for r in state) + width > draft_cache.capacity:
+        # A request just admitted catches up on its whole prompt beside rows deep in their context:
+        # ONNX Runtime's attention writes each row's padded chunk whole, so these rows go one by one.
+        return np.concatenate([_draft_catch_up(draft, [r], draft_cache.window(i, i + 1))
+                               for i, r in enumerate(state)])
     batch, hidden_size = len(state), draft.hidden_size
     tokens = np.zeros((batch, width), dtype=np.int64)
     feats = np.zeros((batch, width, draft.fc.shape[1]), dtype=draft.embedding.dtype)
@@ -198,24 +153,15 @@ def _draft_catch_up(draft: Draft, state: list[_Row], draft_cache) -> np.ndarray:
     past = np.array([r.draft_committed for r in state], dtype=np.int32)
     offsets = np.array([r.draft_offset for r in state], dtype=np.int32)
     positions = (offsets + past)[:, None] + np.arange(width, dtype=np.int32)[None, :]
-    logits = np.empty((batch, 1, len(draft.d2t)), dtype=np.float32)
-    hidden_out = np.empty((batch, width, hidden_size), dtype=draft.embedding.dtype)
-    draft.engine.run(draft.embedding[tokens], positions, past, counts, (counts - 1)[:, None], draft_cache,
-                     logits, None, {DRAFT_HIDDEN: hidden.astype(draft.embedding.dtype), TREE_MASK: _causal(counts, width)},
-                     {DRAFT_HIDDEN_OUT: hidden_out})
+    step = Step(draft.embedding[tokens], positions, past, counts, (counts - 1)[:, None],
+                np.empty((batch, 1, len(draft.d2t)), dtype=np.float32),
+                {DRAFT_HIDDEN: hidden.astype(draft.embedding.dtype), TREE_MASK: _causal(width, batch)},
+                {DRAFT_HIDDEN_OUT: np.empty((batch, width, hidden_size), dtype=draft.embedding.dtype)})
+    draft.engine.run(step, draft_cache)
     for i, r in enumerate(state):
         r.draft_committed += int(counts[i])
-        r.root_draft_logits = logits[i, 0].copy()
-    return hidden_out[np.arange(batch), counts - 1]
-
-
-@dataclass
-class _Node:
-    token: int  # target vocabulary id
-    parent: int  # index in the row's tree (-1 = the root)
-    depth: int
-    score: float  # cumulative draft log-probability
-    hidden_in: np.ndarray  # the draft hidden its parent produced
+        r.root_draft_logits = step.logits[i, 0].copy()
+    return step.outputs[DRAFT_HIDDEN_OUT][np.arange(batch), counts - 1]
 
 
 def _best_children(draft: Draft, logits: np.ndarray, k: int, bias_row: dict | None) -> tuple[np.ndarray, np.ndarray]:
@@ -238,10 +184,11 @@ def _best_children(draft: Draft, logits: np.ndarray, k: int, bias_row: dict | No
 
 
 def _draft_tree(draft: Draft, state: list[_Row], draft_cache, hidden_root: np.ndarray, spec: SpecConfig,
-                model: Model, sampler: Sampler, active: list[int], max_position: int) -> None:
+                biases: list[dict | None], max_position: int) -> None:
+    """Each row's tree (_Row.tree), `spec.draft_steps` levels of the best `spec.draft_top_k`."""
     k = spec.draft_top_k
     for i, r in enumerate(state):
-        tokens, log_probs = _best_children(draft, r.root_draft_logits[None], k, sampler.params[active[i]].logit_bias)
+        tokens, log_probs = _best_children(draft, r.root_draft_logits[None], k, biases[i])
         r.tree = [_Node(int(t), -1, 1, float(lp), hidden_root[i]) for t, lp in zip(tokens[0], log_probs[0])]
         r.frontier = list(range(len(r.tree)))
     for _ in range(spec.draft_steps - 1):
@@ -269,13 +216,14 @@ def _draft_tree(draft: Draft, state: list[_Row], draft_cache, hidden_root: np.nd
         indices = np.array([r.frontier + r.frontier[-1:] * (frontier_width - len(r.frontier)) for r in state],
                            dtype=np.int32)
         past = np.array([r.draft_committed for r in state], dtype=np.int32)
-        logits = np.empty((batch, frontier_width, len(draft.d2t)), dtype=np.float32)
-        hidden_out = np.empty((batch, width, draft.hidden_size), dtype=draft.embedding.dtype)
-        draft.engine.run(draft.embedding[tokens], positions, past, counts, indices, draft_cache, logits,
-                         None, {DRAFT_HIDDEN: hidden_in, TREE_MASK: mask}, {DRAFT_HIDDEN_OUT: hidden_out})
+        step = Step(draft.embedding[tokens], positions, past, counts, indices,
+                    np.empty((batch, frontier_width, len(draft.d2t)), dtype=np.float32),
+                    {DRAFT_HIDDEN: hidden_in, TREE_MASK: mask},
+                    {DRAFT_HIDDEN_OUT: np.empty((batch, width, draft.hidden_size), dtype=draft.embedding.dtype)})
+        draft.engine.run(step, draft_cache)
+        logits, hidden_out = step.logits, step.outputs[DRAFT_HIDDEN_OUT]
         for i, r in enumerate(state):
-            children, log_probs = _best_children(draft, logits[i, :len(r.frontier)], k,
-                                                 sampler.params[active[i]].logit_bias)
+            children, log_probs = _best_children(draft, logits[i, :len(r.frontier)], k, biases[i])
             scores = np.array([r.tree[n].score for n in r.frontier])[:, None] + log_probs  # cumulative
             start = len(r.tree)
             for flat in np.argsort(-scores.ravel(), kind="stable")[:k]:  # the best k of the frontier's children
@@ -298,9 +246,9 @@ def _select(r: _Row, size: int) -> list[int]:
     return sorted(chosen, key=lambda n: (r.tree[n].depth, n))
 
 
-def _verify(model: Model, state: list[_Row], cache, spec: SpecConfig, extra: dict, max_position: int):
-    """One base pass over [root] + the chosen nodes of every row; logits and features at each."""
-    chosen = [_select(r, spec.verify_tree_size - 1) for r in state]
+def _verify(model: Model, state: list[_Row], cache, sizes: list[int], lora: dict, max_position: int):
+    """One base pass over [root] + the best `sizes[i]` nodes of row i; logits and features at each."""
+    chosen = [_select(r, size) for r, size in zip(state, sizes)]
     counts = np.array([1 + len(c) for c in chosen], dtype=np.int32)
     width = int(counts.max())
     batch = len(state)
@@ -322,17 +270,18 @@ def _verify(model: Model, state: list[_Row], cache, spec: SpecConfig, extra: dic
         for j in range(counts[i], width):
             mask[i, j, j] = True
     past = np.array([r.committed for r in state], dtype=np.int32)
-    logits = np.empty((batch, width, model.dims["vocab_size"]), dtype=np.float32)
-    features = np.empty((batch, width, model.feature_width), dtype=model.embedding.dtype)
-    model.engine.run(model.embedding[tokens], positions, past, counts,
-                     np.broadcast_to(np.arange(width, dtype=np.int32), (batch, width)), cache, logits, extra,
-                     {TREE_MASK: mask}, {FEATURES: features})
-    return logits, features, chosen
+    step = Step(model.embedding[tokens], positions, past, counts,
+                np.broadcast_to(np.arange(width, dtype=np.int32), (batch, width)),
+                np.empty((batch, width, model.vocab_size), dtype=np.float32), {TREE_MASK: mask},
+                {FEATURES: np.empty((batch, width, model.feature_width), dtype=model.embedding.dtype)})
+    model.engine.run(step, cache, lora)
+    return step.logits, step.outputs[FEATURES], chosen
 
 
-def _accept(model: Model, s: Sequence, r: _Row, nodes: list[int], logits: np.ndarray, sampler: Sampler,
-            row: int, num_logprobs: int) -> tuple[list[int], list[int], bool]:
+def _accept(model: Model, request, r: _Row, nodes: list[int], logits: np.ndarray,
+            sampler: Sampler) -> tuple[list[int], list[int], bool]:
     """Walk the verified tree from the root; returns (emitted tokens, accepted nodes, finished)."""
+    s, row, num_logprobs = request.sequence, request.row, request.num_logprobs
     children: dict[int, dict[int, int]] = {}
     for j, n in enumerate(nodes):
         children.setdefault(r.tree[n].parent, {})[r.tree[n].token] = n
@@ -344,7 +293,7 @@ def _accept(model: Model, s: Sequence, r: _Row, nodes: list[int], logits: np.nda
         if num_logprobs:
             record_step(s, step_logits, token, num_logprobs)
         emitted.append(token)
-        if append_token(model, s, token, time.perf_counter()):
+        if append_token(model.eos, s, token, time.perf_counter()):
             return emitted, path, True
         child = children.get(node, {}).get(token)
         if child is None:

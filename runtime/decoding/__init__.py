@@ -1,0 +1,15 @@
+"""Decoding strategies: how EngineCore (runtime/engine_core.py) turns a running batch into tokens.
+
+A strategy is one object with:
+    extra_slots                      KV slots a row needs beyond its prompt and max_new_tokens
+    reserve(core, need)              size its own pools (rows aligned with the core's KV pool)
+    prefill(core, admitted, start)   the first pass of the requests just admitted (running rows
+                                     start ..); returns the running indexes that finished
+    step(core)                       one decode step of every running row; the same return
+    leave(keep)                      running rows `keep` stay (ascending): drop the others' state
+
+`vanilla.py` emits one token per row per step; `eagle.py` drafts a tree with the EAGLE3 draft and
+verifies it in one base pass. Both draw every token from the base model's own distribution with the
+request's sampler, so they emit the same tokens. A new strategy is one file here, chosen where the
+Runner makes its EngineCore (`Runner.strategy`).
+"""

@@ -1,0 +1,41 @@
+"""Vanilla decoding: every step, one token for every running row."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trt_llm.runtime.decoding.prefill import prefill
+from trt_llm.runtime.step import Step
+
+
+class Vanilla:
+    extra_slots = 0
+
+    def __init__(self):
+        self._logits: np.ndarray | None = None  # reused while the batch stays the same size
+
+    def reserve(self, core, need: int) -> None:
+        pass
+
+    def prefill(self, core, admitted, start: int) -> list[int]:
+        window = core.cache.window(start, len(core.scheduler.running))
+        done = prefill(core.model, [r.sequence for r in admitted], window, core.lora_window(start), core.stage,
+                       core.profiler)
+        return core.sample(admitted, done.logits[:, 0], first=start)
+
+    def step(self, core) -> list[int]:
+        running, model = core.scheduler.running, core.model
+        last = np.array([r.sequence.generated[-1] for r in running], dtype=np.int64)
+        past = np.array([r.sequence.length - 1 for r in running], dtype=np.int32)
+        if self._logits is None or len(self._logits) != len(running):
+            self._logits = np.empty((len(running), 1, model.vocab_size), dtype=np.float32)
+        step = Step.decode(model.embedding[last][:, None], past, self._logits)
+        step.inputs, step.outputs = model.eagle_io(len(running), 1)
+        with core.stage("decode_step"):
+            model.engine.run(step, core.cache, core.lora_inputs)
+        if core.profiler:
+            core.profiler.count("decode_tokens", len(running))
+        return core.sample(running, self._logits[:, 0], first=0)
+
+    def leave(self, keep: list[int]) -> None:
+        pass
