@@ -62,9 +62,12 @@ class RequestPreparer:
         self.prefix_stats = prefix_stats  # counts "fallbacks": prompts whose system prompt cannot be reused
         self._adapters: dict[tuple[str, str], LoraAdapter | LoraError] = {}  # read once per path
 
-    def prepare(self, index: int, request: Request, settings: InputSettings, formatter: PromptFormatter) -> Prepared:
-        """Raises PromptError or ValueError naming requests[index] and the field."""
-        where = f"requests[{index}]"
+    def prepare(self, index: int, request: Request, settings: InputSettings, formatter: PromptFormatter,
+                where: str | None = None, warn_clamp: bool = True) -> Prepared:
+        """Raises PromptError or ValueError naming `where` (default requests[index]) and the field.
+        warn_clamp: log when the KV capacity clamps max_generate_length (a server asking for "as
+        many as fit" does not want the warning)."""
+        where = f"requests[{index}]" if where is None else where
         adapter = None
         if request.lora_name is not None:
             adapter = self._adapter(where, request.lora_name, settings.available_lora_weights[request.lora_name])
@@ -80,7 +83,7 @@ class RequestPreparer:
             raise ValueError(f"{where}: the prompt is empty after formatting")
         capacity = self.limits["max_kv_cache_capacity"]
         max_new = min(settings.max_generate_length, capacity - prompt_len)
-        if max_new < settings.max_generate_length:
+        if max_new < settings.max_generate_length and warn_clamp:
             log.warning("%s: max_generate_length %d clamped to %d by the KV cache capacity %d "
                         "(prompt %d tokens)", where, settings.max_generate_length, max_new, capacity, prompt_len)
         bias = request.resolved_logit_bias(settings)

@@ -1,0 +1,394 @@
+"""The OpenAI-compatible HTTP app: routes, errors in OpenAI's shape, streaming, auth and limits.
+
+    GET  /health                 liveness (no key needed)
+    GET  /v1/models              the served model and its LoRA adapters
+    POST /v1/chat/completions    chat (the chat template applies), streamed with SSE on request
+    POST /v1/completions         a raw prompt
+    GET  /metrics                Prometheus text format
+
+Every refusal is an OpenAI error object ({"error": {"message", "type", "param", "code"}}) with a 4xx
+status: 400 a body that does not validate (the message names the field), 401 a missing or wrong
+key, 404 an unknown model, 413 a body over the limit, 429 a full queue (with Retry-After), 504 a
+request past its timeout. A 5xx means the engine itself failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from trt_llm.runtime.prompt import PromptError, PromptFormatter
+from trt_llm.runtime.sequence import MAX_LENGTH
+from trt_llm.server.convert import BadRequest, convert
+from trt_llm.server.engine import Job, QueueFull, ServingEngine, Update
+from trt_llm.server.metrics import Metrics
+from trt_llm.server.protocol import ChatCompletionRequest, CompletionRequest
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error",
+               504: "timeout_error"}
+
+
+@dataclass
+class ServerConfig:
+    model_name: str
+    lora: dict[str, str] = field(default_factory=dict)  # served adapter name -> its folder
+    api_keys: tuple[str, ...] = ()  # none: no key needed
+    max_body_bytes: int = 4 << 20
+    max_rows: int = 8  # requests decoding together (at most the engine's max_batch_size)
+    max_waiting: int = 256  # requests queued for a row before 429
+    request_timeout_s: float | None = None
+    media_root: Path | None = None  # --allowed-local-media-path
+    cors_origins: tuple[str, ...] = ()
+    save_prefixes: bool = True
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
+                   headers: dict | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"), "param": param,
+                      "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def create_app(runner, config: ServerConfig) -> FastAPI:
+    """runner: a runtime.runner.Runner on the engine directory (its model, draft, tokenizer)."""
+    metrics = Metrics()
+    engine = ServingEngine(runner, config.max_rows, config.max_waiting, metrics, config.save_prefixes)
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        yield
+        engine.close()
+
+    app = FastAPI(title="trt-llm", version="1", summary="OpenAI-compatible chat and completions", lifespan=lifespan)
+    app.state.engine, app.state.metrics, app.state.config = engine, metrics, config
+    capacity = runner.limits["max_kv_cache_capacity"]
+
+    @app.exception_handler(HttpError)
+    async def _http_error(_request, error: HttpError):
+        return error_response(error.status, error.message, error.param, error.code, error.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request, error: RequestValidationError):
+        return error_response(400, *_validation_message(error.errors()))
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        created = int(runner.engine_dir.path.stat().st_mtime)
+        data = [{"id": config.model_name, "object": "model", "created": created, "owned_by": "trt-llm"}]
+        data += [{"id": name, "object": "model", "created": created, "owned_by": "trt-llm",
+                  "parent": config.model_name} for name in config.lora]
+        return {"object": "list", "data": data}
+
+    @app.get("/metrics")
+    async def prometheus():
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        return await _complete(body, request, "/v1/chat/completions")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        return await _complete(body, request, "/v1/completions")
+
+    async def _complete(body, request: Request, route: str):
+        try:
+            job = await _submit(body)
+        except HttpError as error:
+            metrics.requests.labels(route, str(error.status)).inc()
+            raise
+        answer = _Answer(body, job, runner, config.model_name)
+        if body.stream:
+            metrics.requests.labels(route, "200").inc()
+            return StreamingResponse(_stream(job, answer, request), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        try:
+            await _wait(job, request, answer)
+        except HttpError as error:
+            metrics.requests.labels(route, str(error.status)).inc()
+            raise
+        metrics.requests.labels(route, "200").inc()
+        return answer.whole()
+
+    async def _submit(body) -> Job:
+        if body.model != config.model_name and body.model not in config.lora:
+            raise HttpError(404, f"model {body.model!r} is not served here (GET /v1/models lists them)", "model",
+                            "model_not_found")
+        if isinstance(body, ChatCompletionRequest) and body.response_format is not None \
+                and body.response_format.type != "text":
+            raise HttpError(400, f"response_format {body.response_format.type!r} is not supported by this server",
+                            "response_format", "unsupported_parameter")
+        try:
+            converted = convert(body, config.lora, capacity, config.media_root)
+            formatter = PromptFormatter(runner.tokenizer, converted.chat, True, converted.settings.enable_thinking)
+            # Tokenizing a long prompt takes milliseconds: off the event loop.
+            prepared = await run_in_threadpool(runner.preparer.prepare, 0, converted.request, converted.settings,
+                                               formatter, "request", body.new_tokens is not None)
+        except BadRequest as error:
+            raise HttpError(error.status, str(error), error.param, error.code) from None
+        except (PromptError, ValueError) as error:
+            raise HttpError(400, *_preparation_message(str(error))) from None
+        prepared.num_logprobs = body.num_logprobs
+        job = Job(prepared, asyncio.get_running_loop())
+        try:
+            engine.submit(job)
+        except QueueFull as error:
+            raise HttpError(429, f"the server is busy: {error}; retry shortly", code="queue_full",
+                            headers={"Retry-After": "1"}) from None
+        metrics.prompt_tokens.inc(len(prepared.sequence.prompt_ids))
+        return job
+
+    async def _next(job: Job, request: Request) -> Update:
+        """The job's next update; aborts it when the client left or its time is up."""
+        deadline = job.submitted + config.request_timeout_s if config.request_timeout_s else None
+        while True:
+            try:
+                update = await asyncio.wait_for(job.updates.get(), timeout=0.25)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    engine.abort(job)
+                    raise asyncio.CancelledError from None
+                if deadline is not None and time.perf_counter() > deadline:
+                    engine.abort(job)
+                    raise HttpError(504, f"the request took longer than {config.request_timeout_s:g} s "
+                                         "(--request-timeout)", code="timeout") from None
+                continue
+            if update.error:
+                raise HttpError(503, update.error, code="engine_failed")
+            return update
+
+    async def _wait(job: Job, request: Request, answer: "_Answer") -> None:
+        while True:
+            update = await _next(job, request)
+            answer.add(update)
+            if update.finished:
+                return
+
+    async def _stream(job: Job, answer: "_Answer", request: Request):
+        finished = False
+        try:
+            yield _sse(answer.chunk(Update([], ""), first=True))
+            while not finished:
+                try:
+                    update = await _next(job, request)
+                except HttpError as error:  # past its timeout, or the engine failed: say so, then end
+                    yield _sse({"error": {"message": error.message, "type": ERROR_TYPES.get(error.status),
+                                          "param": None, "code": error.code}})
+                    finished = True
+                    break
+                span = answer.add(update)
+                finished = update.finished
+                if update.text or (update.token_ids and answer.with_logprobs) or finished:
+                    yield _sse(answer.chunk(update, span))
+            if answer.include_usage:
+                yield _sse(answer.usage_chunk())
+            yield "data: [DONE]\n\n"
+        finally:
+            if not finished:  # the client went away mid-stream: free its row now
+                engine.abort(job)
+
+    _add_limits(app, config)
+    return app
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def _preparation_message(message: str) -> tuple[str, str | None]:
+    """The preparer names the field after "request." (runtime/requests.py): the message without that
+    prefix and the field as OpenAI's error.param."""
+    message = message.removeprefix("request.").removeprefix("request: ")
+    field, sep, _ = message.partition(":")
+    return message, field if sep and " " not in field else None
+
+
+def _validation_message(errors) -> tuple[str, str | None]:
+    first = errors[0]
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(location) or None
+    if first.get("type") == "json_invalid":
+        return f"the body is not valid JSON: {first.get('msg')}", None
+    if first.get("type") == "extra_forbidden":
+        return f"{param}: unknown or unsupported parameter", param
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{param or 'body'}: {first.get('msg')}{more}", param
+
+
+class _Answer:
+    """One request's answer as it grows: the whole response, or its stream of chunks."""
+
+    def __init__(self, body, job: Job, runner, model_name: str):
+        self.body, self.job, self.token_bytes, self.model = body, job, runner.token_bytes, model_name
+        self.chat = isinstance(body, ChatCompletionRequest)
+        self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.text = ""
+        self.tokens = 0  # tokens received so far
+        self.with_logprobs = body.logprobs is not None and body.logprobs is not False
+        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        self._offset = 0  # completions' text_offset of the next token
+
+    @property
+    def sequence(self):
+        return self.job.prepared.sequence
+
+    def add(self, update: Update) -> tuple[int, int]:
+        """Take an update; returns the range of token indexes it brought."""
+        self.text += update.text
+        start = self.tokens
+        self.tokens += len(update.token_ids)
+        return start, self.tokens
+
+    def whole(self) -> dict:
+        s = self.sequence
+        logprobs = self._logprobs(0, len(s.generated))
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": self.text}, "logprobs": logprobs,
+                      "finish_reason": self._finish_reason()}
+        else:
+            choice = {"index": 0, "text": self.text, "logprobs": logprobs, "finish_reason": self._finish_reason()}
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [choice], "usage": self._usage()}
+
+    def chunk(self, update: Update, span: tuple[int, int] | None = None, first: bool = False) -> dict:
+        finish = self._finish_reason() if update.finished else None
+        logprobs = self._logprobs(*span) if span and span[1] > span[0] else None
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if first else ({"content": update.text} if update.text else {})
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": update.text, "logprobs": logprobs, "finish_reason": finish}
+        chunk = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                 "created": self.created, "model": self.model, "choices": [choice]}
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def usage_chunk(self) -> dict:
+        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [], "usage": self._usage()}
+
+    def _finish_reason(self) -> str:
+        return "length" if self.sequence.finish_reason == MAX_LENGTH else "stop"
+
+    def _usage(self) -> dict:
+        s = self.sequence
+        reused = len(s.reused.token_ids) if s.reused is not None else 0
+        prompt, completion = len(s.prompt_ids), len(s.generated)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": reused}}
+
+    def _logprobs(self, start: int, stop: int):
+        if not self.with_logprobs:
+            return None
+        s, tb = self.sequence, self.token_bytes
+        rows = zip(s.generated[start:stop], s.token_logprobs[start:stop], s.top_logprobs[start:stop])
+        if self.chat:
+            k = self.body.top_logprobs or 0
+            return {"content": [
+                {"token": tb.text_of(t), "logprob": lp, "bytes": list(tb.bytes_of(t)),
+                 "top_logprobs": [{"token": tb.text_of(c), "logprob": v, "bytes": list(tb.bytes_of(c))}
+                                  for c, v in zip(top_ids[:k], top_values[:k])]}
+                for t, lp, (top_ids, top_values) in rows]}
+        k = self.body.logprobs
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for t, lp, (top_ids, top_values) in rows:
+            out["tokens"].append(tb.text_of(t))
+            out["token_logprobs"].append(lp)
+            out["top_logprobs"].append({tb.text_of(c): v for c, v in zip(top_ids[:k], top_values[:k])})
+            out["text_offset"].append(self._offset)
+            self._offset += len(tb.text_of(t))
+        return out
+
+
+def _add_limits(app: FastAPI, config: ServerConfig) -> None:
+    """The API key, the body size limit and (only when asked for) CORS, as ASGI middleware."""
+    if config.cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(BodyLimit, limit=config.max_body_bytes)
+    if config.api_keys:
+        app.add_middleware(ApiKey, keys=config.api_keys)
+
+
+class ApiKey:
+    """`Authorization: Bearer KEY` on every route but /health; keys compared in constant time."""
+
+    def __init__(self, app, keys: tuple[str, ...]):
+        self.app, self.keys = app, [k.encode() for k in keys]
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] == "/health" or scope["method"] == "OPTIONS":
+            return await self.app(scope, receive, send)
+        header = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, given = header.partition(b" ")
+        # Every key is compared (no early exit), each in constant time: the answer's timing says nothing.
+        matches = [hmac.compare_digest(given.strip(), key) for key in self.keys]
+        if scheme.lower() != b"bearer" or not any(matches):
+            response = error_response(401, "a valid API key is needed: Authorization: Bearer <key>",
+                                      code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            return await response(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+class BodyLimit:
+    """413 for a body over `limit` bytes, by its Content-Length or, without one, as it arrives."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        too_large = error_response(413, f"the body is larger than {self.limit} bytes (--max-body-bytes)",
+                                   code="body_too_large")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            return await too_large(scope, receive, send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge
+            return message
+
+        try:
+            return await self.app(scope, limited, send)
+        except _TooLarge:
+            return await too_large(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass

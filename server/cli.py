@@ -1,0 +1,116 @@
+"""`trt-llm-serve --engine-dir DIR`: the OpenAI-compatible server (needs the `server` extra).
+
+Binds 127.0.0.1 unless told otherwise. Exit status 2 when the engine directory or a flag is unusable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from trt_llm.runtime.cli_args import OneLineParser, capped_threads, positive_int
+
+PROG = "trt-llm-serve"
+EXIT_UNUSABLE = 2
+
+
+def parse_args(argv: list[str] | None):
+    p = OneLineParser(prog=PROG, description="Serve an engine over an OpenAI-compatible HTTP API.")
+    p.add_argument("--engine-dir", required=True, help="engine directory from trt-llm-build")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model-name", help="the model's name in the API (default: the engine directory's name)")
+    p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+                   help="serve a LoRA adapter as model NAME (repeatable)")
+    p.add_argument("--api-key", action="append", default=[], help="a key clients must send (repeatable)")
+    p.add_argument("--api-key-file", type=Path, help="a file of keys, one per line")
+    p.add_argument("--max-batch-size", type=positive_int, help="requests decoding together (default: the engine's)")
+    p.add_argument("--max-queue", type=positive_int, default=256, help="requests waiting for a row before 429")
+    p.add_argument("--max-body-bytes", type=positive_int, default=4 << 20)
+    p.add_argument("--request-timeout", type=float, default=None, help="seconds before a request is aborted (504)")
+    p.add_argument("--allowed-local-media-path", type=Path, help="folder local image/audio paths may come from")
+    p.add_argument("--cors-origin", action="append", default=[], help="allow browser calls from this origin")
+    p.add_argument("--no-prefix-cache", action="store_true", help="do not keep system prompts' KV across requests")
+    p.add_argument("--no-spec-decode", action="store_true", help="vanilla decoding even with an EAGLE draft")
+    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all physical cores)")
+    p.add_argument("--ray-replicas", type=positive_int, default=None,
+                   help="serve N replicas on Ray Serve (the `ray` extra) instead of one process")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p.parse_args(argv)
+
+
+def server_config(args, engine_dir):
+    from trt_llm.server.app import ServerConfig
+
+    keys = list(args.api_key)
+    if args.api_key_file is not None:
+        try:
+            keys += [line.strip() for line in args.api_key_file.read_text().splitlines() if line.strip()]
+        except OSError as error:
+            raise ValueError(f"--api-key-file {args.api_key_file}: {error.strerror}") from None
+    lora = {}
+    for item in args.lora:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--lora {item!r}: expected NAME=PATH")
+        lora[name] = path
+    limit = engine_dir.limits["max_batch_size"]
+    rows = args.max_batch_size or limit
+    if rows > limit:
+        raise ValueError(f"--max-batch-size {rows} exceeds the engine's max_batch_size {limit}")
+    media = args.allowed_local_media_path
+    if media is not None and not media.is_dir():
+        raise ValueError(f"--allowed-local-media-path {media}: not a folder")
+    return ServerConfig(model_name=args.model_name or engine_dir.path.name, lora=lora, api_keys=tuple(keys),
+                        max_body_bytes=args.max_body_bytes, max_rows=rows, max_waiting=args.max_queue,
+                        request_timeout_s=args.request_timeout, media_root=media,
+                        cors_origins=tuple(args.cors_origin), save_prefixes=not args.no_prefix_cache)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format=f"{PROG}: %(levelname)s: %(message)s")
+    log = logging.getLogger(PROG)
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn
+    except ImportError:
+        log.error("the server needs its extra: pip install 'trt-llm[server]'")
+        return EXIT_UNUSABLE
+    from trt_llm.runtime.engine_dir import EngineDir, EngineDirError
+
+    try:
+        engine_dir = EngineDir.open(args.engine_dir)
+        config = server_config(args, engine_dir)
+        if args.ray_replicas:
+            from trt_llm.server.ray_app import serve_on_ray
+
+            return serve_on_ray(args, config)
+        app = build_app(engine_dir, config, capped_threads(args.threads) or 0, not args.no_spec_decode)
+    except (EngineDirError, ValueError) as error:
+        log.error("%s", error)
+        return EXIT_UNUSABLE
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not config.api_keys:
+        log.warning("listening on %s without an API key: anyone who reaches this address can use the model",
+                    args.host)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning")
+    return 0
+
+
+def build_app(engine_dir, config, threads: int, spec_decode: bool = True):
+    """The app on a fresh Runner (the model loaded once, its draft when it has one)."""
+    from trt_llm.runtime.runner import Runner
+    from trt_llm.server.app import create_app
+
+    for name, path in config.lora.items():
+        if not os.path.isdir(path):
+            raise ValueError(f"--lora {name}={path}: no such folder")
+    runner = Runner(engine_dir, threads=threads, spec_decode=spec_decode, scheduling="continuous")
+    return create_app(runner, config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

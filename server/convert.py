@@ -1,0 +1,115 @@
+"""An OpenAI body -> the input file's `Request` and `InputSettings` (schemas/input_file.py), so that the
+server prepares, limits and samples a request exactly as `trt-llm-run` does."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from trt_llm.schemas._errors import format_errors
+from trt_llm.schemas.input_file import InputSettings, Request
+from trt_llm.server.protocol import ChatCompletionRequest, CompletionRequest
+
+
+class BadRequest(ValueError):
+    """A request the server refuses with 400; `param` names the field (OpenAI's error.param)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.param, self.code, self.status = param, code, status
+
+
+@dataclass
+class Converted:
+    request: Request
+    settings: InputSettings
+    chat: bool  # the chat template applies (chat completions) or the prompt is raw (completions)
+
+
+def convert(body: ChatCompletionRequest | CompletionRequest, lora: dict[str, str], capacity: int,
+            media_root: Path | None) -> Converted:
+    """lora: the served adapters, model name -> path (a body's `model` naming one selects it);
+    capacity: the engine's KV capacity (max_tokens absent = as many as fit); media_root: the folder
+    local media paths may come from (None: no local paths)."""
+    chat = isinstance(body, ChatCompletionRequest)
+    if chat:
+        messages = [_message(i, m, media_root) for i, m in enumerate(body.messages)]
+    else:
+        messages = [{"role": "user", "content": body.text}]
+    if body.stop is not None and isinstance(body.stop, list) and not body.stop:
+        body.stop = None
+    request = {"messages": messages, "disable_spec_decode": body.disable_spec_decode,
+               "num_logprobs": body.num_logprobs}
+    if body.stop is not None:
+        request["stop"] = body.stop
+    if body.logit_bias:
+        request["logit_bias"] = body.logit_bias
+    if body.model in lora:
+        request["lora_name"] = body.model
+    settings = {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
+                "max_generate_length": body.new_tokens or capacity, "seed": body.seed,
+                "apply_chat_template": chat, "add_generation_prompt": True,
+                "enable_thinking": body.thinking if chat else False, "available_lora_weights": lora}
+    return Converted(_validated(Request, request), _validated(InputSettings, settings), chat)
+
+
+def _validated(model, data: dict):
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise BadRequest("; ".join(format_errors(error)[:3]), param=".".join(map(str, first["loc"]))) from None
+
+
+def _message(index: int, message, media_root: Path | None) -> dict:
+    role = "system" if message.role == "developer" else message.role  # OpenAI's newer name for it
+    if isinstance(message.content, str):
+        return {"role": role, "content": message.content}
+    parts = []
+    for j, part in enumerate(message.content):
+        where = f"messages[{index}].content[{j}]"
+        if part.type == "text":
+            parts.append({"type": "text", "text": part.text})
+        elif part.type == "image_url":
+            parts.append({"type": "image", "image": media_source(part.image_url.url, media_root, f"{where}.image_url.url")})
+        else:
+            try:
+                base64.b64decode(part.input_audio.data, validate=True)
+            except (binascii.Error, ValueError):
+                raise BadRequest(f"{where}.input_audio.data: not base64", param=f"{where}.input_audio.data") from None
+            parts.append({"type": "audio", "audio": f"data:audio/{part.input_audio.format};base64,{part.input_audio.data}"})
+    return {"role": role, "content": parts}
+
+
+def media_source(url: str, media_root: Path | None, param: str) -> str:
+    """A media URL as the request may give it: a base64 data: URL, or a local file inside the allowed
+    folder (a path or file:// URL; `..` and symlinks that lead out of the folder are refused).
+    Never fetched from the network."""
+    if url.startswith("data:"):
+        header, sep, payload = url.partition(",")
+        if not sep or not header.endswith(";base64"):
+            raise BadRequest(f"{param}: a data URL must be base64 (data:<type>;base64,...)", param=param)
+        try:
+            base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise BadRequest(f"{param}: the data URL's payload is not base64", param=param) from None
+        return url
+    if url.startswith(("http://", "https://")):
+        raise BadRequest(f"{param}: this server fetches nothing from the network; send the bytes as a data URL",
+                         param=param)
+    if media_root is None:
+        raise BadRequest(f"{param}: local media paths are off (start the server with --allowed-local-media-path)",
+                         param=param, status=403)
+    path = Path(url.removeprefix("file://"))
+    if not path.is_absolute():
+        path = media_root / path
+    resolved = path.resolve()  # follows symlinks: a link out of the folder resolves out of it
+    if not resolved.is_relative_to(media_root.resolve()):
+        raise BadRequest(f"{param}: {url!r} is outside the allowed media folder", param=param, status=403)
+    if not resolved.is_file():
+        raise BadRequest(f"{param}: no such file {url!r} in the allowed media folder", param=param)
+    return str(resolved)

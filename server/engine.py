@@ -1,0 +1,168 @@
+"""In-flight batching for the server: one EngineCore (continuous policy) on a thread of its own.
+
+Requests arrive from the event loop (`submit`), join the running batch between steps, and every step
+reports each request's new tokens back to its asyncio queue; a request that is cancelled (its client
+went away, its timeout passed) is aborted at the next step boundary and its row freed at once. The
+engine thread is the only one that touches the core, the caches and the sampler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from trt_llm.runtime.engine_core import EngineRequest
+from trt_llm.runtime.requests import Prepared
+from trt_llm.runtime.threads import single_threaded_host_math
+
+log = logging.getLogger(__name__)
+
+
+class QueueFull(RuntimeError):
+    """More requests are waiting than the server takes (answered 429)."""
+
+
+@dataclass
+class Update:
+    """What a step did for one request: its new tokens and the new final text."""
+    token_ids: list[int]
+    text: str
+    finished: bool = False
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class Job:
+    prepared: Prepared
+    loop: asyncio.AbstractEventLoop
+    updates: asyncio.Queue = field(default_factory=asyncio.Queue)
+    submitted: float = field(default_factory=time.perf_counter)
+    id: int = field(default_factory=itertools.count().__next__)
+    reported: int = 0  # tokens handed out so far
+    last_report: float | None = None
+
+    def send(self, update: Update) -> None:
+        self.loop.call_soon_threadsafe(self.updates.put_nowait, update)
+
+
+class ServingEngine:
+    def __init__(self, runner, max_rows: int, max_waiting: int, metrics, save_prefixes: bool = True):
+        """runner: a runtime.runner.Runner (the model, its draft, the preparer, the prefix cache);
+        save_prefixes: a request's system prompt is kept for the next one that starts with it."""
+        self.runner, self.max_rows, self.max_waiting = runner, max_rows, max_waiting
+        self.metrics = metrics
+        self.save_prefixes = save_prefixes
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._jobs: dict[int, Job] = {}  # in the core (engine thread only)
+        self._pending: set[int] = set()  # submitted and not yet admitted to a row (for 429s)
+        self._lock = threading.Lock()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="trt-llm-engine", daemon=True)
+        self._thread.start()
+
+    # -- the event loop's side --------------------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            if len(self._pending) >= self.max_waiting:
+                raise QueueFull(f"{len(self._pending)} requests are waiting (the server queues {self.max_waiting})")
+            self._pending.add(job.id)
+            self.metrics.queue_depth.set(len(self._pending))
+        self._inbox.put(("add", job))
+        self._wake.set()
+
+    def abort(self, job: Job) -> None:
+        self._inbox.put(("abort", job))
+        self._wake.set()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._pending)
+
+    def close(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    # -- the engine thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        core = self.runner.engine_core(self.max_rows, "continuous")
+        with single_threaded_host_math():
+            while not self._stop:
+                self._drain(core)
+                if not core.has_unfinished():
+                    self._wake.wait(timeout=1.0)
+                    self._wake.clear()
+                    continue
+                try:
+                    finished = core.step()
+                except Exception as error:  # noqa: BLE001 - the engine failed: its requests fail, serving goes on
+                    log.error("a step failed with %d requests in flight: %s", len(self._jobs), error)
+                    log.info("the step's traceback:", exc_info=True)
+                    for job in self._jobs.values():
+                        job.send(Update([], "", finished=True, error=f"the engine failed: {error}"))
+                    self._not_pending(list(self._jobs))
+                    self._jobs.clear()
+                    core = self.runner.engine_core(self.max_rows, "continuous")
+                    continue
+                in_rows = [*core.scheduler.running, *finished]
+                self._not_pending([r.id for r in in_rows])
+                done = {r.id for r in finished}
+                for request in in_rows:
+                    self._report(request, request.id in done)
+                self.metrics.rows_in_flight.set(len(core.scheduler.running))
+
+    def _not_pending(self, ids) -> None:
+        with self._lock:
+            self._pending.difference_update(ids)
+            self.metrics.queue_depth.set(len(self._pending))
+
+    def _drain(self, core) -> None:
+        while True:
+            try:
+                action, job = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if action == "add":
+                p = job.prepared
+                p.save_group = self.save_prefixes
+                self.runner.attach_prefix(p)
+                self._jobs[job.id] = job
+                core.add_request(EngineRequest(job.id, p.sequence, p.params, p.seed, p.num_logprobs, p.adapter,
+                                               speculate=not p.request.disable_spec_decode))
+            elif job.id in self._jobs:  # an abort of a request still waiting or running
+                core.abort(job.id)
+                del self._jobs[job.id]
+                self._not_pending([job.id])
+                self.metrics.aborted.inc()
+                self.metrics.rows_in_flight.set(len(core.scheduler.running))
+
+    def _report(self, request: EngineRequest, finished: bool) -> None:
+        job = self._jobs.get(request.id)
+        if job is None:
+            return
+        s = request.sequence
+        new = s.generated[job.reported:]
+        if not new and not finished:
+            return
+        now = time.perf_counter()
+        if job.reported == 0 and new:
+            self.metrics.time_to_first_token.observe(now - job.submitted)
+        elif new and job.last_report is not None:
+            for _ in new:  # an EAGLE round yields several: each gets its share of the interval
+                self.metrics.inter_token_latency.observe((now - job.last_report) / len(new))
+        job.reported, job.last_report = len(s.generated), now
+        self.metrics.generation_tokens.inc(len(new))
+        if finished:
+            s.detokenizer.finish()
+            if s.saved is not None:  # its system prompt, for the next request that starts with it
+                self.runner.prefix_cache.put(job.prepared.request.lora_name, s.saved)
+            del self._jobs[request.id]
+        job.send(Update(list(new), s.detokenizer.delta(), finished=finished))

@@ -1,0 +1,156 @@
+"""The OpenAI-compatible request bodies, and how each becomes the input file's Request and settings.
+
+A body is validated here (pydantic: the OpenAPI schema FastAPI publishes is these models), then
+converted into the same `Request` / `InputSettings` that `trt-llm-run` reads, so a request is
+prepared, limited and sampled exactly as the input file's would be (runtime/requests.py).
+
+Unknown fields are refused (400 naming the field) rather than silently ignored, except a few that
+only describe the caller (`user`, `metadata`, `store`, `service_tier`). A parameter this server
+cannot honour (n > 1, penalties, tools, echo, suffix, best_of) is refused, never dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from trt_llm.schemas.input_file import MAX_LOGIT_BIAS, MAX_TEXT_BYTES
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
+MAX_COMPLETION_LOGPROBS = 5  # ... and on the legacy completions' logprobs
+CALLER_FIELDS = ("user", "metadata", "store", "service_tier")  # accepted and ignored
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str = Field(max_length=MAX_TEXT_BYTES)
+
+
+class ImageUrl(_Body):
+    url: str = Field(min_length=1, description="a data: URL, or a file path under --allowed-local-media-path")
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(_Body):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+class InputAudio(_Body):
+    data: str = Field(min_length=1, description="base64 audio bytes")
+    format: Literal["wav", "mp3", "flac"]
+
+
+class AudioPart(_Body):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+ContentPart = Annotated[Union[TextPart, ImagePart, AudioPart], Field(discriminator="type")]
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart]
+    name: str | None = None
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class ChatTemplateKwargs(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    enable_thinking: bool | None = None
+
+
+class _Sampling(_Body):
+    """The sampling fields both endpoints share; the defaults are OpenAI's."""
+
+    model: str = Field(min_length=1)
+    temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
+    top_k: int = Field(0, ge=0, description="extension: 0 = off")
+    max_tokens: int | None = Field(None, ge=1)
+    stop: str | list[Annotated[str, Field(min_length=1)]] | None = None
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    logit_bias: dict[str, Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]] | None = None
+    n: Literal[1] = Field(1, description="one choice per request")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: Literal[0, 0.0] = 0
+    frequency_penalty: Literal[0, 0.0] = 0
+    disable_spec_decode: bool = Field(False, description="extension: vanilla decoding for this request")
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+
+    @model_validator(mode="after")
+    def _options_need_stream(self):
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options needs stream: true")
+        return self
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: ResponseFormat | None = None
+    enable_thinking: bool | None = Field(None, description="extension: the chat template's thinking switch")
+    chat_template_kwargs: ChatTemplateKwargs | None = None
+
+    @model_validator(mode="after")
+    def _logprobs(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    @property
+    def new_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def thinking(self) -> bool:
+        if self.enable_thinking is not None:
+            return self.enable_thinking
+        kwargs = self.chat_template_kwargs
+        return bool(kwargs and kwargs.enable_thinking)
+
+    @property
+    def num_logprobs(self) -> int:
+        """K for the engine: the sampled token's logprob needs at least one candidate recorded."""
+        return max(1, self.top_logprobs or 0) if self.logprobs else 0
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] = Field(
+        description="one raw prompt (a list of one string is accepted)")
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    echo: Literal[False] = False
+    suffix: None = None
+    best_of: Literal[1] | None = None
+
+    @property
+    def new_tokens(self) -> int | None:
+        return self.max_tokens
+
+    @property
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+    @property
+    def num_logprobs(self) -> int:
+        return 0 if self.logprobs is None else max(1, self.logprobs)

@@ -1,0 +1,244 @@
+"""trt-llm-serve against the official `openai` client on loopback: answers equal trt-llm-run's on the
+same request (greedy and seeded, logprobs, stop, logit_bias, a LoRA adapter as a model name),
+streamed deltas join to the same text, many concurrent clients each get their alone-result, and bad
+requests get 4xx (never 500) without costing anyone else."""
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from helpers import PROMPTS, make_adapter
+from trt_llm.runtime.engine_dir import EngineDir
+from trt_llm.runtime.runner import Runner
+from trt_llm.schemas.input_file import parse_input_dict
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+from trt_llm.server.app import ServerConfig, create_app  # noqa: E402
+
+KEY = "test-key-123"
+
+
+@pytest.fixture(scope="module")
+def engine_and_adapter(tiny_model, build_engine_for, tmp_path_factory):
+    base = tiny_model("qwen3")
+    engine = build_engine_for(base, lora={"max_rank": 8})
+    adapter = make_adapter(base, tmp_path_factory.mktemp("adapter") / "a", seed=1)
+    return engine, adapter
+
+
+class LiveServer:
+    """uvicorn on a free loopback port, in a thread; stopped by close()."""
+
+    def __init__(self, app):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.app = app
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            assert time.time() < deadline, "the server did not start"
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def client(self, key=KEY):
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0)
+
+    def close(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def make_server(engine, adapter, **overrides):
+    runner = Runner(EngineDir.open(engine), threads=1, scheduling="continuous")
+    config = ServerConfig(model_name="tiny", lora={"ada": str(adapter)}, api_keys=(KEY,), max_rows=4,
+                          **overrides)
+    return LiveServer(create_app(runner, config))
+
+
+@pytest.fixture(scope="module")
+def server(engine_and_adapter):
+    live = make_server(*engine_and_adapter)
+    yield live
+    live.close()
+
+
+def run_file(engine, adapter, request: dict, **settings) -> dict:
+    """The same request through trt-llm-run's runner, alone: its response."""
+    data = {"batch_size": 1, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_generate_length": 16,
+            "available_lora_weights": {"ada": str(adapter)}, **settings, "requests": [request]}
+    loaded = parse_input_dict(json.loads(json.dumps(data)))
+    assert not loaded.errors, loaded.errors
+    return Runner(EngineDir.open(engine), threads=1).run(loaded, loaded.settings).responses[0]
+
+
+def chat(client, text, **kwargs):
+    return client.chat.completions.create(model=kwargs.pop("model", "tiny"),
+                                          messages=[{"role": "user", "content": text}], **kwargs)
+
+
+@pytest.mark.parametrize("settings, extra", [
+    ({"temperature": 0.0}, {}),
+    ({"temperature": 0.9, "top_p": 0.95, "seed": 7}, {}),
+    ({"temperature": 0.0}, {"stop": ["e"]}),
+    ({"temperature": 0.0}, {"logit_bias": {"100": 5.0, "7": -100.0}}),
+    ({"temperature": 0.0, "num_logprobs": 3}, {}),
+])
+def test_chat_equals_trt_llm_run(server, engine_and_adapter, settings, extra):
+    engine, adapter = engine_and_adapter
+    want = run_file(engine, adapter, {"messages": [{"role": "user", "content": PROMPTS[1]}], **extra}, **settings)
+    kwargs = {"temperature": settings["temperature"], "max_tokens": 16, **extra}
+    if "top_p" in settings:
+        kwargs["top_p"] = settings["top_p"]
+    if "seed" in settings:
+        kwargs["seed"] = settings["seed"]
+    if "num_logprobs" in settings:
+        kwargs.update(logprobs=True, top_logprobs=settings["num_logprobs"])
+    got = chat(server.client(), PROMPTS[1], **kwargs)
+    choice = got.choices[0]
+    assert choice.message.content == want.output_text
+    assert choice.finish_reason == ("length" if want.finish_reason == "max-length" else "stop")
+    assert got.usage.completion_tokens == want.generated_tokens and got.usage.prompt_tokens == want.prompt_tokens
+    if "num_logprobs" in settings:
+        entries = choice.logprobs.content
+        assert [e.logprob for e in entries] == pytest.approx([t.logprob for t in want.sampled_tokens], abs=1e-4)
+        for entry, candidates in zip(entries, want.logprobs):
+            assert [c.token for c in entry.top_logprobs] == [c.token for c in candidates]
+            assert [c.logprob for c in entry.top_logprobs] == pytest.approx([c.logprob for c in candidates], abs=1e-4)
+
+
+def test_lora_model_name_selects_the_adapter(server, engine_and_adapter):
+    engine, adapter = engine_and_adapter
+    want = run_file(engine, adapter, {"messages": [{"role": "user", "content": PROMPTS[0]}], "lora_name": "ada"},
+                    temperature=0.0)
+    base = chat(server.client(), PROMPTS[0], temperature=0, max_tokens=16).choices[0].message.content
+    tuned = chat(server.client(), PROMPTS[0], model="ada", temperature=0, max_tokens=16).choices[0].message.content
+    assert tuned == want.output_text and tuned != base
+    assert {m.id for m in server.client().models.list().data} == {"tiny", "ada"}
+
+
+def test_stream_deltas_join_to_the_whole_answer(server):
+    client = server.client()
+    whole = chat(client, PROMPTS[2], temperature=0, max_tokens=16, stop=["a"])
+    chunks = list(chat(client, PROMPTS[2], temperature=0, max_tokens=16, stop=["a"], stream=True,
+                       stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_completions_take_a_raw_prompt(server, engine_and_adapter):
+    engine, adapter = engine_and_adapter
+    want = run_file(engine, adapter, {"messages": [{"role": "user", "content": PROMPTS[3]}]}, temperature=0.0,
+                    apply_chat_template=False, num_logprobs=2)
+    got = server.client().completions.create(model="tiny", prompt=PROMPTS[3], temperature=0, max_tokens=16,
+                                             logprobs=2)
+    assert got.choices[0].text == want.output_text
+    assert got.choices[0].logprobs.token_logprobs == pytest.approx([t.logprob for t in want.sampled_tokens], abs=1e-4)
+
+
+def test_concurrent_clients_each_get_their_alone_result(server, engine_and_adapter):
+    """16 clients x 8 requests of mixed lengths at once: none lost, each greedy answer its alone one."""
+    engine, adapter = engine_and_adapter
+    prompts = [f"{PROMPTS[i % len(PROMPTS)]} {'and more ' * (i % 5)}({i})" for i in range(16 * 8)]
+    lengths = [4 + (i * 7) % 13 for i in range(len(prompts))]
+
+    async def one_client(client, mine):
+        out = []
+        for i in mine:
+            answer = await client.chat.completions.create(model="tiny", temperature=0, max_tokens=lengths[i],
+                                                          messages=[{"role": "user", "content": prompts[i]}])
+            out.append((i, answer.choices[0].message.content))
+        return out
+
+    async def everyone():
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+        results = await asyncio.gather(*(one_client(client, range(c, len(prompts), 16)) for c in range(16)))
+        await client.close()
+        return dict(item for result in results for item in result)
+
+    got = asyncio.run(everyone())
+    assert sorted(got) == list(range(len(prompts)))
+    data = {"batch_size": 1, "temperature": 0.0, "requests": []}
+    runner = Runner(EngineDir.open(engine), threads=1)
+    for i in range(0, len(prompts), 9):  # a sample of the alone-results (each is a run of its own)
+        loaded = parse_input_dict({**data, "max_generate_length": lengths[i],
+                                   "requests": [{"messages": [{"role": "user", "content": prompts[i]}]}]})
+        assert got[i] == runner.run(loaded, loaded.settings).responses[0].output_text, i
+    metrics = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    assert 'trt_llm_requests_total{route="/v1/chat/completions",status="200"}' in metrics
+
+
+def test_bad_requests_are_4xx_and_name_the_field(server):
+    url = f"{server.url}/v1/chat/completions"
+    auth = {"Authorization": f"Bearer {KEY}"}
+    good = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    cases = [
+        ({**good, "n": 2}, 400, "n"),
+        ({**good, "temperature": 3}, 400, "temperature"),
+        ({**good, "frobnicate": 1}, 400, "frobnicate"),
+        ({**good, "logit_bias": {"abc": 1.0}}, 400, "logit_bias"),
+        ({**good, "model": "nope"}, 404, "model"),
+        ({**good, "messages": []}, 400, "messages"),
+        ({**good, "top_logprobs": 3}, 400, None),
+        ({**good, "response_format": {"type": "json_object"}}, 400, "response_format"),
+        ({**good, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]}, 400, None),
+        ({**good, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "/etc/passwd"}}]}]}, 403, None),
+        ({**good, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]}, 400, None),
+    ]
+    for body, status, param in cases:
+        answer = httpx.post(url, json=body, headers=auth)
+        assert answer.status_code == status, (body, answer.text)
+        error = answer.json()["error"]
+        assert error["message"] and (param is None or error["param"].startswith(param)), (body, error)
+    assert httpx.post(url, content=b"{not json", headers={**auth, "Content-Type": "application/json"}).status_code == 400
+    assert httpx.post(url, json=good).status_code == 401
+    assert httpx.post(url, json=good, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert httpx.get(f"{server.url}/health").status_code == 200  # no key needed
+    big = {**good, "messages": [{"role": "user", "content": "x" * (5 << 20)}]}
+    assert httpx.post(url, json=big, headers=auth).status_code == 413
+    assert httpx.post(url, json=good, headers=auth).status_code == 200  # and the server still serves
+
+
+def test_a_full_queue_answers_429(engine_and_adapter):
+    live = make_server(*engine_and_adapter, max_waiting=0)
+    try:
+        answer = httpx.post(f"{live.url}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                            json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+        assert answer.status_code == 429 and answer.headers["Retry-After"] == "1"
+    finally:
+        live.close()
+
+
+def test_a_client_leaving_mid_stream_frees_its_row(server):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 400,
+            "temperature": 0, "logit_bias": {"0": -100, "1": -100, "2": -100}, "stream": True}
+
+    def gauge(name):
+        text = httpx.get(f"{server.url}/metrics", headers=auth).text
+        return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name)))
+
+    aborted = gauge("trt_llm_aborted_requests_total")
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, headers=auth) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data:") and '"content"' in line and '""' not in line:
+                break  # one real delta, then hang up
+    deadline = time.time() + 20
+    while gauge("trt_llm_aborted_requests_total") == aborted or gauge("trt_llm_rows_in_flight") != 0:
+        assert time.time() < deadline, "the row was not freed"
+        time.sleep(0.1)
