@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from trt_llm.runtime.grammar import mask_logits
 from trt_llm.runtime.model import Model
 from trt_llm.runtime.sampler import Sampler, SamplingParams
 from trt_llm.runtime.sequence import ABORTED, Sequence, append_token, record_logprobs
@@ -152,7 +153,8 @@ class EngineCore:
         logits [n, V] and append it; returns the running indexes of the ones that finished."""
         with self.stage("sample"):
             step_logits = torch.from_numpy(logits)
-            sampled = self.sampler.sample(step_logits, [r.row for r in requests])
+            allowed = mask_logits(step_logits, [r.sequence.constraint for r in requests])  # structured output
+            sampled = self.sampler.sample(allowed, [r.row for r in requests])
             tokens = sampled.tolist()
             with_logprobs = [i for i, r in enumerate(requests) if r.num_logprobs]
             # Each request's own K: a batch-uniform K is the caller's rule to set.

@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass
 
 from trt_llm.runtime.detokenizer import IncrementalDetokenizer
+from trt_llm.runtime.grammar import GrammarError, Grammars
 from trt_llm.runtime.lora import LoraAdapter, LoraError, load_adapter
 from trt_llm.runtime.prompt import Prompt, PromptError, PromptFormatter
 from trt_llm.runtime.sampler import SamplingParams
@@ -55,12 +56,13 @@ def apply_batch_rules(batch: list[Prepared], settings: InputSettings) -> int:
 
 class RequestPreparer:
     def __init__(self, tokenizer, token_bytes: TokenBytes, limits: dict, vocab_size: int,
-                 lora_layout: dict | None, dtype, prefix_stats: dict):
+                 lora_layout: dict | None, dtype, prefix_stats: dict, eos_token_ids: list[int]):
         self.tokenizer, self.token_bytes = tokenizer, token_bytes
         self.limits, self.vocab_size = limits, vocab_size
         self.lora_layout, self.dtype = lora_layout, dtype
         self.prefix_stats = prefix_stats  # counts "fallbacks": prompts whose system prompt cannot be reused
         self._adapters: dict[tuple[str, str], LoraAdapter | LoraError] = {}  # read once per path
+        self.grammars = Grammars(tokenizer, vocab_size, eos_token_ids)
 
     def prepare(self, index: int, request: Request, settings: InputSettings, formatter: PromptFormatter,
                 where: str | None = None, warn_clamp: bool = True) -> Prepared:
@@ -93,8 +95,14 @@ class RequestPreparer:
                              f"(size {self.vocab_size})")
         params = SamplingParams(settings.temperature, settings.top_k, settings.top_p, bias or None)
         detokenizer = IncrementalDetokenizer(self.token_bytes, request.stop_list())
-        return Prepared(index, request, prompt, Sequence(prompt.token_ids, max_new, detokenizer), params,
-                        self._system_ids(where, prompt), adapter, request_seed(settings.seed, index))
+        sequence = Sequence(prompt.token_ids, max_new, detokenizer)
+        if request.response_format is not None:
+            try:
+                sequence.constraint = self.grammars.constraint(request.response_format.model_dump(by_alias=True))
+            except GrammarError as error:
+                raise ValueError(f"{where}.response_format.{error}") from None
+        return Prepared(index, request, prompt, sequence, params, self._system_ids(where, prompt), adapter,
+                        request_seed(settings.seed, index))
 
     def _adapter(self, where: str, name: str, path: str) -> LoraAdapter:
         if not self.lora_layout:

@@ -79,7 +79,8 @@ class Runner:
         self.scheduling = scheduling
         self.lora_layout = engine_dir.manifest.get("lora")
         self.preparer = RequestPreparer(self.tokenizer, self.token_bytes, self.limits, dims["vocab_size"],
-                                        self.lora_layout, embedding.dtype, self.prefix_stats)
+                                        self.lora_layout, embedding.dtype, self.prefix_stats,
+                                        engine_dir.eos_token_ids)
         self.responses = ResponseBuilder(self.token_bytes)
 
     def run(self, loaded: LoadedInput, settings: InputSettings,

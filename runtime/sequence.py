@@ -19,6 +19,7 @@ class Sequence:
     prompt_ids: list[int]
     max_new_tokens: int  # already clamped to the KV capacity
     detokenizer: object | None = None  # an IncrementalDetokenizer when stop strings are watched
+    constraint: object | None = None  # a grammar.Constraint for structured output (response_format)
     reused: object | None = None  # a prefix_cache.Entry whose KV is restored instead of prefilled
     save_prefix: int = 0  # after prefill, keep the KV of this many leading prompt tokens
     saved: object | None = None  # ... here, as a prefix_cache.Entry
@@ -37,6 +38,8 @@ class Sequence:
 def append_token(eos: set[int], s: Sequence, token: int, now: float) -> bool:
     """Append one generated token; True when that finishes the sequence (and says why)."""
     s.generated.append(token)
+    if s.constraint is not None:
+        s.constraint.accept(token)
     if s.first_token_time is None:
         s.first_token_time = now
     if token in eos:

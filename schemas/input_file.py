@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field,
-                      Tag, ValidationError, WithJsonSchema)
+                      Tag, ValidationError, WithJsonSchema, model_validator)
 from pydantic_core import PydanticCustomError
 
 from ._errors import did_you_mean, format_errors, json_type
@@ -152,6 +152,29 @@ class Message(BaseModel):
         return list(self.content)
 
 
+# --- structured output -------------------------------------------------------------------------
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+    name: str = "response"
+    schema_: dict[str, Any] = Field(alias="schema", description="The JSON Schema the answer must validate against.")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: free text, any JSON object, or a JSON Schema (runtime/grammar.py)."""
+    model_config = _STRICT_IGNORE
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise PydanticCustomError("json_schema", "json_schema is required with type json_schema, and only then")
+        return self
+
+
 # --- requests and the file ---------------------------------------------------------------------
 
 class Request(BaseModel):
@@ -163,6 +186,8 @@ class Request(BaseModel):
     logit_bias: LogitBias | None = Field(None, description="Overrides the top-level logit_bias.")
     num_logprobs: NumLogprobs | None = Field(None, description="Overrides the top-level num_logprobs.")
     stop: Stop | None = Field(None, description="String(s) that end generation; excluded from the output.")
+    response_format: ResponseFormat | None = Field(
+        None, description="Structured output: {type: json_object} or {type: json_schema, json_schema: {schema: ...}}.")
 
     def resolved_logit_bias(self, settings: InputSettings) -> dict[int, float]:
         """The request's map if it has one (even an empty one), else the file's default."""

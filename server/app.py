@@ -139,10 +139,6 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
         if body.model != config.model_name and body.model not in config.lora:
             raise HttpError(404, f"model {body.model!r} is not served here (GET /v1/models lists them)", "model",
                             "model_not_found")
-        if isinstance(body, ChatCompletionRequest) and body.response_format is not None \
-                and body.response_format.type != "text":
-            raise HttpError(400, f"response_format {body.response_format.type!r} is not supported by this server",
-                            "response_format", "unsupported_parameter")
         try:
             converted = convert(body, config.lora, capacity, config.media_root)
             formatter = PromptFormatter(runner.tokenizer, converted.chat, True, converted.settings.enable_thinking)

@@ -50,6 +50,8 @@ def convert(body: ChatCompletionRequest | CompletionRequest, lora: dict[str, str
         request["logit_bias"] = body.logit_bias
     if body.model in lora:
         request["lora_name"] = body.model
+    if chat and body.response_format is not None:
+        request["response_format"] = body.response_format.model_dump(exclude_none=True, by_alias=True)
     settings = {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
                 "max_generate_length": body.new_tokens or capacity, "seed": body.seed,
                 "apply_chat_template": chat, "add_generation_prompt": True,

@@ -64,9 +64,18 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+class JsonSchemaSpec(_Body):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str = "response"
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
 class ResponseFormat(_Body):
+    """Structured output (runtime/grammar.py): a keyword the grammar cannot enforce is a 400."""
     type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
+    json_schema: JsonSchemaSpec | None = None
 
 
 class ChatTemplateKwargs(BaseModel):

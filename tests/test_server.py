@@ -192,7 +192,9 @@ def test_bad_requests_are_4xx_and_name_the_field(server):
         ({**good, "model": "nope"}, 404, "model"),
         ({**good, "messages": []}, 400, "messages"),
         ({**good, "top_logprobs": 3}, 400, None),
-        ({**good, "response_format": {"type": "json_object"}}, 400, "response_format"),
+        ({**good, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "dependentRequired": {"a": ["b"]}}}}}, 400, "response_format.json_schema.schema"),
+        ({**good, "response_format": {"type": "json_schema"}}, 400, "response_format"),
         ({**good, "messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]}, 400, None),
         ({**good, "messages": [{"role": "user", "content": [
@@ -242,3 +244,20 @@ def test_a_client_leaving_mid_stream_frees_its_row(server):
     while gauge("trt_llm_aborted_requests_total") == aborted or gauge("trt_llm_rows_in_flight") != 0:
         assert time.time() < deadline, "the row was not freed"
         time.sleep(0.1)
+
+
+def test_structured_output_through_the_client(server):
+    import jsonschema
+
+    pytest.importorskip("llguidance")
+    schema = {"type": "object", "properties": {"k": {"enum": ["x", "y"]},
+                                               "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["k", "n"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "kn", "schema": schema, "strict": True}}
+    for stream in (False, True):
+        kwargs = dict(temperature=0.8, seed=1, max_tokens=64, response_format=fmt)
+        if stream:
+            text = "".join(c.choices[0].delta.content or "" for c in chat(server.client(), "Go.", stream=True, **kwargs))
+        else:
+            text = chat(server.client(), "Go.", **kwargs).choices[0].message.content
+        jsonschema.validate(json.loads(text), schema)

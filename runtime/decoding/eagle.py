@@ -31,6 +31,7 @@ import torch
 
 from trt_llm.runtime.decoding.draft import Draft, SpecStats
 from trt_llm.runtime.decoding.prefill import prefill
+from trt_llm.runtime.grammar import mask_logits
 from trt_llm.runtime.model import Model
 from trt_llm.runtime.sampler import Sampler
 from trt_llm.runtime.sequence import Sequence, append_token, record_step
@@ -289,7 +290,8 @@ def _accept(model: Model, request, r: _Row, nodes: list[int], logits: np.ndarray
     emitted, path, node = [], [], -1
     while True:
         step_logits = torch.from_numpy(logits[0 if node < 0 else position[node]])
-        token = int(sampler.sample(step_logits[None], [row])[0])
+        # Structured output masks each verified token in turn, as vanilla decoding masks it.
+        token = int(sampler.sample(mask_logits(step_logits[None], [s.constraint]), [row])[0])
         if num_logprobs:
             record_step(s, step_logits, token, num_logprobs)
         emitted.append(token)
