@@ -213,7 +213,13 @@ def _filter(
     """
     x = x.float()
     if temperature != 1.0:
-        x = x / temperature
+        scaled = x / temperature
+        if torch.isposinf(scaled).any() or torch.isnan(scaled).any():
+            # A temperature so small that the logits overflow (in float32 it may even be 0): its limit,
+            # the best token (ties shared), instead of the inf - inf that makes every weight NaN.
+            best = x == x.amax(dim=-1, keepdim=True)
+            scaled = torch.zeros_like(x).masked_fill(~best, float("-inf"))
+        x = scaled
     ids = None
     if 0 < top_k < x.shape[-1]:
         # topk instead of a full sort: O(V) for small k, and sorted descending,
@@ -229,7 +235,8 @@ def _filter(
         # 0 < top_p). Masking instead of slicing avoids a device->host sync and
         # keeps rows the same shape.
         above = probs.cumsum(dim=-1) - probs
-        probs = probs.masked_fill(above >= top_p, 0.0)
+        # (above > 0: a top_p below float32's smallest number rounds to 0 and must not drop the best.)
+        probs = probs.masked_fill((above >= top_p) & (above > 0), 0.0)
     return probs, ids
 
 

@@ -27,11 +27,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trt_llm.runtime.prompt import PromptError, PromptFormatter
 from trt_llm.runtime.sequence import MAX_LENGTH
 from trt_llm.server.convert import BadRequest, convert
-from trt_llm.server.engine import Job, QueueFull, ServingEngine, Update
+from trt_llm.server.engine import EngineStopped, Job, QueueFull, ServingEngine, Update
 from trt_llm.server.metrics import Metrics
 from trt_llm.server.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -75,6 +76,7 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app):
+        engine.start()
         yield
         engine.close()
 
@@ -85,6 +87,12 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
     @app.exception_handler(HttpError)
     async def _http_error(_request, error: HttpError):
         return error_response(error.status, error.message, error.param, error.code, error.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _starlette_error(_request, error: StarletteHTTPException):
+        # FastAPI's own refusals (a body it cannot parse, an unknown route or method) in OpenAI's shape.
+        message = error.detail if isinstance(error.detail, str) else json.dumps(error.detail)
+        return error_response(error.status_code, message, headers=getattr(error, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request, error: RequestValidationError):
@@ -156,6 +164,8 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
         except QueueFull as error:
             raise HttpError(429, f"the server is busy: {error}; retry shortly", code="queue_full",
                             headers={"Retry-After": "1"}) from None
+        except EngineStopped as error:
+            raise HttpError(503, str(error), code="shutting_down") from None
         metrics.prompt_tokens.inc(len(prepared.sequence.prompt_ids))
         return job
 

@@ -27,6 +27,10 @@ class QueueFull(RuntimeError):
     """More requests are waiting than the server takes (answered 429)."""
 
 
+class EngineStopped(RuntimeError):
+    """The engine thread was stopped (answered 503)."""
+
+
 @dataclass
 class Update:
     """What a step did for one request: its new tokens and the new final text."""
@@ -63,12 +67,22 @@ class ServingEngine:
         self._pending: set[int] = set()  # submitted and not yet admitted to a row (for 429s)
         self._lock = threading.Lock()
         self._stop = False
+        self._thread: threading.Thread | None = None
+        self.start()
+
+    def start(self) -> None:
+        """Run the engine thread (again, after close(): an app's lifespan may be run more than once)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop = False
         self._thread = threading.Thread(target=self._run, name="trt-llm-engine", daemon=True)
         self._thread.start()
 
     # -- the event loop's side --------------------------------------------------------------------
 
     def submit(self, job: Job) -> None:
+        if self._stop:
+            raise EngineStopped("the server is shutting down")
         with self._lock:
             if len(self._pending) >= self.max_waiting:
                 raise QueueFull(f"{len(self._pending)} requests are waiting (the server queues {self.max_waiting})")
@@ -86,9 +100,21 @@ class ServingEngine:
         return len(self._pending)
 
     def close(self) -> None:
+        """Stop the engine thread; requests still in it get an error update."""
         self._stop = True
         self._wake.set()
-        self._thread.join(timeout=30)
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        why = "the server shut down before this request finished"
+        self._fail_all(why)
+        while True:  # submitted, never taken in
+            try:
+                action, job = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if action == "add":
+                job.send(Update([], "", finished=True, error=why))
+                self._not_pending([job.id])
 
     # -- the engine thread ------------------------------------------------------------------------
 
@@ -96,28 +122,30 @@ class ServingEngine:
         core = self.runner.engine_core(self.max_rows, "continuous")
         with single_threaded_host_math():
             while not self._stop:
-                self._drain(core)
-                if not core.has_unfinished():
-                    self._wake.wait(timeout=1.0)
-                    self._wake.clear()
-                    continue
                 try:
+                    self._drain(core)
+                    if not core.has_unfinished():
+                        self._wake.wait(timeout=1.0)
+                        self._wake.clear()
+                        continue
                     finished = core.step()
+                    in_rows = [*core.scheduler.running, *finished]
+                    self._not_pending([r.id for r in in_rows])
+                    done = {r.id for r in finished}
+                    for request in in_rows:
+                        self._report(request, request.id in done)
+                    self.metrics.rows_in_flight.set(len(core.scheduler.running))
                 except Exception as error:  # noqa: BLE001 - the engine failed: its requests fail, serving goes on
                     log.error("a step failed with %d requests in flight: %s", len(self._jobs), error)
                     log.info("the step's traceback:", exc_info=True)
-                    for job in self._jobs.values():
-                        job.send(Update([], "", finished=True, error=f"the engine failed: {error}"))
-                    self._not_pending(list(self._jobs))
-                    self._jobs.clear()
+                    self._fail_all(f"the engine failed: {error}")
                     core = self.runner.engine_core(self.max_rows, "continuous")
-                    continue
-                in_rows = [*core.scheduler.running, *finished]
-                self._not_pending([r.id for r in in_rows])
-                done = {r.id for r in finished}
-                for request in in_rows:
-                    self._report(request, request.id in done)
-                self.metrics.rows_in_flight.set(len(core.scheduler.running))
+
+    def _fail_all(self, why: str) -> None:
+        for job in self._jobs.values():
+            job.send(Update([], "", finished=True, error=why))
+        self._not_pending(list(self._jobs))
+        self._jobs.clear()
 
     def _not_pending(self, ids) -> None:
         with self._lock:

@@ -272,3 +272,13 @@ def test_logprobs_include_bias():
     ref = log_softmax_topn(biased.flip(0), 3)
     assert close(swapped[0], ref[0])
     assert torch.equal(swapped[1], ref[1])
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1e-300, 0, 1.0), (1.0, 0, 1e-308), (1e-40, 5, 1e-300),
+                                                       (1e-6, 0, 0.5)])
+def test_extreme_settings_sample_the_best_token(temperature, top_k, top_p):
+    """Found by fuzzing the server: a temperature that overflows float32 (or rounds to 0 there) and a
+    top_p below float32's smallest number must give the greedy limit, not a NaN distribution."""
+    logits = torch.randn(3, 64, generator=torch.Generator().manual_seed(0)) * 10
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    assert Sampler([params] * 3, [1, 2, 3]).sample(logits).tolist() == logits.argmax(-1).tolist()
