@@ -170,19 +170,23 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
         return job
 
     async def _next(job: Job, request: Request) -> Update:
-        """The job's next update; aborts it when the client left or its time is up."""
+        """The job's next update; aborts it when the client left or its time is up (both checked at
+        least every 0.25 s, whether or not tokens keep coming)."""
         deadline = job.submitted + config.request_timeout_s if config.request_timeout_s else None
         while True:
+            now = time.perf_counter()
+            if deadline is not None and now > deadline:
+                engine.abort(job)
+                raise HttpError(504, f"the request took longer than {config.request_timeout_s:g} s "
+                                     "(--request-timeout)", code="timeout")
+            if now - job.checked > 0.25:
+                job.checked = now
+                if await request.is_disconnected():
+                    engine.abort(job)
+                    raise asyncio.CancelledError
             try:
                 update = await asyncio.wait_for(job.updates.get(), timeout=0.25)
             except TimeoutError:
-                if await request.is_disconnected():
-                    engine.abort(job)
-                    raise asyncio.CancelledError from None
-                if deadline is not None and time.perf_counter() > deadline:
-                    engine.abort(job)
-                    raise HttpError(504, f"the request took longer than {config.request_timeout_s:g} s "
-                                         "(--request-timeout)", code="timeout") from None
                 continue
             if update.error:
                 raise HttpError(503, update.error, code="engine_failed")

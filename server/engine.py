@@ -49,6 +49,7 @@ class Job:
     id: int = field(default_factory=itertools.count().__next__)
     reported: int = 0  # tokens handed out so far
     last_report: float | None = None
+    checked: float = field(default_factory=time.perf_counter)  # when the client was last seen connected
 
     def send(self, update: Update) -> None:
         self.loop.call_soon_threadsafe(self.updates.put_nowait, update)

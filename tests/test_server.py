@@ -261,3 +261,108 @@ def test_structured_output_through_the_client(server):
         else:
             text = chat(server.client(), "Go.", **kwargs).choices[0].message.content
         jsonschema.validate(json.loads(text), schema)
+
+
+def test_local_media_stays_inside_the_allowed_folder(tmp_path):
+    from trt_llm.server.convert import BadRequest, media_source
+
+    root = tmp_path / "media"
+    root.mkdir()
+    (root / "cat.png").write_bytes(b"png")
+    (tmp_path / "secret.png").write_bytes(b"no")
+    (root / "link.png").symlink_to(tmp_path / "secret.png")
+    assert media_source("cat.png", root, "p") == str((root / "cat.png").resolve())
+    assert media_source(f"file://{root}/cat.png", root, "p") == str((root / "cat.png").resolve())
+    for url, status in [("../secret.png", 403), (f"{root}/../secret.png", 403), ("link.png", 403),
+                        ("/etc/passwd", 403), ("missing.png", 400), ("http://example.com/a.png", 400),
+                        ("data:image/png,notbase64", 400), ("data:image/png;base64,@@@", 400)]:
+        with pytest.raises(BadRequest) as refused:
+            media_source(url, root, "p")
+        assert refused.value.status == status, url
+    with pytest.raises(BadRequest) as off:
+        media_source("cat.png", None, "p")
+    assert off.value.status == 403 and "--allowed-local-media-path" in str(off.value)
+
+
+def test_a_request_past_its_timeout_is_504_and_frees_its_row(engine_and_adapter):
+    live = make_server(*engine_and_adapter, request_timeout_s=0.3)
+    try:
+        auth = {"Authorization": f"Bearer {KEY}"}
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": 0,
+                "logit_bias": {"0": -100, "1": -100, "2": -100}}
+        # A slow engine: every step takes 50 ms, so the request cannot finish its tokens in 0.3 s.
+        engine = live.app.state.engine
+        real_step = engine.runner.engine_core
+
+        def slow_core(*args, **kwargs):
+            core = real_step(*args, **kwargs)
+            step = core.step
+
+            def slow():
+                time.sleep(0.05)
+                return step()
+
+            core.step = slow
+            return core
+
+        engine.close()
+        engine.runner.engine_core = slow_core
+        engine.start()
+        answer = httpx.post(f"{live.url}/v1/chat/completions", json=body, headers=auth, timeout=30)
+        assert answer.status_code == 504 and answer.json()["error"]["code"] == "timeout"
+        deadline = time.time() + 10
+        while engine._jobs:
+            assert time.time() < deadline
+            time.sleep(0.05)
+    finally:
+        live.close()
+
+
+def test_serve_flags(tmp_path, engine_and_adapter):
+    from trt_llm.runtime.engine_dir import EngineDir as Dir
+    from trt_llm.server.cli import parse_args, server_config
+
+    engine, adapter = engine_and_adapter
+    keys = tmp_path / "keys"
+    keys.write_text("k1\n\nk2\n")
+    args = parse_args(["--engine-dir", str(engine), "--api-key", "k0", "--api-key-file", str(keys),
+                       "--lora", f"ada={adapter}", "--max-batch-size", "2"])
+    config = server_config(args, Dir.open(engine))
+    assert args.host == "127.0.0.1"  # loopback unless told otherwise
+    assert config.api_keys == ("k0", "k1", "k2") and config.lora == {"ada": str(adapter)} and config.max_rows == 2
+    assert config.cors_origins == () and config.media_root is None
+    for bad in (["--lora", "nameonly"], ["--max-batch-size", "999"], ["--api-key-file", str(tmp_path / "none")]):
+        with pytest.raises(ValueError):
+            server_config(parse_args(["--engine-dir", str(engine), *bad]), Dir.open(engine))
+
+
+def test_eagle_under_in_flight_batching(tiny_model, build_engine_for, tmp_path):
+    """An EAGLE engine behind the server: concurrent requests speculate in one batch, one of them
+    with speculation off (it verifies its root alone), and every answer is vanilla decoding's."""
+    from assets import make_random_draft
+
+    base = tiny_model("llama", num_hidden_layers=4)
+    draft = make_random_draft(base, tmp_path / "draft")
+    engine = build_engine_for(base, draft={"model": str(draft), "max_draft_tree_size": 24, "max_verify_tree_size": 16})
+    runner = Runner(EngineDir.open(engine), threads=1, scheduling="continuous")
+    live = LiveServer(create_app(runner, ServerConfig(model_name="tiny", max_rows=4)))
+    try:
+        async def everyone():
+            client = openai.AsyncOpenAI(base_url=f"{live.url}/v1", api_key="none", max_retries=0)
+            answers = await asyncio.gather(*(
+                client.chat.completions.create(model="tiny", temperature=0, max_tokens=12,
+                                               messages=[{"role": "user", "content": f"{PROMPTS[i % 4]} ({i})"}],
+                                               extra_body={"disable_spec_decode": i == 3})
+                for i in range(8)))
+            await client.close()
+            return [a.choices[0].message.content for a in answers]
+
+        got = asyncio.run(everyone())
+    finally:
+        live.close()
+    assert runner.spec_stats.rounds > 0  # speculation really ran
+    vanilla = Runner(EngineDir.open(engine), threads=1, spec_decode=False)
+    for i, text in enumerate(got):
+        loaded = parse_input_dict({"temperature": 0.0, "max_generate_length": 12,
+                                   "requests": [{"messages": [{"role": "user", "content": f"{PROMPTS[i % 4]} ({i})"}]}]})
+        assert text == vanilla.run(loaded, loaded.settings).responses[0].output_text, i
