@@ -40,11 +40,9 @@ def convert(body: ChatCompletionRequest | CompletionRequest, lora: dict[str, str
         messages = [_message(i, m, media_root) for i, m in enumerate(body.messages)]
     else:
         messages = [{"role": "user", "content": body.text}]
-    if body.stop is not None and isinstance(body.stop, list) and not body.stop:
-        body.stop = None
     request = {"messages": messages, "disable_spec_decode": body.disable_spec_decode,
                "num_logprobs": body.num_logprobs}
-    if body.stop is not None:
+    if body.stop:  # a string, or a non-empty list (OpenAI sends [] for none)
         request["stop"] = body.stop
     if body.logit_bias:
         request["logit_bias"] = body.logit_bias

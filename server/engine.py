@@ -52,7 +52,10 @@ class Job:
     checked: float = field(default_factory=time.perf_counter)  # when the client was last seen connected
 
     def send(self, update: Update) -> None:
-        self.loop.call_soon_threadsafe(self.updates.put_nowait, update)
+        try:
+            self.loop.call_soon_threadsafe(self.updates.put_nowait, update)
+        except RuntimeError:  # its event loop is closed: nobody is waiting for this request any more
+            pass
 
 
 class ServingEngine:
