@@ -88,6 +88,7 @@ class EngineCore:
         self.lora_layout = lora_layout
         self.profiler = profiler
         self.cache = None  # the KV pool, made at the first admission
+        self._own_rows: set[int] = set()  # sampler rows add_request made, released when their request leaves
         self.lora_inputs: dict[str, np.ndarray] = {}  # the running rows' LoRA inputs, row by row
         self._lora_rows: list = []  # the adapters the LoRA inputs were built for
 
@@ -96,7 +97,13 @@ class EngineCore:
     def add_request(self, request: EngineRequest) -> None:
         if request.row < 0:
             request.row = self.sampler.add(request.params, request.seed)
+            self._own_rows.add(request.row)
         self.scheduler.waiting.append(request)
+
+    def _release(self, request: EngineRequest) -> None:
+        if request.row in self._own_rows:
+            self._own_rows.discard(request.row)
+            self.sampler.release(request.row)
 
     def abort(self, request_id) -> EngineRequest | None:
         """Stop a request, waiting or running; it finishes with finish_reason "aborted"."""
@@ -104,6 +111,7 @@ class EngineCore:
             if request.id == request_id:
                 self.scheduler.waiting.remove(request)
                 request.sequence.finish_reason = ABORTED
+                self._release(request)
                 return request
         for index, request in enumerate(self.scheduler.running):
             if request.id == request_id:
@@ -187,6 +195,8 @@ class EngineCore:
         # A row's used slots: its prompt and generated tokens but the last (not yet in the cache).
         self.cache.keep_rows(keep, [running[i].sequence.length - 1 for i in keep])
         self.strategy.leave(keep)
+        for i in indexes:
+            self._release(running[i])
         self.scheduler.running = [running[i] for i in keep]
         self._update_lora()
 

@@ -74,24 +74,38 @@ class Sampler:
         # Bias preprocessed once into (ids, values, max id); None = row has no bias.
         self._bias: list[tuple[torch.Tensor, torch.Tensor, int] | None] = []
         self._sampled_rows = 0  # rows that are not greedy
+        self._free: list[int] = []  # released rows, reused by add()
         for p, seed in zip(params, seeds):
             self.add(p, seed)
 
     def add(self, params: SamplingParams, seed: int | None = None) -> int:
-        """One more original row (a request joining a running engine); returns its row index."""
-        self.params.append(params)
-        self.seeds.append(secrets.randbits(63) if seed is None else int(seed))
-        self._greedy.append(params.greedy)
-        self._sampled_rows += not params.greedy
-        self._filter_key.append((params.temperature, params.top_k, params.top_p))
-        self._gens.append(None)
+        """One more original row (a request joining a running engine); returns its row index, a
+        released one when there is one (a server's sampler stays as large as its batch)."""
         if params.logit_bias:
             ids = torch.tensor(list(params.logit_bias.keys()), dtype=torch.int64)
             vals = torch.tensor(list(params.logit_bias.values()), dtype=torch.float32)
-            self._bias.append((ids, vals, int(ids.max())))
+            bias = (ids, vals, int(ids.max()))
         else:
-            self._bias.append(None)
+            bias = None
+        row = {"params": params, "seeds": secrets.randbits(63) if seed is None else int(seed),
+               "_greedy": params.greedy, "_filter_key": (params.temperature, params.top_k, params.top_p),
+               "_gens": None, "_bias": bias}
+        self._sampled_rows += not params.greedy
+        if self._free:
+            index = self._free.pop()
+            for name, value in row.items():
+                getattr(self, name)[index] = value
+            return index
+        for name, value in row.items():
+            getattr(self, name).append(value)
         return len(self.params) - 1
+
+    def release(self, row: int) -> None:
+        """Row `row` is done (its request left): its generator and bias go, and add() reuses it."""
+        if not self._greedy[row]:
+            self._sampled_rows -= 1
+        self._greedy[row], self._gens[row], self._bias[row] = True, None, None
+        self._free.append(row)
 
     @property
     def _all_greedy(self) -> bool:

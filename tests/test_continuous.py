@@ -170,3 +170,25 @@ def test_the_static_policy_runs_the_references_batches(setup):
         assert len({r.group for r in core.scheduler.running}) <= 1
         core.step()
     assert [r.sequence.generated for r in requests] == [s.output_token_ids for s in static]
+
+
+def test_a_long_running_core_reuses_sampler_rows(setup):
+    """A server's core sees requests without end: the rows of those that left are reused, so its
+    sampler stays as large as the most requests it held at once."""
+    engine, _ = setup
+    data = {"temperature": 0.7, "seed": 3, "max_generate_length": 4,
+            "requests": [chat_request(PROMPTS[i % 4]) for i in range(6)]}
+    loaded = parse_input_dict(json.loads(json.dumps(data)), source="<test>")
+    runner = Runner(EngineDir.open(engine), threads=1)
+    core = EngineCore(runner.model, 2, lora_layout=runner.lora_layout)
+    for wave in range(3):
+        requests = [_engine_request(runner, i, loaded.requests[i], loaded.settings) for i in range(2 * wave, 2 * wave + 2)]
+        for request in requests:
+            core.add_request(request)
+        core.run_to_completion()
+        assert len(core.sampler.params) == 2
+    alone = _engine_request(runner, 5, loaded.requests[5], loaded.settings)
+    solo = EngineCore(runner.model, 1, lora_layout=runner.lora_layout)
+    solo.add_request(alone)
+    solo.run_to_completion()
+    assert requests[1].sequence.generated == alone.sequence.generated  # a reused row samples as a new one
