@@ -366,3 +366,40 @@ def test_eagle_under_in_flight_batching(tiny_model, build_engine_for, tmp_path):
         loaded = parse_input_dict({"temperature": 0.0, "max_generate_length": 12,
                                    "requests": [{"messages": [{"role": "user", "content": f"{PROMPTS[i % 4]} ({i})"}]}]})
         assert text == vanilla.run(loaded, loaded.settings).responses[0].output_text, i
+
+
+def test_trt_llm_serve_end_to_end(engine_and_adapter, tmp_path):
+    """The console entry point: flags, loopback, a request, a clean stop on SIGTERM; an unusable
+    engine directory is one line and exit status 2."""
+    import signal
+    import subprocess
+    import sys
+
+    engine, _ = engine_and_adapter
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "trt_llm.server.cli", "--engine-dir", str(engine), "--port", str(port),
+               "--model-name", "tiny", "--threads", "1"]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while True:
+            assert server.poll() is None, server.stderr.read()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.time() < deadline, "the server did not come up"
+            time.sleep(0.2)
+        answer = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0) \
+            .chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert answer.usage.completion_tokens >= 1
+    finally:
+        server.send_signal(signal.SIGTERM)
+        status = server.wait(timeout=30)
+    assert status in (0, -signal.SIGTERM)
+    bad = subprocess.run([sys.executable, "-m", "trt_llm.server.cli", "--engine-dir", str(tmp_path / "none")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
