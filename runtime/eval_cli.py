@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"--context {args.context} exceeds {engine.path}'s max_input_len {limit}")
         tokenizer = Tokenizer.from_dir(engines[0].tokenizer_dir)
         token_ids = tokenizer.encode(text, add_special_tokens=False)[: args.max_tokens]
-        if len(engines) == 2 and Tokenizer.from_dir(engines[1].tokenizer_dir).encode(text[:2000], add_special_tokens=False) \
-                != tokenizer.encode(text[:2000], add_special_tokens=False):
+        if len(engines) == 2 and Tokenizer.from_dir(engines[1].tokenizer_dir).encode(text, add_special_tokens=False)[
+                : args.max_tokens] != token_ids:
             raise ValueError("the two engines tokenize the text differently: they are not the same model")
         threads = capped_threads(args.threads) or 0
         models = [open_model(engine, threads) for engine in engines]

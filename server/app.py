@@ -30,6 +30,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trt_llm.runtime.prompt import PromptError, PromptFormatter
+from trt_llm.runtime.requests import apply_batch_rules
 from trt_llm.runtime.sequence import MAX_LENGTH
 from trt_llm.server.convert import BadRequest, convert
 from trt_llm.server.engine import EngineStopped, Job, QueueFull, ServingEngine, Update
@@ -157,7 +158,7 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
             raise HttpError(error.status, str(error), error.param, error.code) from None
         except (PromptError, ValueError) as error:
             raise HttpError(400, *_preparation_message(str(error))) from None
-        prepared.num_logprobs = body.num_logprobs
+        apply_batch_rules([prepared], converted.settings)  # a batch of one: its own K and speculation
         job = Job(prepared, asyncio.get_running_loop())
         try:
             engine.submit(job)

@@ -99,10 +99,6 @@ class ServingEngine:
         self._inbox.put(("abort", job))
         self._wake.set()
 
-    @property
-    def waiting(self) -> int:
-        return len(self._pending)
-
     def close(self) -> None:
         """Stop the engine thread; requests still in it get an error update."""
         self._stop = True
@@ -164,11 +160,12 @@ class ServingEngine:
                 return
             if action == "add":
                 p = job.prepared
-                p.save_group = self.save_prefixes
+                p.save_group = self.save_prefixes  # the server's policy, not a batch's
                 self.runner.attach_prefix(p)
                 self._jobs[job.id] = job
-                core.add_request(EngineRequest(job.id, p.sequence, p.params, p.seed, p.num_logprobs, p.adapter,
-                                               speculate=not p.request.disable_spec_decode))
+                request = self.runner.engine_request(p)
+                request.id = job.id
+                core.add_request(request)
             elif job.id in self._jobs:  # an abort of a request still waiting or running
                 core.abort(job.id)
                 del self._jobs[job.id]

@@ -13,21 +13,19 @@ Answers carry `X-Replica` (the replica's id), so a client or a test can see wher
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 log = logging.getLogger(__name__)
 
 
-def replica_app(engine_dir: str, config: dict, threads: int, spec_decode: bool):
+def replica_app(engine_dir: str, config, threads: int, spec_decode: bool):
     """The app one replica serves (called on the replica, where it loads the engine)."""
     from ray import serve
 
     from trt_llm.runtime.engine_dir import EngineDir
-    from trt_llm.server.app import ServerConfig
     from trt_llm.server.cli import build_app
 
-    app = build_app(EngineDir.open(engine_dir), ServerConfig(**config), threads, spec_decode)
+    app = build_app(EngineDir.open(engine_dir), config, threads, spec_decode)
     replica = serve.get_replica_context().replica_id.unique_id
 
     @app.middleware("http")
@@ -40,18 +38,12 @@ def replica_app(engine_dir: str, config: dict, threads: int, spec_decode: bool):
 
 
 def deployment(engine_dir: str, config, replicas: int, threads: int, spec_decode: bool = True):
-    """The Ray Serve application: `replicas` copies of the app, each with `threads` CPUs."""
+    """The Ray Serve application: `replicas` copies of the app, each with `threads` CPUs. The builder
+    (and the ServerConfig in it) travels to each replica pickled, and runs there."""
     from ray import serve
 
-    settings = dataclasses.asdict(config)
-    settings["media_root"] = str(config.media_root) if config.media_root else None
-
     def build():
-        from pathlib import Path
-
-        fields = dict(settings)
-        fields["media_root"] = Path(fields["media_root"]) if fields["media_root"] else None
-        return replica_app(engine_dir, fields, threads, spec_decode)
+        return replica_app(engine_dir, config, threads, spec_decode)
 
     replica = serve.deployment(name="trt-llm", num_replicas=replicas,
                                ray_actor_options={"num_cpus": max(threads, 1)})(serve.ingress(build)(_Replica))
