@@ -86,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         engine_dir = EngineDir.open(args.engine_dir)
         config = server_config(args, engine_dir)
         if args.ray_replicas:
+            try:
+                import ray.serve  # noqa: F401
+            except ImportError:
+                log.error("--ray-replicas needs the ray extra: pip install 'trt-llm[server,ray]'")
+                return EXIT_UNUSABLE
             from trt_llm.server.ray_app import serve_on_ray
 
             return serve_on_ray(args, config)
@@ -96,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not config.api_keys:
         log.warning("listening on %s without an API key: anyone who reaches this address can use the model",
                     args.host)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning")
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning")
+    except SystemExit as stopped:  # uvicorn's startup failure (the address in use: it said so in one line)
+        return EXIT_UNUSABLE if stopped.code == 3 else stopped.code
     return 0
 
 
