@@ -25,12 +25,14 @@ def write_tokenizer(checkpoint, directory: Path) -> None:
     checkpoint.generation_config.to_json_file(directory / "generation_config.json")
 
 
-def write_embedding(checkpoint, path: Path, dtype) -> None:
-    # The runtime does the embedding lookup itself (so image/audio rows can be inserted later).
+def write_embedding(checkpoint, path: Path, storage: str) -> None:
+    """The runtime does the embedding lookup itself (so image/audio rows can be inserted later);
+    storage: fp32, fp16, bf16 or int8 (quantization.embedding)."""
     from safetensors.torch import save_file
 
-    table = checkpoint.model.get_input_embeddings().weight.detach().to(dtype).contiguous()
-    save_file({"embedding": table}, str(path))
+    from trt_llm.build.quantize.factory import embedding_tensors
+
+    save_file(embedding_tensors(checkpoint.model.get_input_embeddings().weight.detach(), storage), str(path))
 
 
 def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
@@ -41,6 +43,7 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
     from trt_llm.build.checkpoint import TORCH_DTYPES, eos_token_ids, load_checkpoint
     from trt_llm.build.eagle.stage import export_eagle_draft, load_eagle_draft, manifest_entries
     from trt_llm.build.export import export_decoder
+    from trt_llm.build.quantize.factory import factory_for
 
     dtype = TORCH_DTYPES[config.dtype]
     (directory / "llm").mkdir(parents=True, exist_ok=True)
@@ -49,7 +52,8 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
 
     with steps.step("writing tokenizer and embedding"):
         write_tokenizer(checkpoint, directory / "tokenizer")
-        write_embedding(checkpoint, directory / "llm" / "embedding.safetensors", dtype)
+        write_embedding(checkpoint, directory / "llm" / "embedding.safetensors",
+                        config.quantization.effective_embedding(config.dtype))
         checkpoint.model.config.to_json_file(directory / "llm" / "config.json")
 
     with steps.step("exporting to ONNX"):
@@ -60,9 +64,11 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
             lora_layout = lora.layout(graphs.ModelDims(hf_config), hf_config.intermediate_size,
                                       config.lora.max_rank, config.lora.target_modules)
         draft = load_eagle_draft(config, checkpoint) if config.draft else None
+        make_linear = factory_for(config, checkpoint, dtype)
         graph = graphs.DecoderGraph(checkpoint.model, checkpoint.family, config.max_kv_cache_capacity, dtype,
                                     [g["name"] for g in lora_layout["groups"]] if lora_layout else [],
-                                    feature_layers=draft.aux_layer_ids if draft is not None else None)
+                                    feature_layers=draft.aux_layer_ids if draft is not None else None,
+                                    make_linear=make_linear)
         dims = graph.dims.to_dict()
         export_decoder(graph, directory / "llm" / "model.onnx", dtype, lora_layout)
         del graph

@@ -49,12 +49,33 @@ def check_backend(config: BuildConfig, exported: bool = False) -> None:
         fixed = f" (the bundle was exported in {config.dtype}; export it again in one of those)" if exported else ""
         raise BuildError(f"dtype: {config.dtype!r} is not supported by the {config.backend} backend; "
                          f"choose one of {', '.join(SUPPORTED_DTYPES[config.backend])}{fixed}")
+    check_quantization(config)
     if config.draft is not None and config.draft.quantization in ("int8", "int4") and config.backend != "cpu":
         raise BuildError(f"draft.quantization: {config.draft.quantization!r} quantizes the draft for the cpu "
                          f"backend (ONNX Runtime's integer matmuls); on {config.backend!r} use 'none' or 'auto'")
     if config.draft is not None and config.draft.quantization in ("int8", "int4") and config.dtype != "fp32":
         raise BuildError(f"draft.quantization: {config.draft.quantization!r} quantizes fp32 weights, and the "
                          f"graph is {config.dtype}; use 'none' or 'auto', or dtype 'fp32'")
+
+
+def check_quantization(config: BuildConfig) -> None:
+    """Refuse a `quantization:` the backend cannot run."""
+    quantization = config.quantization
+    if quantization.weights == "none":
+        return
+    if quantization.weights == "fp8":
+        if config.backend not in TENSORRT_BACKENDS:
+            raise BuildError(f"quantization.weights: fp8 is for the TensorRT backends (fp8 tensor cores); the "
+                             f"{config.backend} backend takes int8 or int4")
+        raise BuildError("quantization.weights: fp8 is not built by this version yet; use int8 or int4")
+    if quantization.zero_point and config.backend in TENSORRT_BACKENDS:
+        raise BuildError(f"quantization.zero_point: TensorRT's dequantize takes symmetric weights only; on "
+                         f"{config.backend!r} use zero_point: false")
+    if quantization.method == "awq":
+        raise BuildError("quantization.method: awq is not built by this version yet; use rtn")
+    if config.backend == "cpu" and config.dtype != "fp32":
+        raise BuildError(f"quantization.weights: {quantization.weights} on the cpu backend runs fp32 activations "
+                         f"(ONNX Runtime's integer kernels); use dtype fp32")
 
 
 def draft_quantization(config: BuildConfig) -> str:

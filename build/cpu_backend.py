@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import onnx
 from onnx import helper, numpy_helper
 
 from trt_llm import plugins
+from trt_llm.build.quantize import QuantSpec
+from trt_llm.build.quantize.graph import quantize_matmuls
 
 ENGINE_NAME = "model.cpu.onnx"
 
@@ -18,8 +19,10 @@ def compile_cpu(graph_path: Path, quantization: str = "none") -> Path:
 
     Unquantized, both read the same external weight file: the graph is loaded without its weights,
     so only the node list is rewritten and the weights are neither copied nor duplicated on disk.
-    quantization int8 / int4 (an EAGLE draft, whose precision never reaches the output) writes the
-    quantized weights to the engine's own file instead.
+    A graph of weight-only matmuls (a quantized build) is no different: the lowered nodes read the
+    bundle's initializers as they are. quantization int8 / int4 (an EAGLE draft, whose precision
+    never reaches the output) quantizes a float graph here and writes its weights to the engine's
+    own file instead.
     """
     model = onnx.load(graph_path, load_external_data=False)
     plugins.lower_for_onnxruntime(model)
@@ -157,31 +160,15 @@ def _read_weights(model: onnx.ModelProto, folder: Path) -> None:
         del tensor.external_data[:]
 
 
+# draft.quantization -> how its matmuls are quantized: int8 one scale per output column (ONNX
+# Runtime's DynamicQuantizeMatMul), int4 in blocks of 32 (MatMulNBits).
+DRAFT_SPECS = {"int8": QuantSpec(bits=8, group_size=0), "int4": QuantSpec(bits=4, group_size=32)}
+
+
 def quantize_matmul_weights(model: onnx.ModelProto, quantization: str) -> onnx.ModelProto:
-    """Every MatMul with a constant fp32 weight, quantized by ONNX Runtime's own tools: int8 per
-    tensor with activations quantized at run time (MatMulInteger), or int4 in blocks of 32 with int8
-    compute (MatMulNBits, accuracy level 4: the VNNI kernels)."""
-    import logging
-
-    quiet = logging.getLogger().level
-    logging.getLogger().setLevel(logging.ERROR)  # the quantizers log every node they touch
-    try:
-        if quantization == "int8":
-            from onnxruntime.quantization import QuantType, quantize_dynamic
-
-            with tempfile.TemporaryDirectory() as work:  # quantize_dynamic works on files
-                source, target = Path(work) / "in.onnx", Path(work) / "out.onnx"
-                onnx.save_model(model, source, save_as_external_data=True, location="in.onnx.data")
-                quantize_dynamic(source, target, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
-                                 extra_options={"MatMulConstBOnly": True})
-                return onnx.load(target)
-        if quantization == "int4":
-            from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
-
-            quantizer = MatMulNBitsQuantizer(model, algo_config=DefaultWeightOnlyQuantConfig(
-                block_size=32, is_symmetric=True, accuracy_level=4))
-            quantizer.process()
-            return quantizer.model.model
+    """Every MatMul with a constant fp32 weight as the weight-only matmul op (build/quantize/graph.py),
+    lowered for ONNX Runtime like every other node of the op."""
+    if quantization not in DRAFT_SPECS:
         raise ValueError(f"quantization must be none, int8 or int4, got {quantization!r}")
-    finally:
-        logging.getLogger().setLevel(quiet)
+    quantize_matmuls(model, DRAFT_SPECS[quantization])
+    return plugins.lower_for_onnxruntime(model)

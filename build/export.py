@@ -100,17 +100,23 @@ def export_graph(module, example: tuple, names: list[str], outputs: list[str], d
 
 
 def finish_custom_nodes(model: onnx.ModelProto) -> None:
-    """Attach the ops' function bodies and drop exporter-internal attributes from their nodes."""
+    """Attach the ops' function bodies, drop exporter-internal attributes from their nodes and let
+    each op finish its nodes (plugins.finish_export)."""
     domains = plugins.domains()
     for node in model.graph.node:
         if node.domain in domains:
             keep = [a for a in node.attribute if not a.name.startswith("_")]
             del node.attribute[:]
             node.attribute.extend(keep)
+    # The bodies of the node types the model has (a weight-only body needs opset 21; an
+    # unquantized model stays at ONNX_OPSET).
+    used = {(n.domain, n.op_type) for n in model.graph.node}
     present = {(f.domain, f.name) for f in model.functions}
     for function in plugins.function_protos():
-        if (function.domain, function.name) not in present:
+        key = (function.domain, function.name)
+        if key in used and key not in present:
             model.functions.append(function)
+    plugins.finish_export(model)
 
 
 def save_model(model: onnx.ModelProto, path: Path) -> None:

@@ -183,7 +183,7 @@ def _build(trt, logger, graph_path: Path, engine_dir_llm: Path, build_config,
     parser = trt.OnnxParser(network, logger)
     report("parsing ONNX")
     # From the path, not the bytes: the parser resolves model.onnx.data relative to the file.
-    if not parser.parse_from_file(str(graph_path)):
+    if not parser.parse_from_file(str(graph_for_tensorrt(graph_path))):
         errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
         raise TensorRTBuildError(f"{backend}: the ONNX parser rejected {graph_path.name}: " + "; ".join(errors))
 
@@ -223,6 +223,22 @@ def _build(trt, logger, graph_path: Path, engine_dir_llm: Path, build_config,
     return engine_path
 
 
+TENSORRT_GRAPH_NAME = "model.trt.onnx"
+
+
+def graph_for_tensorrt(graph_path: Path) -> Path:
+    """The graph TensorRT parses: `graph_path` itself, or, when an op rewrites its nodes for TensorRT
+    (plugins.lower_for_tensorrt), that rewrite beside it, reading the same weight file."""
+    from trt_llm import plugins
+
+    model = onnx.load(graph_path, load_external_data=False)
+    if not plugins.lower_for_tensorrt(model):
+        return graph_path
+    rewritten = graph_path.parent / TENSORRT_GRAPH_NAME
+    onnx.save_model(model, rewritten)
+    return rewritten
+
+
 def describe_network(graph_path: Path, rtx: bool = True) -> dict:
     """Parse the graph (no build) and return its IO tensors: name -> (shape, dtype name, is_input).
 
@@ -232,7 +248,7 @@ def describe_network(graph_path: Path, rtx: bool = True) -> dict:
     builder = trt.Builder(logger)
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
     parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(graph_path)):
+    if not parser.parse_from_file(str(graph_for_tensorrt(graph_path))):
         raise TensorRTBuildError("; ".join(str(parser.get_error(i)) for i in range(parser.num_errors)))
     tensors = {}
     for i in range(network.num_inputs):

@@ -9,6 +9,10 @@ the model):
     lower_for_onnxruntime()   rewrites its nodes of a model for ONNX Runtime's CPU kernels (facet 3)
     register_tensorrt_plugin() registers its nodes as TensorRT plugins (facet 4)
 
+and, where needed, `finish_export(model)` (a fix-up of its nodes after torch.onnx.export:
+plugins/weight_only_matmul.py types its 4-bit weights there) and `lower_for_tensorrt(model)` (a
+rewrite before TensorRT parses the graph; returns whether it changed anything).
+
 The export, the cpu backend and the TensorRT build and runtime call the functions below, never an op
 by name, so adding an op is one new file here: it is found by its file name.
 """
@@ -48,6 +52,13 @@ def domains() -> set[str]:
     return {module.DOMAIN for module in ops()}
 
 
+def finish_export(model) -> None:
+    """Every op's fix-up of a freshly exported model, in place."""
+    for module in ops():
+        if hasattr(module, "finish_export"):
+            module.finish_export(model)
+
+
 def function_protos() -> list:
     """The function bodies of every op's nodes, to attach to an exported model."""
     return [proto for module in ops() for proto in module.function_protos()]
@@ -58,6 +69,12 @@ def lower_for_onnxruntime(model):
     for module in ops():
         module.lower_for_onnxruntime(model)
     return model
+
+
+def lower_for_tensorrt(model) -> bool:
+    """Every op's rewrite of `model` before TensorRT parses it, in place; True when one changed it."""
+    changed = [module.lower_for_tensorrt(model) for module in ops() if hasattr(module, "lower_for_tensorrt")]
+    return any(changed)
 
 
 def register_tensorrt_plugins() -> tuple[str, ...]:

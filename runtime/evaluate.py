@@ -19,11 +19,11 @@ from trt_llm.runtime.step import Step
 
 
 def open_model(engine_dir, threads: int = 0) -> Model:
-    from safetensors.numpy import load_file
-
+    from trt_llm.runtime.embedding import load_embedding
     from trt_llm.runtime.engines import open_engine
 
-    embedding = load_file(str(engine_dir.component_path("llm", "embedding")))["embedding"]
+    embedding = load_embedding(engine_dir.component_path("llm", "embedding"), engine_dir.manifest["model"]["dtype"],
+                               engine_dir.dims)
     eagle = engine_dir.manifest["model"].get("eagle") or {}
     return Model(open_engine(engine_dir, threads), embedding, engine_dir.dims, engine_dir.eos_token_ids,
                  engine_dir.limits["max_kv_cache_capacity"], eagle.get("feature_width", 0))

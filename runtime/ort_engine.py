@@ -25,6 +25,12 @@ from trt_llm.schemas.graph_spec import past, present
 # between runs, a time slice lost to another process): 54 tok/s quiet, 31 beside one busy process and
 # 32 beside two (spinning: 28, 25; GenAI: 26, 24). Interleaved runs, benchmarks/README.md.
 SPIN_US = 20
+# A quantized engine's weight-only matmuls become ONNX Runtime's MatMulNBits (plugins/
+# weight_only_matmul.py); its accuracy level 4 multiplies int8 activations (quantized per block of
+# the weights, as llama.cpp's Q8 activations) with the int4 / int8 weights, 2-5x faster than level 1
+# (float32 activations), which is slower than the float matmul. Tests set 1 to compare with
+# transformers on the dequantized weights exactly.
+MATMUL_ACCURACY_LEVEL = 4
 
 
 class OrtEngine:
@@ -39,6 +45,7 @@ class OrtEngine:
             options.add_session_config_entry("session.intra_op.spin_duration_us", str(SPIN_US))
         else:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(MATMUL_ACCURACY_LEVEL))
         options.log_severity_level = 3
         options.intra_op_num_threads = threads  # 0 = ONNX Runtime's choice (all physical cores)
         options.inter_op_num_threads = 1

@@ -14,6 +14,7 @@ from contextlib import nullcontext
 from trt_llm.runtime.decoding.draft import SpecStats, check_spec, load_draft_engine
 from trt_llm.runtime.decoding.eagle import Eagle
 from trt_llm.runtime.decoding.vanilla import Vanilla
+from trt_llm.runtime.embedding import load_embedding
 from trt_llm.runtime.engine_core import EngineCore, EngineRequest
 from trt_llm.runtime.engine_dir import EngineDir, loading
 from trt_llm.runtime.model import Model
@@ -42,18 +43,13 @@ class Runner:
     def __init__(self, engine_dir: EngineDir, threads: int = 0, prefix_cache: PrefixCache | None = None,
                  profiler: Profiler | None = None, spec: SpecConfig | None = None, spec_decode: bool = True,
                  scheduling: str = "static"):
-        from safetensors.numpy import load_file
-
         from trt_llm.runtime.engines import open_engine
 
         self.engine_dir = engine_dir
         dims = engine_dir.dims
         embedding_path = engine_dir.component_path("llm", "embedding")
         with loading("embedding", embedding_path):
-            embedding = load_file(str(embedding_path))["embedding"]
-            if embedding.shape != (dims["vocab_size"], dims["hidden_size"]):
-                raise ValueError(f"shape {list(embedding.shape)}, the manifest says "
-                                 f"[{dims['vocab_size']}, {dims['hidden_size']}]")
+            embedding = load_embedding(embedding_path, engine_dir.manifest["model"]["dtype"], dims)
         eagle = engine_dir.manifest["model"].get("eagle") or {}
         # Under speculation the base and the draft sessions alternate: neither may spin (measured on
         # 2 cores: EAGLE3 0.53x -> 1.07x vanilla). Vanilla decoding spins briefly (OrtEngine.SPIN_US).

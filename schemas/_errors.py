@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import difflib
 import re
+import typing
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 # Fields whose dict keys are user data (token ids, adapter names): rendered as ``name['key']``.
 DICT_FIELDS = frozenset({"logit_bias", "available_lora_weights"})
@@ -157,18 +158,39 @@ def format_errors(exc: ValidationError, prefix: str = "", ranges: Mapping[str, s
 
     ``allowed_keys`` is used for ``extra="forbid"`` models to list what would have been valid.
     """
-    allowed = sorted(allowed_keys)
     messages = []
     for err in exc.errors(include_url=False):
         if err["type"] == "extra_forbidden":
             key = err["loc"][-1]
             parent = path_of(err["loc"][:-1], prefix)
+            allowed = sorted(_keys_at(allowed_keys, err["loc"][:-1]))
             messages.append(f"{parent + ': ' if parent else ''}unknown key {key!r}"
                             f"{did_you_mean(str(key), allowed)}: allowed keys are {', '.join(allowed)}")
             continue
         path = path_of(err["loc"], prefix) or "(top level)"
         messages.append(f"{path}: {describe(err, ranges)}")
     return messages
+
+
+def _keys_at(allowed_keys, loc: tuple) -> Iterable[str]:
+    """The keys allowed at `loc`: `allowed_keys` itself, or, given a pydantic model class, the fields
+    of the (nested) model found at `loc` (an unknown key under `draft:` lists the draft's keys)."""
+    if not (isinstance(allowed_keys, type) and issubclass(allowed_keys, BaseModel)):
+        return allowed_keys
+    model = allowed_keys
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        nested = field and next((t for t in _types_in(field.annotation)
+                                 if isinstance(t, type) and issubclass(t, BaseModel)), None)
+        if nested is None:
+            return model.model_fields
+        model = nested
+    return model.model_fields
+
+
+def _types_in(annotation) -> list:
+    args = typing.get_args(annotation)
+    return [annotation] if not args else [t for a in args for t in _types_in(a)]
 
 
 def did_you_mean(key: str, candidates: Iterable[str]) -> str:

@@ -51,6 +51,53 @@ class DraftBuildConfig(BaseModel):
                             "auto: int8 for an fp32 graph, none otherwise (int8 and int4 need dtype fp32).")
 
 
+class QuantizationConfig(BaseModel):
+    """Weight quantization of the base model (`quantization: int4` is short for the defaults)."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    weights: Literal["none", "int8", "int4", "fp8"] = Field(
+        description="The matmul weights: int8, int4 (blocks along the input dimension, a scale each) or "
+                    "fp8 (the TensorRT backends only); activations stay in the graph's dtype.")
+    group_size: Literal[32, 64, 128] | None = Field(
+        None, description="Inputs per scale. int4: default 128. int8: default one scale per output column "
+                          "(the fastest int8 kernel on the cpu backend); a group size gives blocks (a GGUF Q8_0 "
+                          "file keeps its blocks of 32).")
+    method: Literal["rtn", "awq"] = Field(
+        "rtn", description="rtn: round to nearest. awq: activation-aware scales from a calibration text "
+                           "(better int4 at the same size; minutes on the CPU for a small model).")
+    zero_point: bool = Field(False, description="Asymmetric blocks (a zero point each); the cpu backend only "
+                                                "(TensorRT's dequantize takes symmetric weights).")
+    lm_head: bool = Field(True, description="Quantize the output projection too (its weights are the "
+                                            "largest single matmul of a small-vocabulary model).")
+    embedding: Literal["fp32", "fp16", "int8"] | None = Field(
+        None, description="How the embedding table is stored (the runtime looks rows up): default fp16 "
+                          "when the weights are quantized, else the graph's dtype.")
+    calibration: str | None = Field(None, min_length=1, description="AWQ: a UTF-8 text file of "
+                                    "calibration text; default the built-in prompts.")
+
+    @field_validator("group_size")
+    @classmethod
+    def _group_for_integers(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and info.data.get("weights") in ("none", "fp8"):
+            raise PydanticCustomError("group_for_fp", "group_size is for int8 and int4 weights, not "
+                                      "{w}", {"w": info.data.get("weights")})
+        return v
+
+    def effective_group_size(self) -> int:
+        """Inputs per scale; 0 is one scale per output column."""
+        if self.group_size is not None:
+            return self.group_size
+        return 128 if self.weights == "int4" else 0
+
+    def effective_embedding(self, dtype: str) -> str:
+        if self.embedding is not None:
+            return self.embedding
+        return "fp16" if self.weights != "none" else dtype
+
+
+QUANTIZATION_NAMES = ("none", "int8", "int4", "fp8")
+
+
 class BuildConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -69,6 +116,20 @@ class BuildConfig(BaseModel):
                     "(SM75, SM80, SM86, SM89, SM120, SM121); auto = the GPU present, else SM80.")
     lora: LoraBuildConfig | None = Field(None, description="Off unless set.")
     draft: DraftBuildConfig | None = Field(None, description="EAGLE3 speculative decoding; off unless set.")
+    quantization: QuantizationConfig = Field(
+        default_factory=lambda: QuantizationConfig(weights="none"),
+        description="Weight quantization: none, int8, int4, fp8, or a mapping (see QuantizationConfig).")
+
+    @field_validator("quantization", mode="before")
+    @classmethod
+    def _quantization_name(cls, v: Any) -> Any:
+        # `quantization: int4` is short for `quantization: {weights: int4}`.
+        if isinstance(v, str):
+            if v not in QUANTIZATION_NAMES:
+                raise PydanticCustomError("quantization_name", "'{v}' is not one of {names}, or a mapping",
+                                          {"v": v, "names": ", ".join(QUANTIZATION_NAMES)})
+            return {"weights": v}
+        return v
 
     @field_validator("max_kv_cache_capacity")
     @classmethod
@@ -94,7 +155,7 @@ def parse_build_config(data: Any, source: str = "<config>") -> BuildConfig:
     try:
         return BuildConfig.model_validate(data)
     except ValidationError as e:
-        lines = format_errors(e, ranges=RANGES, allowed_keys=BuildConfig.model_fields)
+        lines = format_errors(e, ranges=RANGES, allowed_keys=BuildConfig)
         raise ConfigError(f"{source}: invalid build config:\n  " + "\n  ".join(lines)) from None
 
 
@@ -134,6 +195,11 @@ def load_build_config(path: str | Path) -> BuildConfig:
     if not output_dir.is_absolute():
         output_dir = base / output_dir
     update = {"model": str(model), "output_dir": str(output_dir)}
+    if config.quantization.calibration is not None:
+        calibration = Path(_expand_vars("quantization.calibration", config.quantization.calibration, path)).expanduser()
+        if not calibration.is_absolute():
+            calibration = base / calibration
+        update["quantization"] = config.quantization.model_copy(update={"calibration": str(calibration)})
     if config.draft is not None:
         draft = Path(_expand_vars("draft.model", config.draft.model, path)).expanduser()
         if not draft.is_absolute() and (base / draft).exists():
@@ -143,5 +209,5 @@ def load_build_config(path: str | Path) -> BuildConfig:
     return config.model_copy(update=update)
 
 
-__all__ = ["BuildConfig", "DraftBuildConfig", "LoraBuildConfig", "LORA_MODULES", "ConfigError", "load_build_config",
+__all__ = ["BuildConfig", "DraftBuildConfig", "LoraBuildConfig", "QuantizationConfig", "LORA_MODULES", "ConfigError", "load_build_config",
            "parse_build_config"]

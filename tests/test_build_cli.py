@@ -68,7 +68,7 @@ def test_engine_directory_layout(tiny_model, build_engine_for):
     # The portable graph keeps the plugin node and its function body; the cpu engine is lowered.
     portable = onnx.load(engine / "llm/model.onnx", load_external_data=False)
     assert sum(n.op_type == "AttentionPlugin" for n in portable.graph.node) == 2
-    assert sorted(f.name for f in portable.functions) == ["AttentionPlugin", "TreeAttentionPlugin"]
+    assert [f.name for f in portable.functions] == ["AttentionPlugin"]  # the bodies of the node types it has
     lowered = onnx.load(engine / "llm/model.cpu.onnx", load_external_data=False)
     assert sum(n.op_type == "GroupQueryAttention" for n in lowered.graph.node) == 2
     assert not any(n.domain == "trt" for n in lowered.graph.node)

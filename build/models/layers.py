@@ -25,9 +25,17 @@ def frozen(tensor: Tensor) -> nn.Parameter:
     return nn.Parameter(tensor.detach().clone(), requires_grad=False)
 
 
+def _with_lora(x: Tensor, y: Tensor, lora: tuple[Tensor, Tensor] | None) -> Tensor:
+    if lora is None:
+        return y
+    # x A^T B^T with A [B, r, in], B [B, out, r]: each row of the batch its own adapter.
+    a, b = lora
+    return y + torch.matmul(torch.matmul(x, a.transpose(1, 2)), b.transpose(1, 2))
+
+
 class Linear(nn.Module):
-    """y = x W^T + b, plus a per-row LoRA pair when one is given. Made by `linear()` only, so that a
-    new weight format (the quantization issue) is one change there."""
+    """y = x W^T + b, plus a per-row LoRA pair when one is given. Made by `linear()` (or a
+    quantizing factory, build/quantize/factory.py) only."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None):
         super().__init__()
@@ -35,25 +43,47 @@ class Linear(nn.Module):
         self.bias = frozen(bias) if bias is not None else None
 
     def forward(self, x: Tensor, lora: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        y = F.linear(x, self.weight, self.bias)
-        if lora is None:
-            return y
-        # x A^T B^T with A [B, r, in], B [B, out, r]: each row of the batch its own adapter.
-        a, b = lora
-        return y + torch.matmul(torch.matmul(x, a.transpose(1, 2)), b.transpose(1, 2))
+        return _with_lora(x, F.linear(x, self.weight, self.bias), lora)
+
+
+class QuantizedLinear(nn.Module):
+    """Linear's contract over a quantized weight: the weight-only matmul op
+    (plugins/weight_only_matmul.py), then the float bias and LoRA pair. `weight` is a
+    build.quantize.QuantizedWeight."""
+
+    def __init__(self, weight, bias: Tensor | None):
+        super().__init__()
+        self.register_buffer("qweight", weight.qweight.contiguous())
+        self.scales = frozen(weight.scales)
+        self.register_buffer("zero_points", None if weight.zero_points is None else weight.zero_points.contiguous())
+        self.offsets = frozen(weight.offsets) if weight.offsets is not None else None
+        self.bias = frozen(bias) if bias is not None else None
+        self.bits, self.group_size = weight.bits, weight.group_size
+
+    def forward(self, x: Tensor, lora: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        y = torch.ops.trt_llm.weight_only_matmul(x, self.qweight, self.scales, self.zero_points, self.offsets,
+                                                 self.bits, self.group_size)
+        if self.bias is not None:
+            y = y + self.bias
+        return _with_lora(x, y, lora)
+
+
+def packed_bias(parts) -> Tensor | None:
+    """The packed projection's bias: the parts' biases side by side, zeros for a part without one
+    where another has one; None when none has one."""
+    biases = [p.bias if isinstance(p, nn.Linear) else None for p in parts]
+    if all(b is None for b in biases):
+        return None
+    rows = [p.weight.shape[0] if isinstance(p, nn.Linear) else p.shape[0] for p in parts]
+    dtype = next(b.dtype for b in biases if b is not None)
+    return torch.cat([b.detach() if b is not None else torch.zeros(n, dtype=dtype) for b, n in zip(biases, rows)])
 
 
 def linear(*parts: nn.Linear | Tensor) -> Linear:
     """One packed Linear from HF linears (or bare weight tensors) whose outputs are concatenated; a
     part without a bias gets zeros where another part has one."""
     weights = [p.weight if isinstance(p, nn.Linear) else p for p in parts]
-    biases = [p.bias if isinstance(p, nn.Linear) else None for p in parts]
-    weight = torch.cat([w.detach() for w in weights], dim=0)
-    if all(b is None for b in biases):
-        return Linear(weight, None)
-    bias = torch.cat([b.detach() if b is not None else torch.zeros(w.shape[0], dtype=weight.dtype)
-                      for b, w in zip(biases, weights)])
-    return Linear(weight, bias)
+    return Linear(torch.cat([w.detach() for w in weights], dim=0), packed_bias(parts))
 
 
 def rotary_tables(inv_freq: Tensor, attention_scaling: float, positions: int,
@@ -103,18 +133,20 @@ def sectioned_rotary(cos_table: Tensor, sin_table: Tensor, positions: Tensor,
 class DecoderLayer(nn.Module):
     """Pre-norm attention + gated MLP, the layer of every Llama-shaped family.
 
-    qk_norm: Qwen3 normalises q and k per head (RMSNorm over head_dim) before rotary."""
+    qk_norm: Qwen3 normalises q and k per head (RMSNorm over head_dim) before rotary.
+    make_linear: builds each packed projection from its HF linears (`linear`, or a quantizing
+    build.quantize.factory.LinearFactory)."""
 
-    def __init__(self, hf_layer, dims, qk_norm: bool = False):
+    def __init__(self, hf_layer, dims, qk_norm: bool = False, make_linear=linear):
         super().__init__()
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
         self.dims = dims
         self.input_norm = frozen(hf_layer.input_layernorm.weight)
         self.post_norm = frozen(hf_layer.post_attention_layernorm.weight)
-        self.qkv = linear(attn.q_proj, attn.k_proj, attn.v_proj)
-        self.o = linear(attn.o_proj)
-        self.gate_up = linear(mlp.gate_proj, mlp.up_proj)
-        self.down = linear(mlp.down_proj)
+        self.qkv = make_linear(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.o = make_linear(attn.o_proj)
+        self.gate_up = make_linear(mlp.gate_proj, mlp.up_proj)
+        self.down = make_linear(mlp.down_proj)
         self.q_norm = frozen(attn.q_norm.weight) if qk_norm else None
         self.k_norm = frozen(attn.k_norm.weight) if qk_norm else None
 

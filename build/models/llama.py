@@ -12,10 +12,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from trt_llm.build.models.layers import DecoderLayer, frozen, rms_norm, rotary_tables
+from trt_llm.build.models.layers import DecoderLayer, frozen, linear, rms_norm, rotary_tables
 from trt_llm.schemas.graph_spec import decoder_spec
 
 if TYPE_CHECKING:
@@ -48,14 +47,17 @@ class DecoderGraph(nn.Module):
     """
 
     def __init__(self, hf_model, family: "ModelFamily", max_positions: int, dtype: torch.dtype,
-                 lora_groups: list[str] = (), feature_layers: list[int] | None = None):
+                 lora_groups: list[str] = (), feature_layers: list[int] | None = None, make_linear=linear):
+        """make_linear: every linear, the LM head included, is built by it (`linear`, or a
+        quantizing build.quantize.factory.LinearFactory)."""
         super().__init__()
         self.dims = ModelDims(hf_model.config)
         self.lora_groups = list(lora_groups)  # packed projections with LoRA inputs, per layer
         self.feature_layers = list(feature_layers) if feature_layers else None
-        self.layers = nn.ModuleList(DecoderLayer(l, self.dims, family.qk_norm) for l in hf_model.model.layers)
+        self.layers = nn.ModuleList(DecoderLayer(l, self.dims, family.qk_norm, make_linear)
+                                    for l in hf_model.model.layers)
         self.final_norm = frozen(hf_model.model.norm.weight)
-        self.lm_head = frozen(hf_model.lm_head.weight)
+        self.lm_head = make_linear(hf_model.lm_head)
         # HF's rotary module already resolved the rope type (default, llama3, yarn, ...) into
         # inv_freq and attention_scaling, so reading those keeps every scaling variant right.
         rotary = hf_model.model.rotary_emb
@@ -88,7 +90,7 @@ class DecoderGraph(nn.Module):
         index = logits_indices.long().unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
         hidden = torch.gather(hidden, 1, index)
         hidden = rms_norm(hidden, self.final_norm, self.dims.rms_norm_eps)
-        logits = F.linear(hidden, self.lm_head).float()
+        logits = self.lm_head(hidden).float()
         if self.feature_layers is not None:
             return (logits, torch.cat([entering[i] for i in self.feature_layers], dim=-1), *presents)
         return (logits, *presents)

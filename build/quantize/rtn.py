@@ -1,0 +1,59 @@
+"""Round-to-nearest: each block of a float weight gets the scale (and zero point) that spans it.
+
+Symmetric int4 takes llama.cpp's Q4_0 rule: the block's value of largest magnitude maps to -8,
+so all sixteen levels are used and that value is exact. Symmetric int8 is Q8_0's: largest
+magnitude / 127. Asymmetric spans [min(min, 0), max(max, 0)] with 2^bits levels and an integer
+zero point.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from trt_llm.build.quantize import QuantizedWeight, QuantSpec
+
+
+def blocks(weight: Tensor, group_size: int) -> Tensor:
+    """nn.Linear's weight [N, K] -> float32 blocks [nb, G, N] along K (the last one zero-padded)."""
+    w = weight.detach().float().t()
+    in_features, out_features = w.shape
+    count = -(-in_features // group_size)
+    padded = torch.zeros(count * group_size, out_features)
+    padded[:in_features] = w
+    return padded.view(count, group_size, out_features)
+
+
+def quantize_rtn(weight: Tensor, spec: QuantSpec, scale_dtype: torch.dtype) -> QuantizedWeight:
+    """nn.Linear's weight [N, K] -> its QuantizedWeight (scales in `scale_dtype`, the graph's)."""
+    in_features = weight.shape[1]
+    group = spec.group_for(in_features)
+    b = blocks(weight, group)
+    top = (1 << spec.bits) - 1
+    if spec.symmetric:
+        if spec.bits == 4:
+            index = b.abs().argmax(dim=1, keepdim=True)
+            scale = torch.gather(b, 1, index) / -8  # [nb, 1, N]
+            low, high = -8, 7
+        else:
+            scale = b.abs().amax(dim=1, keepdim=True) / 127
+            low, high = -127, 127
+        scale = _nonzero(scale).to(scale_dtype).float()
+        q = torch.round(b / scale).clamp(low, high)
+        zero = None
+    else:
+        # The span includes 0, so zero stays exact (a padded row, a constant block), as ONNX Runtime's
+        # own quantizer does.
+        minimum, maximum = b.amin(dim=1, keepdim=True).clamp(max=0), b.amax(dim=1, keepdim=True).clamp(min=0)
+        scale = _nonzero((maximum - minimum) / top).to(scale_dtype).float()
+        zero = torch.round(-minimum / scale).clamp(0, top)
+        q = (torch.round(b / scale) + zero).clamp(0, top)
+    q = q.reshape(-1, q.shape[-1])[:in_features].to(torch.int16)
+    zero_points = None if zero is None else zero[:, 0].to(torch.int16)
+    return QuantizedWeight.from_values(q, scale[:, 0].to(scale_dtype), zero_points, spec.bits, group)
+
+
+def _nonzero(scale: Tensor) -> Tensor:
+    """A block of zeros (an embedding's padding row, tied to the LM head) gets scale 1: its integers
+    are 0 either way, and TensorRT refuses a zero scale."""
+    return torch.where(scale == 0, torch.ones_like(scale), scale)

@@ -1,0 +1,45 @@
+"""The token embedding table: stored as the build chose (the graph's dtype, fp16, or int8 rows with a
+scale each; `quantization.embedding`), looked up in the graph's dtype.
+
+The runtime does the lookup itself (so image and audio rows can stand in for tokens), so a table
+stored smaller than the graph's dtype stays small in memory too: only the looked-up rows widen.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+ACTIVATION_DTYPES = {"fp32": np.float32, "fp16": np.float16}
+
+
+class EmbeddingTable:
+    """Indexable like the array [V, H] it stands for: `table[ids]` is the rows in `dtype`."""
+
+    def __init__(self, rows: np.ndarray, dtype, scales: np.ndarray | None = None):
+        self.rows = rows  # [V, H]: float, or int8 with scales [V, 1]
+        self.scales = scales
+        self.dtype = np.dtype(dtype)
+        self.shape = rows.shape
+
+    def __getitem__(self, ids) -> np.ndarray:
+        rows = self.rows[ids]
+        if self.scales is not None:
+            return (rows.astype(np.float32) * self.scales[ids]).astype(self.dtype)
+        return rows if rows.dtype == self.dtype else rows.astype(self.dtype)
+
+
+def load_embedding(path: Path, graph_dtype: str, dims: dict) -> EmbeddingTable | np.ndarray:
+    """The table of an engine directory (its manifest's model dtype and dims); a table stored in the
+    graph's dtype is the plain array."""
+    from safetensors.numpy import load_file
+
+    tensors = load_file(str(path))
+    rows = tensors["embedding"]
+    if rows.shape != (dims["vocab_size"], dims["hidden_size"]):
+        raise ValueError(f"shape {list(rows.shape)}, the manifest says [{dims['vocab_size']}, {dims['hidden_size']}]")
+    dtype = ACTIVATION_DTYPES.get(graph_dtype, rows.dtype)
+    if "scales" not in tensors and rows.dtype == dtype:
+        return rows
+    return EmbeddingTable(rows, dtype, tensors.get("scales"))

@@ -1,0 +1,83 @@
+"""Quantized builds (`quantization:` in the build config) end to end on tiny models.
+
+Oracle: transformers running the same checkpoint with each quantized linear's weight replaced by
+its dequantized blocks (and the embedding rounded as the engine stores it): greedy tokens identical.
+The engine runs its weight-only matmuls at ONNX Runtime's fp32 accuracy level here; the int8
+activations of the default level are measured by trt-llm-eval (README: the quality table).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from helpers import PROMPTS
+from test_greedy_parity import assert_batch_matches_transformers
+from trt_llm.build.quantize import QuantSpec
+from trt_llm.build.quantize.rtn import quantize_rtn
+from trt_llm.runtime import ort_engine
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def dequantized_copy(model_dir: Path, out: Path, spec: QuantSpec, lm_head: bool = True,
+                     embedding=torch.float16) -> Path:
+    """The checkpoint with every linear as its RTN blocks dequantized, the embedding rounded through
+    `embedding` and the LM head untied (the engine stores the two apart)."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    head = model.lm_head.weight.detach().clone()
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(head)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if name.rsplit(".", 1)[-1] in LINEARS or (name == "lm_head" and lm_head):
+                module.weight.copy_(quantize_rtn(module.weight, spec, torch.float32).dequantize())
+        table = model.get_input_embeddings().weight
+        table.copy_(table.to(embedding).float())
+    model.save_pretrained(out)
+    for file in model_dir.iterdir():
+        if file.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            (out / file.name).write_bytes(file.read_bytes())
+    return out
+
+
+@pytest.fixture
+def exact_matmuls(monkeypatch):
+    monkeypatch.setattr(ort_engine, "MATMUL_ACCURACY_LEVEL", 1)
+
+
+CASES = [  # family, quantization, spec of the oracle
+    ("llama", {"weights": "int4", "group_size": 32}, QuantSpec(4, 32)),
+    ("qwen2", {"weights": "int4", "group_size": 64, "zero_point": True}, QuantSpec(4, 64, symmetric=False)),
+    ("qwen3", {"weights": "int4"}, QuantSpec(4, 128)),  # K = 64 < 128: one partial block
+    ("llama", {"weights": "int8", "group_size": 32, "lm_head": False}, QuantSpec(8, 32)),
+]
+
+
+@pytest.mark.parametrize("family,quantization,spec", CASES, ids=lambda c: str(c))
+def test_quantized_engine_matches_transformers_on_dequantized_weights(
+        family, quantization, spec, tiny_model, build_engine_for, tmp_path, exact_matmuls):
+    model_dir = tiny_model(family)
+    engine = build_engine_for(model_dir, quantization=quantization)
+    graph = onnx.load(engine / "llm" / "model.onnx", load_external_data=False)
+    quantized = [n for n in graph.graph.node if n.op_type.endswith("WeightOnlyMatMul")]
+    lm_head = quantization.get("lm_head", True)
+    assert len(quantized) == 2 * 4 + lm_head  # per layer qkv, o, gate_up, down
+    oracle = dequantized_copy(model_dir, tmp_path / "dequantized", spec, lm_head=lm_head)
+    lengths = assert_batch_matches_transformers(engine, oracle, PROMPTS, max_new=24)
+    assert max(lengths) >= 16
+
+
+def test_quantized_engine_is_smaller_and_shares_the_bundle_weights(tiny_model, build_engine_for):
+    model_dir = tiny_model("llama", hidden_size=256, intermediate_size=512, num_attention_heads=8, head_dim=32)
+    full = build_engine_for(model_dir)
+    small = build_engine_for(model_dir, quantization="int4")
+    size = {e: sum(f.stat().st_size for f in (e / "llm").iterdir()) for e in (full, small)}
+    assert size[small] <= 0.3 * size[full], size
+    cpu = onnx.load(small / "llm" / "model.cpu.onnx", load_external_data=False)
+    locations = {e.value for t in cpu.graph.initializer for e in t.external_data if e.key == "location"}
+    assert locations == {"model.onnx.data"}  # the cpu graph reads the bundle's file, no copy
