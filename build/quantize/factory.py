@@ -4,6 +4,7 @@ the float weights by the configured method."""
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import torch
@@ -12,6 +13,8 @@ from torch import Tensor, nn
 from trt_llm.build.models.layers import Linear, QuantizedLinear, linear, packed_bias
 from trt_llm.build.quantize import QuantizedWeight, QuantSpec, concat
 from trt_llm.build.quantize.rtn import quantize_rtn
+
+log = logging.getLogger(__name__)
 
 # A method: (HF linear's weight [N, K], its HF name, spec, scale dtype) -> QuantizedWeight.
 Method = Callable[[Tensor, str, QuantSpec, torch.dtype], QuantizedWeight]
@@ -36,6 +39,19 @@ class LinearFactory:
         self.published = dict(published or {})
         self.lm_head = lm_head
         self.quantized: list[str] = []  # the names of the linears made quantized, in order
+        self.embedding_blocks: QuantizedWeight | None = None  # a GGUF's Q8_0 token embedding
+        self.kept_types: dict[str, str] = {}  # name -> GGUF type, of the published blocks kept
+
+    def summary(self, quantization, embedding: str) -> dict:
+        """The manifest's model.quantization (schemas/manifest.Quantization)."""
+        kept: dict[str, int] = {}
+        for name in self.quantized:
+            if name in self.kept_types:
+                kept[self.kept_types[name]] = kept.get(self.kept_types[name], 0) + 1
+        if self.embedding_blocks is not None and embedding == "int8":
+            kept["Q8_0"] = kept.get("Q8_0", 0) + 1  # the token embedding
+        return {"weights": quantization.weights, "group_size": self.spec.group_size, "method": quantization.method,
+                "embedding": embedding, "quantized_linears": len(self.quantized), "kept_blocks": kept}
 
     def __call__(self, *parts: nn.Linear) -> Linear | QuantizedLinear:
         names = [self.names.get(id(p), "") for p in parts]
@@ -54,23 +70,79 @@ class LinearFactory:
         return QuantizedLinear(weight, packed_bias(parts))
 
 
+def spec_of(quantization) -> QuantSpec:
+    """schemas/build_config.QuantizationConfig -> how float weights are quantized."""
+    return QuantSpec(bits=4 if quantization.weights == "int4" else 8, group_size=quantization.effective_group_size(),
+                     symmetric=not quantization.zero_point)
+
+
 def factory_for(config, checkpoint, dtype: torch.dtype):
     """The make_linear of a build config (schemas/build_config.QuantizationConfig): `linear` when
-    the weights stay float, else a LinearFactory with the configured method."""
+    the weights stay float, else a LinearFactory with the configured method and, for a GGUF file,
+    the file's own blocks wherever the configured quantization holds them."""
     quantization = config.quantization
     if quantization.weights == "none":
         return linear
-    spec = QuantSpec(bits=4 if quantization.weights == "int4" else 8, group_size=quantization.effective_group_size(),
-                     symmetric=not quantization.zero_point)
-    return LinearFactory(checkpoint.model, dtype, spec, lm_head=quantization.lm_head)
+    spec = spec_of(quantization)
+    if not str(checkpoint.source).endswith(".gguf"):
+        return LinearFactory(checkpoint.model, dtype, spec, lm_head=quantization.lm_head)
+    from trt_llm.build.quantize.gguf_blocks import read_blocks
+
+    blocks = read_blocks(checkpoint.source, checkpoint.model)
+    kept = gguf_published(checkpoint, spec, blocks)
+    factory = LinearFactory(checkpoint.model, dtype, spec, kept, lm_head=quantization.lm_head)
+    factory.kept_types = {name: blocks[name][0] for name in kept}
+    embedding = blocks.get(_embedding_name(checkpoint.model))
+    if embedding is not None and embedding[0] == "Q8_0":
+        factory.embedding_blocks = embedding[1]
+    return factory
 
 
-def embedding_tensors(table: Tensor, storage: str) -> dict[str, Tensor]:
-    """The embedding file's tensors: the table in fp32 / fp16, or int8 rows with a scale each
-    (largest magnitude / 127, as Q8_0), which runtime/embedding.py reads."""
+def _embedding_name(model: nn.Module) -> str:
+    table = model.get_input_embeddings()
+    return next(name for name, module in model.named_modules() if module is table)
+
+
+def gguf_published(checkpoint, spec: QuantSpec, blocks: dict) -> dict[str, QuantizedWeight]:
+    """The GGUF blocks an int4 / int8 build keeps: Q4_0 / Q4_1 where it asks for int4 in groups of
+    32, Q8_0 where it asks for int8 (and for the LM head of an int4 build: llama.cpp's files keep
+    that one at 8 bits on purpose, and 4 bits would only lose). The rest is requantized from the
+    dequantized weights, and the build says so."""
+    def holds(name: str, type_name: str) -> bool:
+        if type_name in ("Q4_0", "Q4_1"):
+            return spec.bits == 4 and spec.group_size == 32
+        return type_name == "Q8_0" and (spec.bits == 8 or name == "lm_head")
+
+    linears = {name for name, module in checkpoint.model.named_modules() if isinstance(module, nn.Linear)}
+    blocks = {name: found for name, found in blocks.items() if name in linears}
+    kept = {name: weight for name, (type_name, weight) in blocks.items() if holds(name, type_name)}
+    requantized = sorted({type_name for name, (type_name, _) in blocks.items() if name not in kept})
+    if requantized:
+        log.warning("%s: %d of its %d quantized matmul weights (%s) do not fit int%d in groups of %s; they are "
+                    "dequantized and quantized again (int4 with group_size 32 keeps Q4_0 / Q4_1 blocks as they "
+                    "are, int8 keeps Q8_0)", checkpoint.source, len(blocks) - len(kept), len(blocks),
+                    ", ".join(requantized), spec.bits, spec.group_size or "a column")
+    return kept
+
+
+EMBEDDING_BLOCK = 32
+
+
+def embedding_tensors(table: Tensor, storage: str, blocks: QuantizedWeight | None = None) -> dict[str, Tensor]:
+    """The embedding file's tensors, which runtime/embedding.py reads: the table [V, H] in fp32 /
+    fp16 / bf16, or int8 "embedding" [V, H] with "scales" [V, H / 32] (Q8_0: blocks of 32 along a row,
+    largest magnitude / 127; a row that 32 does not divide is one block). `blocks`: a GGUF's Q8_0
+    table ([H, V] as the op's operands), kept as it is."""
     if storage == "int8":
-        scales = (table.float().abs().amax(dim=1, keepdim=True) / 127).clamp(min=torch.finfo(torch.float32).tiny)
-        rows = torch.round(table.float() / scales).clamp(-127, 127).to(torch.int8)
-        return {"embedding": rows.contiguous(), "scales": scales.contiguous()}
+        if blocks is not None:
+            q, _ = blocks.values()
+            return {"embedding": q.t().to(torch.int8).contiguous(), "scales": blocks.scales.t().float().contiguous()}
+        width = table.shape[1]
+        group = EMBEDDING_BLOCK if width % EMBEDDING_BLOCK == 0 else width
+        grouped = table.float().reshape(table.shape[0], -1, group)
+        scales = grouped.abs().amax(dim=-1, keepdim=True) / 127
+        scales = torch.where(scales == 0, torch.ones_like(scales), scales)
+        rows = torch.round(grouped / scales).clamp(-127, 127).to(torch.int8).reshape(table.shape)
+        return {"embedding": rows.contiguous(), "scales": scales[..., 0].contiguous()}
     return {"embedding": table.to({"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[storage])
             .contiguous()}

@@ -1,0 +1,87 @@
+"""Published quantized checkpoints, read as they are (issue 17 item 4).
+
+GGUF: tiny random Llama files in Q4_0, Q4_1 and Q8_0 (tests/assets.make_tiny_gguf: gguf's own
+quantizer, SmolLM2's tokenizer). Oracle: transformers loading the same file (gguf's dequantizer and
+transformers' row permutation): the blocks we keep dequantize to exactly its weights, and the engine
+built from them is greedy-identical to it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import assets
+from helpers import PROMPTS
+from test_greedy_parity import assert_batch_matches_transformers
+from trt_llm.build.quantize.gguf_blocks import read_blocks
+from trt_llm.runtime import ort_engine
+
+pytest.importorskip("gguf")
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    """Factory: tiny_gguf(type) -> (the .gguf file, transformers' fp32 folder of it), each made once."""
+    made = {}
+
+    def make(type_name: str):
+        if type_name not in made:
+            try:
+                folder = tmp_path_factory.mktemp(f"gguf-{type_name}")
+                path = assets.make_tiny_gguf(folder / f"tiny-{type_name}.gguf", type_name)
+            except assets.AssetUnavailable as exc:
+                pytest.skip(f"SmolLM2's GGUF (the tiny files' metadata) unavailable: {exc}")
+            model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=path.name, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=path.name)
+            model.hf_quantizer = None
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+            hf = folder / "hf"
+            model.save_pretrained(hf)
+            tokenizer.save_pretrained(hf)
+            made[type_name] = (path, hf, model.eval())
+        return made[type_name]
+
+    return make
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_gguf_blocks_dequantize_to_transformers_weights(tiny_gguf, type_name):
+    path, _, model = tiny_gguf(type_name)
+    blocks = read_blocks(path, model)
+    modules = dict(model.named_modules())
+    linears = [name for name, module in modules.items() if isinstance(module, torch.nn.Linear)]
+    assert sorted(blocks) == sorted(linears + ["model.embed_tokens"])  # the tied LM head included
+    for name, (found_type, weight) in blocks.items():
+        assert found_type == (type_name if name.startswith("model.layers") else "Q8_0")
+        assert torch.equal(weight.dequantize(), modules[name].weight), name  # bit for bit
+
+
+@pytest.mark.parametrize("type_name,quantization", [("Q4_0", {"weights": "int4", "group_size": 32}),
+                                                    ("Q4_1", {"weights": "int4", "group_size": 32}),
+                                                    ("Q8_0", {"weights": "int8"})])
+def test_gguf_engine_keeps_the_files_blocks_and_matches_transformers(tiny_gguf, build_engine_for, monkeypatch,
+                                                                     type_name, quantization):
+    path, hf, _ = tiny_gguf(type_name)
+    engine = build_engine_for(path, quantization=quantization)
+    summary = json.loads((engine / "manifest.json").read_text())["model"]["quantization"]
+    kept = {type_name: 14, "Q8_0": 2} if type_name != "Q8_0" else {"Q8_0": 16}  # + LM head and embedding
+    assert summary["kept_blocks"] == kept and summary["embedding"] == "int8"
+    monkeypatch.setattr(ort_engine, "MATMUL_ACCURACY_LEVEL", 1)  # fp32 compute: exact against transformers
+    lengths = assert_batch_matches_transformers(engine, hf, PROMPTS, max_new=24)
+    assert max(lengths) >= 16
+
+
+def test_gguf_blocks_another_group_size_cannot_hold_are_requantized_and_said(tiny_gguf, build_engine_for, caplog):
+    path, _, _ = tiny_gguf("Q4_0")
+    with caplog.at_level(logging.WARNING):
+        engine = build_engine_for(path, quantization={"weights": "int4", "group_size": 64})
+    summary = json.loads((engine / "manifest.json").read_text())["model"]["quantization"]
+    assert summary["kept_blocks"] == {"Q8_0": 2}  # the 8-bit LM head and embedding stay as they are
+    assert "14 of its 15 quantized matmul weights (Q4_0) do not fit int4 in groups of 64" in caplog.text
