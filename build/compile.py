@@ -49,7 +49,7 @@ def check_backend(config: BuildConfig, exported: bool = False) -> None:
         fixed = f" (the bundle was exported in {config.dtype}; export it again in one of those)" if exported else ""
         raise BuildError(f"dtype: {config.dtype!r} is not supported by the {config.backend} backend; "
                          f"choose one of {', '.join(SUPPORTED_DTYPES[config.backend])}{fixed}")
-    check_quantization(config)
+    check_quantization(config, exported)
     if config.draft is not None and config.draft.quantization in ("int8", "int4") and config.backend != "cpu":
         raise BuildError(f"draft.quantization: {config.draft.quantization!r} quantizes the draft for the cpu "
                          f"backend (ONNX Runtime's integer matmuls); on {config.backend!r} use 'none' or 'auto'")
@@ -58,11 +58,19 @@ def check_backend(config: BuildConfig, exported: bool = False) -> None:
                          f"graph is {config.dtype}; use 'none' or 'auto', or dtype 'fp32'")
 
 
-def check_quantization(config: BuildConfig) -> None:
-    """Refuse a `quantization:` the backend cannot run."""
+def check_quantization(config: BuildConfig, exported: bool = False) -> None:
+    """Refuse a `quantization:` the backend cannot run (and, before an export, an unreadable
+    calibration file)."""
     quantization = config.quantization
     if quantization.weights == "none":
         return
+    if quantization.calibration is not None and not exported:
+        from trt_llm.build.quantize.factory import read_calibration
+
+        try:
+            read_calibration(quantization.calibration)
+        except ValueError as error:
+            raise BuildError(str(error)) from None
     if quantization.weights == "fp8":
         if config.backend not in TENSORRT_BACKENDS:
             raise BuildError(f"quantization.weights: fp8 is for the TensorRT backends (fp8 tensor cores); the "
@@ -71,8 +79,6 @@ def check_quantization(config: BuildConfig) -> None:
     if quantization.zero_point and config.backend in TENSORRT_BACKENDS:
         raise BuildError(f"quantization.zero_point: TensorRT's dequantize takes symmetric weights only; on "
                          f"{config.backend!r} use zero_point: false")
-    if quantization.method == "awq":
-        raise BuildError("quantization.method: awq is not built by this version yet; use rtn")
     if config.backend == "cpu" and config.dtype != "fp32":
         raise BuildError(f"quantization.weights: {quantization.weights} on the cpu backend runs fp32 activations "
                          f"(ONNX Runtime's integer kernels); use dtype fp32")

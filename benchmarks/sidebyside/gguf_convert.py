@@ -1,6 +1,10 @@
-"""A Hugging Face Llama directory -> an F32 GGUF file that llama.cpp reads (written with the `gguf` package).
+"""A Hugging Face Llama directory -> an F32 (or Q4_0 / Q8_0) GGUF file that llama.cpp reads (written with
+the `gguf` package).
 
-    python benchmarks/sidebyside/gguf_convert.py HF_DIR OUT.gguf
+    python benchmarks/sidebyside/gguf_convert.py HF_DIR OUT.gguf [--type Q4_0]
+
+--type Q4_0 / Q8_0: every matmul weight in that block type, by gguf's own quantizer (llama.cpp's
+reference rounding), the token embedding (the tied LM head) in Q8_0, the norms in F32.
 
 llama.cpp's own `convert_hf_to_gguf.py` ships with its source tree, not with `llama-cpp-python` or the
 `gguf` package; this does the same for `LlamaForCausalLM` (SmolLM2, Llama 3.x rope scaling included) and
@@ -88,7 +92,7 @@ def _tensors(hf_dir: Path):
                     yield key, f.get_tensor(key).astype(np.float32, copy=False)
 
 
-def convert(hf_dir: Path, out: Path) -> Path:
+def convert(hf_dir: Path, out: Path, matmul_type: str = "F32") -> Path:
     import gguf
 
     hf_dir = Path(hf_dir)
@@ -110,7 +114,8 @@ def convert(hf_dir: Path, out: Path) -> Path:
     writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
     writer.add_type(gguf.GGUFType.MODEL)
     writer.add_name(hf_dir.name)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type({"F32": gguf.LlamaFileType.ALL_F32, "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+                          "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[matmul_type])
     writer.add_vocab_size(vocab_size)
     writer.add_context_length(config.get("max_position_embeddings", 2048))
     writer.add_embedding_length(hidden)
@@ -146,7 +151,14 @@ def convert(hf_dir: Path, out: Path) -> Path:
             array = _permute(array, heads)
         elif key.endswith("self_attn.k_proj.weight"):
             array = _permute(array, kv_heads)
-        writer.add_tensor(name, np.ascontiguousarray(array))
+        array = np.ascontiguousarray(array)
+        block_type = None
+        if matmul_type != "F32" and array.ndim == 2:
+            block_type = gguf.GGMLQuantizationType["Q8_0" if name.startswith("token_embd") else matmul_type]
+        if block_type is None:
+            writer.add_tensor(name, array)
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(array, block_type), raw_dtype=block_type)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     writer.write_header_to_file()
@@ -158,13 +170,16 @@ def convert(hf_dir: Path, out: Path) -> Path:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    matmul_type = "F32"
+    if len(argv) == 4 and argv[2] == "--type" and argv[3] in ("F32", "Q4_0", "Q8_0"):
+        matmul_type, argv = argv[3], argv[:2]
     if len(argv) != 2:
         print(__doc__.split("\n\n")[1].strip(), file=sys.stderr)
         return 2
     out = Path(argv[1])
     tmp = out.with_name(out.name + ".partial")
     try:
-        convert(Path(argv[0]), tmp)
+        convert(Path(argv[0]), tmp, matmul_type)
     except ConversionError as error:
         tmp.unlink(missing_ok=True)
         print(f"gguf_convert: {error}", file=sys.stderr)

@@ -84,7 +84,19 @@ def factory_for(config, checkpoint, dtype: torch.dtype):
     if quantization.weights == "none":
         return linear
     spec = spec_of(quantization)
-    if not str(checkpoint.source).endswith(".gguf"):
+    gguf = str(checkpoint.source).endswith(".gguf")
+    if quantization.method == "awq":
+        from trt_llm.build.quantize.awq import apply_awq
+
+        if gguf:
+            log.warning("%s: AWQ rescales the weights before quantizing them, so the file's own blocks are not "
+                        "kept (method: rtn keeps them)", checkpoint.source)
+        text = None
+        if quantization.calibration is not None:
+            text = read_calibration(quantization.calibration)
+        apply_awq(checkpoint.model, checkpoint.tokenizer, spec, text)
+        return LinearFactory(checkpoint.model, dtype, spec, lm_head=quantization.lm_head)
+    if not gguf:
         return LinearFactory(checkpoint.model, dtype, spec, lm_head=quantization.lm_head)
     from trt_llm.build.quantize.gguf_blocks import read_blocks
 
@@ -96,6 +108,19 @@ def factory_for(config, checkpoint, dtype: torch.dtype):
     if embedding is not None and embedding[0] == "Q8_0":
         factory.embedding_blocks = embedding[1]
     return factory
+
+
+def read_calibration(path: str) -> str:
+    """quantization.calibration: a UTF-8 text file; a bad one is a ValueError naming the key."""
+    try:
+        text = open(path, encoding="utf-8").read()
+    except OSError as error:
+        raise ValueError(f"quantization.calibration: cannot read {path!r}: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"quantization.calibration: {path!r} is not UTF-8 text (byte {error.start})") from None
+    if not text.strip():
+        raise ValueError(f"quantization.calibration: {path!r} is empty")
+    return text
 
 
 def _embedding_name(model: nn.Module) -> str:

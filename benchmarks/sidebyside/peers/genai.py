@@ -24,20 +24,21 @@ def missing(ctx: Context) -> str | None:
     return None
 
 
-def prepare(ctx: Context) -> Artifact:
+def prepare(ctx: Context, precision: str = "fp32") -> Artifact:
     import onnxruntime_genai
 
-    out = ctx.work_dir / "genai-fp32-cpu"
+    name = f"genai-{precision}-cpu"
+    out = ctx.work_dir / name
     config_path = out / "genai_config.json"
     # GenAI's `builder --help` crashes on a stray `%`, so the arguments are spelled out.
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(ctx.hf_dir), "-o", str(out),
-           "-p", "fp32", "-e", "cpu", "-c", str(ctx.work_dir / "genai-cache")]
+           "-p", precision, "-e", "cpu", "-c", str(ctx.work_dir / "genai-cache")]
 
     def build():
-        return run_timed(cmd, ctx.work_dir / "genai-fp32-cpu.log", env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        return run_timed(cmd, ctx.work_dir / f"{name}.log", env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
     key = {"hf_dir": str(ctx.hf_dir), "onnxruntime-genai": onnxruntime_genai.__version__}
-    info = cached_build(ctx, "genai-fp32-cpu", out, key, build, "onnxruntime_genai.models.builder (fp32, cpu)")
+    info = cached_build(ctx, name, out, key, build, f"onnxruntime_genai.models.builder ({precision}, cpu)")
     # Same thread count as everyone (sessions read it from here), one inter-op thread. SmolLM2's pad id
     # is its EOS (<|im_end|>, 2), which chat prompts contain; <|endoftext|> (0) never appears in one.
     config = json.loads(config_path.read_text())
@@ -46,7 +47,7 @@ def prepare(ctx: Context) -> Artifact:
     session["inter_op_num_threads"] = 1
     config["model"]["pad_token_id"] = PAD
     config_path.write_text(json.dumps(config, indent=4) + "\n")
-    return Artifact(path=out, precision="fp32", build=info)
+    return Artifact(path=out, precision=precision, build=info)
 
 
 class Runner:

@@ -28,27 +28,31 @@ def build_command() -> list[str]:
     return [found] if found else [sys.executable, "-m", "trt_llm.build.cli"]
 
 
-def prepare(ctx: Context) -> Artifact:
+def prepare(ctx: Context, quantization: dict | None = None, model: Path | None = None,
+            name: str = "trt-llm-engine", precision: str = "fp32") -> Artifact:
+    """The engine of ctx.hf_dir (or `model`, e.g. a GGUF file), fp32 or with `quantization:`."""
     import yaml
 
     import trt_llm.build
     import trt_llm.plugins
     import trt_llm.schemas
 
-    out = ctx.work_dir / "trt-llm-engine"
-    config = {"model": str(ctx.hf_dir), "output_dir": str(out), "backend": "cpu", "dtype": "fp32",
+    out = ctx.work_dir / name
+    config = {"model": str(model or ctx.hf_dir), "output_dir": str(out), "backend": "cpu", "dtype": "fp32",
               "max_batch_size": ctx.max_batch, "max_input_len": ctx.max_input,
               "max_kv_cache_capacity": ctx.capacity}
+    if quantization:
+        config["quantization"] = quantization
     builder = source_hash(*(Path(p.__file__).parent for p in (trt_llm.build, trt_llm.plugins, trt_llm.schemas)))
-    config_path = ctx.work_dir / "trt-llm-build.yaml"
+    config_path = ctx.work_dir / f"{name}.yaml"
 
     def build():
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        return run_timed([*build_command(), str(config_path), "--quiet"], ctx.work_dir / "trt-llm-engine.log")
+        return run_timed([*build_command(), str(config_path), "--quiet"], ctx.work_dir / f"{name}.log")
 
-    info = cached_build(ctx, "trt-llm-engine", out, {"config": config, "builder": builder}, build,
-                        "trt-llm-build (cpu backend, fp32)")
-    return Artifact(path=out, precision="fp32", build=info)
+    info = cached_build(ctx, name, out, {"config": config, "builder": builder}, build,
+                        f"trt-llm-build (cpu backend, {precision})")
+    return Artifact(path=out, precision=precision, build=info)
 
 
 class Runner:
@@ -65,7 +69,12 @@ class Runner:
 
         ed = EngineDir.open(path)
         dims = ed.dims
-        embedding = load_file(str(ed.component_path("llm", "embedding")))["embedding"]
+        try:  # a quantized engine stores its embedding in fp16 or int8 blocks
+            from trt_llm.runtime.embedding import load_embedding
+
+            embedding = load_embedding(ed.component_path("llm", "embedding"), ed.manifest["model"]["dtype"], dims)
+        except ImportError:  # a trt-llm before issue 17 (peers/ours_ref.py runs one)
+            embedding = load_file(str(ed.component_path("llm", "embedding")))["embedding"]
         engine = OrtEngine(ed.component_path("llm", "engine"), dims["num_layers"], threads)
         self.model = Model(engine, embedding, dims, [])  # no EOS: every row makes exactly n tokens
 
