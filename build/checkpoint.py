@@ -25,6 +25,10 @@ class Checkpoint:
     generation_config: object
     family: ModelFamily
     source: str
+    # A GPTQ / AWQ folder's own blocks ({module name: QuantizedWeight}; the model holds them
+    # dequantized) and its quantization_config; build/quantize/formats.py.
+    published: dict | None = None
+    published_config: dict | None = None
 
 
 def _location(model: str) -> tuple[str, dict]:
@@ -61,18 +65,26 @@ def load_checkpoint(model: str, dtype: str, trust_remote_code: bool = False) -> 
     with _loading(model):
         config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code, **extra)
     family = family_for(config)  # refuse an unsupported architecture before loading any weights
+    published, published_config = None, None
     with _loading(model):
         # Weights load in fp32 and are cast by the graph builder: GGUF dequantisation and the rotary
         # tables are computed in fp32 either way.
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            location, dtype=torch.float32, trust_remote_code=trust_remote_code, **extra
-        ).eval()
+        if not extra:
+            from trt_llm.build.quantize.formats import load_published, quantization_config
+
+            published_config = quantization_config(Path(location))
+        if published_config is not None:  # GPTQ / AWQ: read without their kernels
+            hf_model, published = load_published(Path(location), published_config)
+        else:
+            hf_model = AutoModelForCausalLM.from_pretrained(
+                location, dtype=torch.float32, trust_remote_code=trust_remote_code, **extra
+            ).eval()
         tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code, **extra)
     try:
         generation_config = GenerationConfig.from_pretrained(location, **extra)
     except OSError:
         generation_config = hf_model.generation_config
-    return Checkpoint(hf_model, tokenizer, generation_config, family, model)
+    return Checkpoint(hf_model, tokenizer, generation_config, family, model, published, published_config)
 
 
 def eos_token_ids(checkpoint: Checkpoint) -> list[int]:

@@ -25,16 +25,17 @@ LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 
 def dequantized_copy(model_dir: Path, out: Path, spec: QuantSpec, lm_head: bool = True,
-                     embedding=torch.float16) -> Path:
-    """The checkpoint with every linear as its RTN blocks dequantized, the embedding rounded through
-    `embedding` and the LM head untied (the engine stores the two apart)."""
+                     embedding=torch.float16, only: tuple[str, ...] | None = None) -> Path:
+    """The checkpoint with every linear (or those named in `only`) as its RTN blocks dequantized, the
+    embedding rounded through `embedding` and the LM head untied (the engine stores the two apart)."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     head = model.lm_head.weight.detach().clone()
     model.config.tie_word_embeddings = False
     model.lm_head.weight = torch.nn.Parameter(head)
     with torch.no_grad():
         for name, module in model.named_modules():
-            if name.rsplit(".", 1)[-1] in LINEARS or (name == "lm_head" and lm_head):
+            chosen = name in only if only is not None else name.rsplit(".", 1)[-1] in LINEARS or name == "lm_head"
+            if chosen and (name != "lm_head" or lm_head):
                 module.weight.copy_(quantize_rtn(module.weight, spec, torch.float32).dequantize())
         table = model.get_input_embeddings().weight
         table.copy_(table.to(embedding).float())

@@ -58,11 +58,31 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("zero_points", None if weight.zero_points is None else weight.zero_points.contiguous())
         self.offsets = frozen(weight.offsets) if weight.offsets is not None else None
         self.bias = frozen(bias) if bias is not None else None
+        self.register_buffer("input_order", weight.input_order)
         self.bits, self.group_size = weight.bits, weight.group_size
 
     def forward(self, x: Tensor, lora: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        y = torch.ops.trt_llm.weight_only_matmul(x, self.qweight, self.scales, self.zero_points, self.offsets,
+        # GPTQ act-order: the input in the order of the weight's rows (a Gather in the graph)
+        rows = x if self.input_order is None else x.index_select(-1, self.input_order)
+        y = torch.ops.trt_llm.weight_only_matmul(rows, self.qweight, self.scales, self.zero_points, self.offsets,
                                                  self.bits, self.group_size)
+        if self.bias is not None:
+            y = y + self.bias
+        return _with_lora(x, y, lora)
+
+
+class ConcatenatedLinear(nn.Module):
+    """A packed projection whose parts cannot share one matmul (GPTQ act-order parts that gather
+    their input in different orders): each part on its own, the outputs side by side, then the
+    packed bias and LoRA pair as Linear's."""
+
+    def __init__(self, parts: list[nn.Module], bias: Tensor | None):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.bias = frozen(bias) if bias is not None else None
+
+    def forward(self, x: Tensor, lora: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        y = torch.cat([part(x) for part in self.parts], dim=-1)
         if self.bias is not None:
             y = y + self.bias
         return _with_lora(x, y, lora)

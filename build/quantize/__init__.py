@@ -13,6 +13,7 @@ or freshly quantized ones, as the build config's `quantization:` says.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,8 @@ class QuantizedWeight:
     bits: int
     group_size: int
     offsets: Tensor | None = None
+    # GPTQ act-order: the input rows in the order of qweight's rows (x is gathered so), else None
+    input_order: Tensor | None = None
 
     @property
     def out_features(self) -> int:
@@ -52,8 +55,11 @@ class QuantizedWeight:
         return self.qweight.shape[0]
 
     def dequantize(self) -> Tensor:
-        """W^T [N, K], the float weight in nn.Linear's layout."""
-        return dequantize(self.qweight, self.scales, self.zero_points, self.bits, self.group_size, self.offsets).t()
+        """W^T [N, K], the float weight in nn.Linear's layout (in the input's own order)."""
+        w = dequantize(self.qweight, self.scales, self.zero_points, self.bits, self.group_size, self.offsets)
+        if self.input_order is not None:
+            w = torch.empty_like(w).index_copy_(0, self.input_order, w)
+        return w.t()
 
     def values(self) -> tuple[Tensor, Tensor | None]:
         """The integers of qweight [K, N] and of the zero points [nb, N]."""
@@ -61,22 +67,22 @@ class QuantizedWeight:
 
     @staticmethod
     def from_values(q: Tensor, scales: Tensor, zero_points: Tensor | None, bits: int, group_size: int,
-                    offsets: Tensor | None = None) -> "QuantizedWeight":
+                    offsets: Tensor | None = None, input_order: Tensor | None = None) -> "QuantizedWeight":
         """From integers [K, N] (signed when there are no zero points, else unsigned), zero points or
         offsets [nb, N]: packed as the op stores them."""
         if bits == 4:
             if q.shape[1] % 2:
                 raise ValueError(f"int4 weights need an even number of output features, got {q.shape[1]}")
             return QuantizedWeight(pack_int4(q), scales, None if zero_points is None else pack_int4(zero_points),
-                                   bits, group_size, offsets)
+                                   bits, group_size, offsets, input_order)
         dtype = torch.int8 if zero_points is None else torch.uint8
         return QuantizedWeight(q.to(dtype), scales, None if zero_points is None else zero_points.to(torch.uint8),
-                               bits, group_size, offsets)
+                               bits, group_size, offsets, input_order)
 
     def with_scales_in(self, dtype: torch.dtype) -> "QuantizedWeight":
         """The float operands (scales, offsets) in the graph's dtype."""
-        return QuantizedWeight(self.qweight, self.scales.to(dtype), self.zero_points, self.bits, self.group_size,
-                               None if self.offsets is None else self.offsets.to(dtype))
+        return dataclasses.replace(self, scales=self.scales.to(dtype),
+                                   offsets=None if self.offsets is None else self.offsets.to(dtype))
 
     def to_signed(self) -> "QuantizedWeight":
         """Zero points that are all 2^(bits-1) (GPTQ's and GGUF Q4_0's symmetric form) dropped: the
@@ -87,7 +93,8 @@ class QuantizedWeight:
         middle = 1 << (self.bits - 1)
         if not bool((zero == middle).all()):
             return self
-        return QuantizedWeight.from_values(q - middle, self.scales, None, self.bits, self.group_size)
+        return QuantizedWeight.from_values(q - middle, self.scales, None, self.bits, self.group_size, self.offsets,
+                                           self.input_order)
 
 
 def concat(parts: list[QuantizedWeight]) -> QuantizedWeight:
@@ -99,7 +106,7 @@ def concat(parts: list[QuantizedWeight]) -> QuantizedWeight:
     def form(p):
         return p.bits, p.group_size, p.in_features, p.zero_points is None, p.offsets is None
 
-    if any(form(p) != form(first) for p in parts):
+    if any(form(p) != form(first) for p in parts) or not same_input_order(parts):
         raise ValueError("the parts of a packed projection are quantized differently")
 
     def side_by_side(name):
@@ -107,4 +114,11 @@ def concat(parts: list[QuantizedWeight]) -> QuantizedWeight:
         return None if tensors[0] is None else torch.cat(tensors, dim=1)
 
     return QuantizedWeight(side_by_side("qweight"), side_by_side("scales"), side_by_side("zero_points"),
-                           first.bits, first.group_size, side_by_side("offsets"))
+                           first.bits, first.group_size, side_by_side("offsets"), first.input_order)
+
+
+def same_input_order(parts: list[QuantizedWeight]) -> bool:
+    orders = [p.input_order for p in parts]
+    if all(o is None for o in orders):
+        return True
+    return all(o is not None and torch.equal(o, orders[0]) for o in orders)

@@ -10,8 +10,8 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from trt_llm.build.models.layers import Linear, QuantizedLinear, linear, packed_bias
-from trt_llm.build.quantize import QuantizedWeight, QuantSpec, concat
+from trt_llm.build.models.layers import ConcatenatedLinear, Linear, QuantizedLinear, linear, packed_bias
+from trt_llm.build.quantize import QuantizedWeight, QuantSpec, concat, same_input_order
 from trt_llm.build.quantize.rtn import quantize_rtn
 
 log = logging.getLogger(__name__)
@@ -66,8 +66,10 @@ class LinearFactory:
         else:
             weights = [self.method(p.weight, name, self.spec, self.dtype) for p, name in zip(parts, names)]
         self.quantized += names
-        weight = concat([w.with_scales_in(self.dtype) for w in weights])
-        return QuantizedLinear(weight, packed_bias(parts))
+        weights = [w.with_scales_in(self.dtype) for w in weights]
+        if not same_input_order(weights):
+            return ConcatenatedLinear([QuantizedLinear(w, None) for w in weights], packed_bias(parts))
+        return QuantizedLinear(concat(weights), packed_bias(parts))
 
 
 def spec_of(quantization) -> QuantSpec:
@@ -82,8 +84,15 @@ def factory_for(config, checkpoint, dtype: torch.dtype):
     the file's own blocks wherever the configured quantization holds them."""
     quantization = config.quantization
     if quantization.weights == "none":
+        if checkpoint.published:
+            log.warning("%s: a %s checkpoint built with quantization: none runs its weights dequantized; "
+                        "quantization: {weights: int4, group_size: %s} keeps its blocks", checkpoint.source,
+                        checkpoint.published_config["quant_method"].upper(), published_group(checkpoint) or "G")
         return linear
     spec = spec_of(quantization)
+    if checkpoint.published and quantization.method == "rtn":
+        return LinearFactory(checkpoint.model, dtype, spec, folder_published(checkpoint, spec, config.backend),
+                             lm_head=quantization.lm_head)
     gguf = str(checkpoint.source).endswith(".gguf")
     if quantization.method == "awq":
         from trt_llm.build.quantize.awq import apply_awq
@@ -108,6 +117,29 @@ def factory_for(config, checkpoint, dtype: torch.dtype):
     if embedding is not None and embedding[0] == "Q8_0":
         factory.embedding_blocks = embedding[1]
     return factory
+
+
+def published_group(checkpoint) -> int | None:
+    """The group size of a GPTQ / AWQ folder's blocks (0: one per column)."""
+    groups = {w.group_size for w in checkpoint.published.values()}
+    return groups.pop() if len(groups) == 1 else None
+
+
+def folder_published(checkpoint, spec: QuantSpec, backend: str) -> dict[str, QuantizedWeight]:
+    """The GPTQ / AWQ blocks an int4 build keeps: all of them when it asks for their group size (and,
+    on a TensorRT backend, when they are symmetric: its dequantize takes no zero points). Otherwise
+    they are requantized from the dequantized weights, and the build says so."""
+    fmt = checkpoint.published_config["quant_method"].upper()
+    kept = {name: w for name, w in checkpoint.published.items()
+            if spec.bits == w.bits and w.group_size == spec.group_for(w.in_features)}
+    if backend != "cpu":
+        kept = {name: w for name, w in kept.items() if w.zero_points is None}
+    if len(kept) < len(checkpoint.published):
+        log.warning("%s: %d of its %d %s weights do not fit int%d in groups of %s%s; they are dequantized and "
+                    "quantized again", checkpoint.source, len(checkpoint.published) - len(kept),
+                    len(checkpoint.published), fmt, spec.bits, spec.group_size or "a column",
+                    " with symmetric blocks (TensorRT)" if backend != "cpu" else "")
+    return kept
 
 
 def read_calibration(path: str) -> str:
