@@ -38,6 +38,7 @@ ENGINES = {  # name -> (model: "hf" | "q4_1" | "q4_0", quantization); fp32 is th
     "int8": ("hf", {"weights": "int8"}),
     "int4 RTN g32": ("hf", {"weights": "int4", "group_size": 32}),
     "int4 RTN g128": ("hf", {"weights": "int4", "group_size": 128}),
+    "int4 RTN g32 zero point": ("hf", {"weights": "int4", "group_size": 32, "zero_point": True}),
     "int4 AWQ g32": ("hf", {"weights": "int4", "group_size": 32, "method": "awq"}),
     "int4 AWQ g128": ("hf", {"weights": "int4", "group_size": 128, "method": "awq"}),
     "Q4_1 file as it is": ("q4_1", {"weights": "int4", "group_size": 32}),
@@ -84,7 +85,14 @@ def build(name: str, model: Path, quantization: dict | None, work_dir: Path, con
     from trt_llm.build.cli import build_engine
     from trt_llm.schemas.build_config import BuildConfig
 
-    key = {"model": str(model), "quantization": quantization, "context": context}
+    import trt_llm.build
+    import trt_llm.plugins
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from sidebyside.artifacts import source_hash
+
+    builder = source_hash(*(Path(p.__file__).parent for p in (trt_llm.build, trt_llm.plugins)))
+    key = {"model": str(model), "quantization": quantization, "context": context, "builder": builder}
     out = work_dir / ("quality-" + "".join(c if c.isalnum() else "-" for c in name))
     stamp = out.with_suffix(".stamp.json")
     if out.is_dir() and stamp.is_file() and json.loads(stamp.read_text()) == key:

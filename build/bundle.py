@@ -30,7 +30,7 @@ def write_embedding(checkpoint, path: Path, storage: str, blocks=None) -> None:
     storage: fp32, fp16, bf16 or int8 (quantization.embedding); blocks: a GGUF's own Q8_0 table."""
     from safetensors.torch import save_file
 
-    from trt_llm.build.quantize.factory import embedding_tensors
+    from trt_llm.build.quantize.embedding import embedding_tensors
 
     table = checkpoint.model.get_input_embeddings().weight.detach()
     save_file(embedding_tensors(table, storage, blocks if storage == "int8" else None), str(path))

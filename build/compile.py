@@ -76,6 +76,9 @@ def check_quantization(config: BuildConfig, exported: bool = False) -> None:
             raise BuildError(f"quantization.weights: fp8 is for the TensorRT backends (fp8 tensor cores); the "
                              f"{config.backend} backend takes int8 or int4")
         raise BuildError("quantization.weights: fp8 is not built by this version yet; use int8 or int4")
+    if quantization.weights == "int8" and quantization.group_size is not None and config.backend in TENSORRT_BACKENDS:
+        raise BuildError(f"quantization.group_size: TensorRT's int8 weights take one scale per output column; on "
+                         f"{config.backend!r} leave group_size out for int8")
     if quantization.zero_point and config.backend in TENSORRT_BACKENDS:
         raise BuildError(f"quantization.zero_point: TensorRT's dequantize takes symmetric weights only; on "
                          f"{config.backend!r} use zero_point: false")

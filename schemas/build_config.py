@@ -59,9 +59,9 @@ class QuantizationConfig(BaseModel):
         description="The matmul weights: int8, int4 (blocks along the input dimension, a scale each) or "
                     "fp8 (the TensorRT backends only); activations stay in the graph's dtype.")
     group_size: Literal[32, 64, 128] | None = Field(
-        None, description="Inputs per scale. int4: default 128. int8: default one scale per output column "
-                          "(the fastest int8 kernel on the cpu backend); a group size gives blocks (a GGUF Q8_0 "
-                          "file keeps its blocks of 32).")
+        None, description="Inputs per scale. int4: default 128. int8: default 32 (Q8_0's blocks: the activations "
+                          "are quantized per block too, which keeps int8 within 1% of fp32's perplexity), or one "
+                          "scale per output column on the TensorRT backends (their int8 weights take no blocks).")
     method: Literal["rtn", "awq"] = Field(
         "rtn", description="rtn: round to nearest. awq: activation-aware scales from a calibration text "
                            "(better int4 at the same size; minutes on the CPU for a small model).")
@@ -83,11 +83,13 @@ class QuantizationConfig(BaseModel):
                                       "{w}", {"w": info.data.get("weights")})
         return v
 
-    def effective_group_size(self) -> int:
+    def effective_group_size(self, backend: str = "cpu") -> int:
         """Inputs per scale; 0 is one scale per output column."""
         if self.group_size is not None:
             return self.group_size
-        return 128 if self.weights == "int4" else 0
+        if self.weights == "int4":
+            return 128
+        return 32 if backend == "cpu" else 0
 
     def effective_embedding(self, dtype: str) -> str:
         if self.embedding is not None:

@@ -420,3 +420,17 @@ def test_a_request_admitted_mid_speculation_gives_its_tokens_alone(engine, late,
     assert [ids for ids, _ in joined.sequence.top_logprobs] == [ids for ids, _ in alone.sequence.top_logprobs]
     for (_, got), (_, want) in zip(joined.sequence.top_logprobs, alone.sequence.top_logprobs):
         assert got == pytest.approx(want, abs=1e-4)
+
+
+def test_eagle_over_an_int4_base_gives_vanilla_tokens(engine, build_engine_for, tiny_model):
+    """An int4 base (quantization: int4) with the draft: speculation verifies on the quantized base,
+    so its tokens are that base's own vanilla tokens."""
+    base = tiny_model("llama", num_hidden_layers=4)
+    draft_config = json.loads((engine / "manifest.json").read_text())["build_config"]["draft"]
+    quantized = build_engine_for(base, draft=draft_config, quantization={"weights": "int4", "group_size": 32})
+    assert json.loads((quantized / "manifest.json").read_text())["model"]["quantization"]["weights"] == "int4"
+    data = {"temperature": 0.0, "batch_size": 2, "max_generate_length": 16,
+            "requests": [chat_request(p) for p in PROMPTS[:2]]}
+    spec, stats = run(quantized, data)
+    assert stats.rounds > 0
+    assert_same(spec, run(quantized, data, spec_decode=False)[0])

@@ -82,3 +82,44 @@ def test_quantized_engine_is_smaller_and_shares_the_bundle_weights(tiny_model, b
     cpu = onnx.load(small / "llm" / "model.cpu.onnx", load_external_data=False)
     locations = {e.value for t in cpu.graph.initializer for e in t.external_data if e.key == "location"}
     assert locations == {"model.onnx.data"}  # the cpu graph reads the bundle's file, no copy
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"quantization": "fp8"}, "fp8 is for the TensorRT backends"),
+    ({"quantization": "fp8", "backend": "tensorrt-rtx"}, "fp8 is not built by this version yet"),
+    ({"quantization": {"weights": "int4", "zero_point": True}, "backend": "tensorrt-rtx"}, "symmetric weights only"),
+    ({"quantization": {"weights": "int8", "group_size": 32}, "backend": "tensorrt-rtx"}, "one scale per output column"),
+    ({"quantization": "int4", "dtype": "fp16"}, "use dtype fp32"),
+])
+def test_a_quantization_the_backend_cannot_run_is_refused_before_any_work(settings, message):
+    from trt_llm.build.compile import BuildError, check_backend
+    from trt_llm.schemas.build_config import BuildConfig
+
+    with pytest.raises(BuildError, match=message):
+        check_backend(BuildConfig(model="m", output_dir="o", **settings))
+
+
+def test_int8_defaults_to_blocks_of_32_on_cpu_and_columns_on_tensorrt():
+    from trt_llm.schemas.build_config import QuantizationConfig
+
+    int8 = QuantizationConfig(weights="int8")
+    assert int8.effective_group_size("cpu") == 32 and int8.effective_group_size("tensorrt") == 0
+    assert QuantizationConfig(weights="int4").effective_group_size("tensorrt-rtx") == 128
+    assert int8.effective_embedding("fp32") == "fp16" and QuantizationConfig(weights="none").effective_embedding("fp32") == "fp32"
+
+
+def test_an_int8_embedding_table_is_q8_0_blocks_and_reads_back_within_half_a_step():
+    import numpy as np
+
+    from trt_llm.build.quantize.embedding import embedding_tensors
+    from trt_llm.runtime.embedding import EmbeddingTable
+
+    table = torch.randn(10, 64) * torch.linspace(0.1, 3, 64)  # channels of different sizes
+    stored = embedding_tensors(table, "int8")
+    assert stored["embedding"].dtype == torch.int8 and list(stored["scales"].shape) == [10, 2]
+    lookup = EmbeddingTable(stored["embedding"].numpy(), np.float32, stored["scales"].numpy())
+    ids = np.array([[3, 0, 9]])
+    got = lookup[ids]
+    assert got.shape == (1, 3, 64) and got.dtype == np.float32
+    step = np.repeat(stored["scales"].numpy()[ids], 32, axis=-1)
+    assert np.all(np.abs(got - table.numpy()[ids]) <= step / 2 + 1e-7)

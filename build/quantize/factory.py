@@ -5,10 +5,9 @@ the float weights by the configured method."""
 from __future__ import annotations
 
 import logging
-from typing import Callable
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from trt_llm.build.models.layers import ConcatenatedLinear, Linear, QuantizedLinear, linear, packed_bias
 from trt_llm.build.quantize import QuantizedWeight, QuantSpec, concat, same_input_order
@@ -16,26 +15,18 @@ from trt_llm.build.quantize.rtn import quantize_rtn
 
 log = logging.getLogger(__name__)
 
-# A method: (HF linear's weight [N, K], its HF name, spec, scale dtype) -> QuantizedWeight.
-Method = Callable[[Tensor, str, QuantSpec, torch.dtype], QuantizedWeight]
-
-
-def rtn_method(weight: Tensor, name: str, spec: QuantSpec, dtype: torch.dtype) -> QuantizedWeight:
-    return quantize_rtn(weight, spec, dtype)
-
-
 class LinearFactory:
     """Called as `make_linear(*hf_linears)` by build/models/ (see layers.linear).
 
-    spec: how float weights are quantized (None: they stay float). published: HF module name ->
-    the checkpoint's own QuantizedWeight (GPTQ, AWQ, GGUF blocks), kept bit for bit. lm_head: whether
-    the LM head is quantized. method: rtn_method, or AWQ's (build/quantize/awq.py)."""
+    spec: how float weights are quantized (round to nearest; AWQ has scaled the model's weights
+    before, build/quantize/awq.py). published: HF module name -> the checkpoint's own
+    QuantizedWeight (GPTQ, AWQ, GGUF blocks), kept bit for bit. lm_head: whether the LM head is
+    quantized."""
 
-    def __init__(self, model: nn.Module, dtype: torch.dtype, spec: QuantSpec | None,
-                 published: dict[str, QuantizedWeight] | None = None, lm_head: bool = True,
-                 method: Method = rtn_method):
+    def __init__(self, model: nn.Module, dtype: torch.dtype, spec: QuantSpec,
+                 published: dict[str, QuantizedWeight] | None = None, lm_head: bool = True):
         self.names = {id(module): name for name, module in model.named_modules()}
-        self.dtype, self.spec, self.method = dtype, spec, method
+        self.dtype, self.spec = dtype, spec
         self.published = dict(published or {})
         self.lm_head = lm_head
         self.quantized: list[str] = []  # the names of the linears made quantized, in order
@@ -53,18 +44,18 @@ class LinearFactory:
         return {"weights": quantization.weights, "group_size": self.spec.group_size, "method": quantization.method,
                 "embedding": embedding, "quantized_linears": len(self.quantized), "kept_blocks": kept}
 
-    def __call__(self, *parts: nn.Linear) -> Linear | QuantizedLinear:
+    def __call__(self, *parts: nn.Linear) -> Linear | QuantizedLinear | ConcatenatedLinear:
         names = [self.names.get(id(p), "") for p in parts]
         kept = [self.published.get(name) for name in names]
         is_head = names == ["lm_head"]
         if any(k is not None for k in kept):
             if any(k is None for k in kept):
                 raise ValueError(f"{', '.join(names)}: a packed projection is partly quantized in the checkpoint")
-            weights = [k for k in kept]
-        elif self.spec is None or (is_head and not self.lm_head):
+            weights = kept
+        elif is_head and not self.lm_head:
             return linear(*parts)
         else:
-            weights = [self.method(p.weight, name, self.spec, self.dtype) for p, name in zip(parts, names)]
+            weights = [quantize_rtn(p.weight, self.spec, self.dtype) for p in parts]
         self.quantized += names
         weights = [w.with_scales_in(self.dtype) for w in weights]
         if not same_input_order(weights):
@@ -72,16 +63,16 @@ class LinearFactory:
         return QuantizedLinear(concat(weights), packed_bias(parts))
 
 
-def spec_of(quantization) -> QuantSpec:
+def spec_of(quantization, backend: str = "cpu") -> QuantSpec:
     """schemas/build_config.QuantizationConfig -> how float weights are quantized."""
-    return QuantSpec(bits=4 if quantization.weights == "int4" else 8, group_size=quantization.effective_group_size(),
-                     symmetric=not quantization.zero_point)
+    return QuantSpec(bits=4 if quantization.weights == "int4" else 8,
+                     group_size=quantization.effective_group_size(backend), symmetric=not quantization.zero_point)
 
 
 def factory_for(config, checkpoint, dtype: torch.dtype):
     """The make_linear of a build config (schemas/build_config.QuantizationConfig): `linear` when
-    the weights stay float, else a LinearFactory with the configured method and, for a GGUF file,
-    the file's own blocks wherever the configured quantization holds them."""
+    the weights stay float, else a LinearFactory that keeps the checkpoint's own blocks (a GGUF file,
+    a GPTQ / AWQ folder) wherever the configured quantization holds them and quantizes the rest."""
     quantization = config.quantization
     if quantization.weights == "none":
         if checkpoint.published:
@@ -89,29 +80,32 @@ def factory_for(config, checkpoint, dtype: torch.dtype):
                         "quantization: {weights: int4, group_size: %s} keeps its blocks", checkpoint.source,
                         checkpoint.published_config["quant_method"].upper(), published_group(checkpoint) or "G")
         return linear
-    spec = spec_of(quantization)
-    if checkpoint.published and quantization.method == "rtn":
-        return LinearFactory(checkpoint.model, dtype, spec, folder_published(checkpoint, spec, config.backend),
-                             lm_head=quantization.lm_head)
+    spec = spec_of(quantization, config.backend)
     gguf = str(checkpoint.source).endswith(".gguf")
     if quantization.method == "awq":
         from trt_llm.build.quantize.awq import apply_awq
 
-        if gguf:
-            log.warning("%s: AWQ rescales the weights before quantizing them, so the file's own blocks are not "
-                        "kept (method: rtn keeps them)", checkpoint.source)
-        text = None
-        if quantization.calibration is not None:
-            text = read_calibration(quantization.calibration)
+        if gguf or checkpoint.published:
+            log.warning("%s: AWQ rescales the weights before quantizing them, so the checkpoint's own blocks "
+                        "are not kept (method: rtn keeps them)", checkpoint.source)
+        text = read_calibration(quantization.calibration) if quantization.calibration is not None else None
         apply_awq(checkpoint.model, checkpoint.tokenizer, spec, text)
         return LinearFactory(checkpoint.model, dtype, spec, lm_head=quantization.lm_head)
-    if not gguf:
-        return LinearFactory(checkpoint.model, dtype, spec, lm_head=quantization.lm_head)
+    if checkpoint.published:
+        return LinearFactory(checkpoint.model, dtype, spec, folder_published(checkpoint, spec, config.backend),
+                             lm_head=quantization.lm_head)
+    if gguf:
+        return gguf_factory(checkpoint, dtype, spec, quantization.lm_head)
+    return LinearFactory(checkpoint.model, dtype, spec, lm_head=quantization.lm_head)
+
+
+def gguf_factory(checkpoint, dtype: torch.dtype, spec: QuantSpec, lm_head: bool) -> LinearFactory:
+    """A GGUF file's factory: its blocks that `spec` holds, and its Q8_0 embedding table."""
     from trt_llm.build.quantize.gguf_blocks import read_blocks
 
     blocks = read_blocks(checkpoint.source, checkpoint.model)
     kept = gguf_published(checkpoint, spec, blocks)
-    factory = LinearFactory(checkpoint.model, dtype, spec, kept, lm_head=quantization.lm_head)
+    factory = LinearFactory(checkpoint.model, dtype, spec, kept, lm_head=lm_head)
     factory.kept_types = {name: blocks[name][0] for name in kept}
     embedding = blocks.get(_embedding_name(checkpoint.model))
     if embedding is not None and embedding[0] == "Q8_0":
@@ -180,26 +174,3 @@ def gguf_published(checkpoint, spec: QuantSpec, blocks: dict) -> dict[str, Quant
                     "are, int8 keeps Q8_0)", checkpoint.source, len(blocks) - len(kept), len(blocks),
                     ", ".join(requantized), spec.bits, spec.group_size or "a column")
     return kept
-
-
-EMBEDDING_BLOCK = 32
-
-
-def embedding_tensors(table: Tensor, storage: str, blocks: QuantizedWeight | None = None) -> dict[str, Tensor]:
-    """The embedding file's tensors, which runtime/embedding.py reads: the table [V, H] in fp32 /
-    fp16 / bf16, or int8 "embedding" [V, H] with "scales" [V, H / 32] (Q8_0: blocks of 32 along a row,
-    largest magnitude / 127; a row that 32 does not divide is one block). `blocks`: a GGUF's Q8_0
-    table ([H, V] as the op's operands), kept as it is."""
-    if storage == "int8":
-        if blocks is not None:
-            q, _ = blocks.values()
-            return {"embedding": q.t().to(torch.int8).contiguous(), "scales": blocks.scales.t().float().contiguous()}
-        width = table.shape[1]
-        group = EMBEDDING_BLOCK if width % EMBEDDING_BLOCK == 0 else width
-        grouped = table.float().reshape(table.shape[0], -1, group)
-        scales = grouped.abs().amax(dim=-1, keepdim=True) / 127
-        scales = torch.where(scales == 0, torch.ones_like(scales), scales)
-        rows = torch.round(grouped / scales).clamp(-127, 127).to(torch.int8).reshape(table.shape)
-        return {"embedding": rows.contiguous(), "scales": scales[..., 0].contiguous()}
-    return {"embedding": table.to({"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[storage])
-            .contiguous()}
