@@ -67,8 +67,10 @@ class QuantizationConfig(BaseModel):
                            "(better int4 at the same size; minutes on the CPU for a small model).")
     zero_point: bool = Field(False, description="Asymmetric blocks (a zero point each); the cpu backend only "
                                                 "(TensorRT's dequantize takes symmetric weights).")
-    lm_head: bool = Field(True, description="Quantize the output projection too (its weights are the "
-                                            "largest single matmul of a small-vocabulary model).")
+    lm_head: bool | Literal["int8"] = Field(
+        True, description="Quantize the output projection too (true: as the other weights; int8: in blocks of 32, "
+                          "as llama.cpp's files keep it; false: float). It is the largest single matmul of a small "
+                          "model, and the one rounding hurts most.")
     embedding: Literal["fp32", "fp16", "int8"] | None = Field(
         None, description="How the embedding table is stored (the runtime looks rows up): default fp16 "
                           "when the weights are quantized, else the graph's dtype.")

@@ -46,12 +46,16 @@ def test_awq_keeps_the_float_model_and_loses_less_than_rtn(tiny_model, family):
         reference = model(ids).logits
         rtn = ((_rtn_copy(model)(ids).logits - reference) ** 2).mean()
     scaled = copy.deepcopy(model)
-    totals = apply_awq(scaled, tokenizer, SPEC)
+    totals = apply_awq(scaled, tokenizer, SPEC, clip=False)
     assert totals["awq"] < totals["rtn"]
+    clipped = copy.deepcopy(model)
+    apply_awq(clipped, tokenizer, SPEC)
     with torch.no_grad():
         torch.testing.assert_close(scaled(ids).logits, reference, rtol=1e-4, atol=1e-4)  # the same function
         awq = ((_rtn_copy(scaled)(ids).logits - reference) ** 2).mean()
+        with_clip = ((_rtn_copy(clipped)(ids).logits - reference) ** 2).mean()
     assert awq < 0.9 * rtn, (float(awq), float(rtn))
+    assert with_clip < rtn, (float(with_clip), float(rtn))
 
 
 def test_awq_build_runs_and_is_recorded(tiny_model, build_engine_for, tmp_path):

@@ -56,6 +56,7 @@ CASES = [  # family, quantization, spec of the oracle
     ("qwen2", {"weights": "int4", "group_size": 64, "zero_point": True}, QuantSpec(4, 64, symmetric=False)),
     ("qwen3", {"weights": "int4"}, QuantSpec(4, 128)),  # K = 64 < 128: one partial block
     ("llama", {"weights": "int8", "group_size": 32, "lm_head": False}, QuantSpec(8, 32)),
+    ("qwen2", {"weights": "int4", "group_size": 32, "lm_head": "int8"}, QuantSpec(4, 32)),
 ]
 
 
@@ -67,8 +68,10 @@ def test_quantized_engine_matches_transformers_on_dequantized_weights(
     graph = onnx.load(engine / "llm" / "model.onnx", load_external_data=False)
     quantized = [n for n in graph.graph.node if n.op_type.endswith("WeightOnlyMatMul")]
     lm_head = quantization.get("lm_head", True)
-    assert len(quantized) == 2 * 4 + lm_head  # per layer qkv, o, gate_up, down
-    oracle = dequantized_copy(model_dir, tmp_path / "dequantized", spec, lm_head=lm_head)
+    assert len(quantized) == 2 * 4 + bool(lm_head)  # per layer qkv, o, gate_up, down
+    oracle = dequantized_copy(model_dir, tmp_path / "dequantized", spec, lm_head=lm_head is True)
+    if lm_head == "int8":
+        oracle = dequantized_copy(oracle, tmp_path / "head", QuantSpec(8, 32), only=("lm_head",), embedding=torch.float32)
     lengths = assert_batch_matches_transformers(engine, oracle, PROMPTS, max_new=24)
     assert max(lengths) >= 16
 

@@ -21,10 +21,10 @@ class LinearFactory:
     spec: how float weights are quantized (round to nearest; AWQ has scaled the model's weights
     before, build/quantize/awq.py). published: HF module name -> the checkpoint's own
     QuantizedWeight (GPTQ, AWQ, GGUF blocks), kept bit for bit. lm_head: whether the LM head is
-    quantized."""
+    quantized (True: by `spec`; "int8": in blocks of 32)."""
 
     def __init__(self, model: nn.Module, dtype: torch.dtype, spec: QuantSpec,
-                 published: dict[str, QuantizedWeight] | None = None, lm_head: bool = True):
+                 published: dict[str, QuantizedWeight] | None = None, lm_head: bool | str = True):
         self.names = {id(module): name for name, module in model.named_modules()}
         self.dtype, self.spec = dtype, spec
         self.published = dict(published or {})
@@ -55,7 +55,8 @@ class LinearFactory:
         elif is_head and not self.lm_head:
             return linear(*parts)
         else:
-            weights = [quantize_rtn(p.weight, self.spec, self.dtype) for p in parts]
+            spec = QuantSpec(8, 32) if is_head and self.lm_head == "int8" else self.spec
+            weights = [quantize_rtn(p.weight, spec, self.dtype) for p in parts]
         self.quantized += names
         weights = [w.with_scales_in(self.dtype) for w in weights]
         if not same_input_order(weights):
