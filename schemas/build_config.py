@@ -73,7 +73,7 @@ class QuantizationConfig(BaseModel):
                           "model, and the one rounding hurts most.")
     embedding: Literal["fp32", "fp16", "int8"] | None = Field(
         None, description="How the embedding table is stored (the runtime looks rows up): default fp16 "
-                          "when the weights are quantized, else the graph's dtype.")
+                          "when the weights are quantized (bf16 in a bf16 graph), else the graph's dtype.")
     calibration: str | None = Field(None, min_length=1, description="AWQ: a UTF-8 text file of "
                                     "calibration text; default the built-in prompts.")
 
@@ -96,7 +96,8 @@ class QuantizationConfig(BaseModel):
     def effective_embedding(self, dtype: str) -> str:
         if self.embedding is not None:
             return self.embedding
-        return "fp16" if self.weights != "none" else dtype
+        # fp16 halves an fp32 table; a bf16 graph keeps bf16 (the runtime hands it rows as stored).
+        return "fp16" if self.weights != "none" and dtype != "bf16" else dtype
 
 
 QUANTIZATION_NAMES = ("none", "int8", "int4", "fp8")
