@@ -12,6 +12,9 @@ from trt_llm.build.quantize import QuantSpec
 from trt_llm.build.quantize.graph import quantize_matmuls
 
 ENGINE_NAME = "model.cpu.onnx"
+# draft.quantization -> how its matmuls are quantized: int8 one scale per output column (ONNX
+# Runtime's DynamicQuantizeMatMul), int4 in blocks of 32 (MatMulNBits).
+DRAFT_SPECS = {"int8": QuantSpec(bits=8, group_size=0), "int4": QuantSpec(bits=4, group_size=32)}
 
 
 def compile_cpu(graph_path: Path, quantization: str = "none") -> Path:
@@ -25,14 +28,17 @@ def compile_cpu(graph_path: Path, quantization: str = "none") -> Path:
     own file instead.
     """
     model = onnx.load(graph_path, load_external_data=False)
+    if quantization != "none":  # the draft's float matmuls become the weight-only op, then lowered below
+        if quantization not in DRAFT_SPECS:
+            raise ValueError(f"quantization must be none, int8 or int4, got {quantization!r}")
+        _read_weights(model, graph_path.parent)
+        quantize_matmuls(model, DRAFT_SPECS[quantization])
     plugins.lower_for_onnxruntime(model)
     fuse_rms_norms(model)
     engine_path = graph_path.parent / ENGINE_NAME
     if quantization == "none":
         onnx.save_model(model, engine_path)
     else:
-        _read_weights(model, graph_path.parent)
-        model = quantize_matmul_weights(model, quantization)
         onnx.save_model(model, engine_path, save_as_external_data=True, location=ENGINE_NAME + ".data")
     # Fail at build time, not at run time, if ONNX Runtime cannot load what we wrote.
     import onnxruntime as ort
@@ -158,17 +164,3 @@ def _read_weights(model: onnx.ModelProto, folder: Path) -> None:
             tensor.raw_data = data.read(info.length) if info.length else data.read()
         tensor.data_location = onnx.TensorProto.DEFAULT
         del tensor.external_data[:]
-
-
-# draft.quantization -> how its matmuls are quantized: int8 one scale per output column (ONNX
-# Runtime's DynamicQuantizeMatMul), int4 in blocks of 32 (MatMulNBits).
-DRAFT_SPECS = {"int8": QuantSpec(bits=8, group_size=0), "int4": QuantSpec(bits=4, group_size=32)}
-
-
-def quantize_matmul_weights(model: onnx.ModelProto, quantization: str) -> onnx.ModelProto:
-    """Every MatMul with a constant fp32 weight as the weight-only matmul op (build/quantize/graph.py),
-    lowered for ONNX Runtime like every other node of the op."""
-    if quantization not in DRAFT_SPECS:
-        raise ValueError(f"quantization must be none, int8 or int4, got {quantization!r}")
-    quantize_matmuls(model, DRAFT_SPECS[quantization])
-    return plugins.lower_for_onnxruntime(model)

@@ -25,7 +25,10 @@ def frozen(tensor: Tensor) -> nn.Parameter:
     return nn.Parameter(tensor.detach().clone(), requires_grad=False)
 
 
-def _with_lora(x: Tensor, y: Tensor, lora: tuple[Tensor, Tensor] | None) -> Tensor:
+def _with_lora(x: Tensor, y: Tensor, lora: tuple[Tensor, Tensor] | None, bias: Tensor | None = None) -> Tensor:
+    """y (+ bias) + the per-row LoRA pair's x A^T B^T."""
+    if bias is not None:
+        y = y + bias
     if lora is None:
         return y
     # x A^T B^T with A [B, r, in], B [B, out, r]: each row of the batch its own adapter.
@@ -66,9 +69,7 @@ class QuantizedLinear(nn.Module):
         rows = x if self.input_order is None else x.index_select(-1, self.input_order)
         y = torch.ops.trt_llm.weight_only_matmul(rows, self.qweight, self.scales, self.zero_points, self.offsets,
                                                  self.bits, self.group_size)
-        if self.bias is not None:
-            y = y + self.bias
-        return _with_lora(x, y, lora)
+        return _with_lora(x, y, lora, self.bias)
 
 
 class ConcatenatedLinear(nn.Module):
@@ -82,10 +83,7 @@ class ConcatenatedLinear(nn.Module):
         self.bias = frozen(bias) if bias is not None else None
 
     def forward(self, x: Tensor, lora: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        y = torch.cat([part(x) for part in self.parts], dim=-1)
-        if self.bias is not None:
-            y = y + self.bias
-        return _with_lora(x, y, lora)
+        return _with_lora(x, torch.cat([part(x) for part in self.parts], dim=-1), lora, self.bias)
 
 
 def packed_bias(parts) -> Tensor | None:

@@ -50,7 +50,10 @@ class LinearFactory:
         is_head = names == ["lm_head"]
         if any(k is not None for k in kept):
             if any(k is None for k in kept):
-                raise ValueError(f"{', '.join(names)}: a packed projection is partly quantized in the checkpoint")
+                from trt_llm.build.checkpoint import CheckpointError
+
+                raise CheckpointError(f"model: {', '.join(names)}: a packed projection is partly quantized in the "
+                                      "checkpoint; quantize all its parts or none")
             weights = kept
         elif is_head and not self.lm_head:
             return linear(*parts)
