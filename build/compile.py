@@ -75,7 +75,8 @@ def check_quantization(config: BuildConfig, exported: bool = False) -> None:
         if config.backend not in TENSORRT_BACKENDS:
             raise BuildError(f"quantization.weights: fp8 is for the TensorRT backends (fp8 tensor cores); the "
                              f"{config.backend} backend takes int8 or int4")
-        raise BuildError("quantization.weights: fp8 is not built by this version yet; use int8 or int4")
+        if config.backend == "tensorrt-rtx":
+            _check_fp8_capability(config.rtx_compute_capability)
     if quantization.weights == "int8" and quantization.group_size is not None and config.backend in TENSORRT_BACKENDS:
         raise BuildError(f"quantization.group_size: TensorRT's int8 weights take one scale per output column; on "
                          f"{config.backend!r} leave group_size out for int8")
@@ -85,6 +86,23 @@ def check_quantization(config: BuildConfig, exported: bool = False) -> None:
     if config.backend == "cpu" and config.dtype != "fp32":
         raise BuildError(f"quantization.weights: {quantization.weights} on the cpu backend runs fp32 activations "
                          f"(ONNX Runtime's integer kernels); use dtype fp32")
+
+
+FP8_MIN_SM = 89  # Ada: the first GPUs with fp8 tensor cores
+
+
+def _check_fp8_capability(name: str) -> None:
+    """TensorRT-RTX builds for one architecture; fp8 weights need one that has fp8."""
+    if name.lower() == "auto":
+        from trt_llm.runtime.trt_import import cuda_device_count
+
+        if cuda_device_count()[0] > 0:
+            return  # the GPU present: its builder says whether it has fp8
+        raise BuildError(f"quantization.weights: fp8 ahead of time (no GPU here) needs rtx_compute_capability: "
+                         f"SM{FP8_MIN_SM} or later (the default, SM80, has no fp8)")
+    if int(name[2:]) < FP8_MIN_SM:
+        raise BuildError(f"quantization.weights: fp8 needs a GPU with fp8 (SM{FP8_MIN_SM} and later); "
+                         f"rtx_compute_capability is {name}")
 
 
 def draft_quantization(config: BuildConfig) -> str:

@@ -8,13 +8,15 @@ MatMulNBits and TensorRT parses as weight-only quantization.
 
 Inputs (shapes; K = in features, N = out features, G = group_size, nb = ceil(K / G)):
     x            [..., K]  float activations
-    qweight      [K, N]    INT4 / INT8, or UINT4 / UINT8 with zero points. In torch (facet 1) a
-                           4-bit tensor is its ONNX bytes: uint8 [K, N/2], two values per byte, the
-                           even column in the low nibble; an 8-bit one is int8 / uint8 [K, N].
+    qweight      [K, N]    INT4 / INT8, or UINT4 / UINT8 with zero points, or FLOAT8E4M3FN (fp8:
+                           one scale per column, no zero points; the TensorRT backends). In torch
+                           (facet 1) a 4-bit tensor is its ONNX bytes: uint8 [K, N/2], two values per
+                           byte, the even column in the low nibble; an 8-bit one is int8 / uint8 /
+                           float8_e4m3fn [K, N].
     scales       [nb, N]   the activation dtype
     zero_points  [nb, N]   optional, the type of qweight (4-bit: uint8 [nb, N/2] bytes in torch)
     offsets      [nb, N]   optional (not with zero points; K a multiple of G), the activation dtype
-Attributes: bits (4 or 8), group_size (G; G = K is one scale per output column).
+Attributes: bits (4 or 8; fp8 is 8), group_size (G; G = K is one scale per output column).
 Output: [..., N] = x @ W, W[k, n] = (qweight[k, n] - zero_points[b, n]) * scales[b, n] + offsets[b, n]
 for b = k // G (a missing zero point or offset is 0).
 
@@ -41,9 +43,9 @@ Facets (the fixed names every op file exposes for the registry in plugins/__init
     accuracy level 4, runtime/ort_engine.py). Both read the bundle's initializers as they are, so a
     quantized engine shares the bundle's weight file.
  4. `register_tensorrt_plugin`: none. TensorRT parses the body, inlined by `lower_for_tensorrt`: a
-    DequantizeLinear of a constant INT4 / INT8 weight into a MatMul is its weight-only quantization
-    (its dequantize layer takes no zero points: build/compile.py refuses them for the TensorRT
-    backends).
+    DequantizeLinear of a constant INT4 / INT8 / FP8 weight into a MatMul is its weight-only
+    quantization (its dequantize layer takes no zero points: build/compile.py refuses them for the
+    TensorRT backends, and fp8 elsewhere).
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ def _register_schemas() -> None:
             inputs=inputs + extra,
             outputs=[Param("y", "T")],
             type_constraints=[("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], "activations"),
-                              ("Q", ["tensor(int4)", "tensor(uint4)", "tensor(int8)", "tensor(uint8)"], "weights")],
+                              ("Q", ["tensor(int4)", "tensor(uint4)", "tensor(int8)", "tensor(uint8)",
+                                     "tensor(float8e4m3fn)"], "weights")],
             attributes=[Attr("bits", AttrType.INT, "4 or 8"), Attr("group_size", AttrType.INT, "rows per scale")],
         ))
 
@@ -104,7 +107,10 @@ def unpack_int4(packed: Tensor, signed: bool) -> Tensor:
 
 
 def unpacked(qweight: Tensor, zero_points: Tensor | None, bits: int) -> tuple[Tensor, Tensor | None]:
-    """The integer values of qweight [K, N] and of the zero points [nb, N] (int16)."""
+    """The integer values of qweight [K, N] and of the zero points [nb, N] (int16); fp8's values
+    in float32."""
+    if qweight.dtype == torch.float8_e4m3fn:
+        return qweight.float(), None
     if bits == 4:
         return (unpack_int4(qweight, signed=zero_points is None),
                 None if zero_points is None else unpack_int4(zero_points, signed=False))
@@ -158,11 +164,14 @@ def onnx_translation(x, qweight, scales, zero_points, offsets, bits: int,
     return _TRT.WeightOnlyMatMul(x, qweight, scales, bits=bits, group_size=group_size)
 
 
-def _body(x: str, operands: list[str], offsets: str, y: str, prefix: str, group_size) -> list[onnx.NodeProto]:
+def _body(x: str, operands: list[str], offsets: str, y: str, prefix: str, group_size,
+          per_column: bool = False) -> list[onnx.NodeProto]:
     """The nodes of the op: DequantizeLinear + MatMul, plus sum-over-blocks(x) @ offsets.
 
-    group_size: an int, or an AttributeProto referring to the function's attribute. Every node is
-    named (prefix + its role): TensorRT's parser names an unnamed one after its output."""
+    group_size: an int, or an AttributeProto referring to the function's attribute. per_column (one
+    scale per column, no zero points): the dequantize per channel (axis 1, scales [N]) instead of
+    one block of K, the form TensorRT takes for int8 and fp8 weights (it blocks 4-bit types only).
+    Every node is named (prefix + its role): TensorRT's parser names an unnamed one after its output."""
     def node(op_type, inputs, output, role, **attributes):
         return helper.make_node(op_type, inputs, [output], name=f"{prefix}{role}", **attributes)
 
@@ -171,6 +180,11 @@ def _body(x: str, operands: list[str], offsets: str, y: str, prefix: str, group_
                     value=helper.make_tensor(role, TensorProto.INT64, [len(values)], values))
 
     weight = f"{prefix}weight"
+    if per_column:
+        qweight, scales = operands
+        return [const("axes", [0]), node("Squeeze", [scales, f"{prefix}axes"], f"{prefix}column_scales", "squeeze"),
+                node("DequantizeLinear", [qweight, f"{prefix}column_scales"], weight, "dequantize", axis=1),
+                node("MatMul", [x, weight], y, "matmul")]
     dequantize_node = node("DequantizeLinear", operands, weight, "dequantize", axis=0)
     if isinstance(group_size, int):
         dequantize_node.attribute.append(helper.make_attribute("block_size", group_size))
@@ -256,12 +270,19 @@ def require_opset(model: onnx.ModelProto) -> None:
 # Facet 3: the ONNX Runtime CPU lowering.
 
 
-def _inlined(node: onnx.NodeProto) -> list[onnx.NodeProto]:
+def _inlined(node: onnx.NodeProto, per_column: bool = False) -> list[onnx.NodeProto]:
     """The node as its function body, in the graph itself, with names of its own."""
     name = node.name or node.output[0]
     operands = list(node.input[1:4 if node.op_type == ZERO_POINT_OP_NAME else 3])
     offsets = node.input[3] if node.op_type == OFFSET_OP_NAME else ""
-    return _body(node.input[0], operands, offsets, node.output[0], f"{name}/", _attr(node, "group_size"))
+    return _body(node.input[0], operands, offsets, node.output[0], f"{name}/", _attr(node, "group_size"),
+                 per_column and node.op_type == OP_NAME)
+
+
+def _one_scale_per_column(node: onnx.NodeProto, tensors: dict[str, onnx.TensorProto]) -> bool:
+    """An 8-bit weight with one scale per column (4-bit ones stay blocks: TensorRT's int4 is)."""
+    scale = tensors.get(node.input[2])
+    return _attr(node, "bits") == 8 and scale is not None and scale.dims[0] == 1
 
 
 def _replace(model: onnx.ModelProto, replaced: dict[int, list[onnx.NodeProto]]) -> None:
@@ -284,10 +305,9 @@ def lower_for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
     for index, node in nodes.items():
         x, qweight, scales = node.input[:3]
         name, y = node.name or node.output[0], node.output[0]
-        scale = tensors.get(scales)
         # DynamicQuantizeMatMul takes float32 activations only.
-        per_column = scale is not None and scale.dims[0] == 1 and scale.data_type == TensorProto.FLOAT
-        if _attr(node, "bits") == 8 and per_column and node.op_type == OP_NAME:
+        per_column = _one_scale_per_column(node, tensors) and tensors[scales].data_type == TensorProto.FLOAT
+        if per_column and node.op_type == OP_NAME and tensors[qweight].data_type == TensorProto.INT8:
             axes = f"{name}/axes"
             replaced[index] = [
                 helper.make_node("Constant", [], [axes], value=helper.make_tensor("axes", TensorProto.INT64, [1], [0])),
@@ -314,7 +334,9 @@ def register_tensorrt_plugin() -> tuple[str, ...]:
 def lower_for_tensorrt(model: onnx.ModelProto) -> bool:
     """Every weight-only node inlined as its body before TensorRT parses the graph, in place; True
     when there were any. (TensorRT's parser inlines a function under the same layer names at every
-    call, and its dequantize layer refuses a name already taken.)"""
+    call, and its dequantize layer refuses a name already taken.) One scale per column becomes a
+    per-channel dequantize: TensorRT's block quantization is for 4-bit types only."""
     nodes = _nodes(model)
-    _replace(model, {index: _inlined(node) for index, node in nodes.items()})
+    tensors = {t.name: t for t in model.graph.initializer}
+    _replace(model, {index: _inlined(node, _one_scale_per_column(node, tensors)) for index, node in nodes.items()})
     return bool(nodes)

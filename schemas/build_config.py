@@ -57,7 +57,8 @@ class QuantizationConfig(BaseModel):
 
     weights: Literal["none", "int8", "int4", "fp8"] = Field(
         description="The matmul weights: int8, int4 (blocks along the input dimension, a scale each) or "
-                    "fp8 (the TensorRT backends only); activations stay in the graph's dtype.")
+                    "fp8 (E4M3 with a scale per output column; the TensorRT backends only, on GPUs with fp8: "
+                    "SM89 and later); activations stay in the graph's dtype.")
     group_size: Literal[32, 64, 128] | None = Field(
         None, description="Inputs per scale. int4: default 128. int8: default 32 (Q8_0's blocks: the activations "
                           "are quantized per block too, which keeps int8 within 1% of fp32's perplexity), or one "
@@ -91,6 +92,8 @@ class QuantizationConfig(BaseModel):
             return self.group_size
         if self.weights == "int4":
             return 128
+        if self.weights == "fp8":
+            return 0
         return 32 if backend == "cpu" else 0
 
     def effective_embedding(self, dtype: str) -> str:

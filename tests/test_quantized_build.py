@@ -89,7 +89,8 @@ def test_quantized_engine_is_smaller_and_shares_the_bundle_weights(tiny_model, b
 
 @pytest.mark.parametrize("settings,message", [
     ({"quantization": "fp8"}, "fp8 is for the TensorRT backends"),
-    ({"quantization": "fp8", "backend": "tensorrt-rtx"}, "fp8 is not built by this version yet"),
+    ({"quantization": "fp8", "backend": "tensorrt-rtx", "rtx_compute_capability": "SM86"}, "SM89 and later"),
+    ({"quantization": {"weights": "fp8", "zero_point": True}, "backend": "tensorrt"}, "symmetric weights only"),
     ({"quantization": {"weights": "int4", "zero_point": True}, "backend": "tensorrt-rtx"}, "symmetric weights only"),
     ({"quantization": {"weights": "int8", "group_size": 32}, "backend": "tensorrt-rtx"}, "one scale per output column"),
     ({"quantization": "int4", "dtype": "fp16"}, "use dtype fp32"),
@@ -109,6 +110,12 @@ def test_int8_defaults_to_blocks_of_32_on_cpu_and_columns_on_tensorrt():
     assert int8.effective_group_size("cpu") == 32 and int8.effective_group_size("tensorrt") == 0
     assert QuantizationConfig(weights="int4").effective_group_size("tensorrt-rtx") == 128
     assert int8.effective_embedding("fp32") == "fp16" and QuantizationConfig(weights="none").effective_embedding("fp32") == "fp32"
+    from trt_llm.build.quantize.factory import head_spec_of
+
+    int8_head = QuantizationConfig(weights="int4", lm_head="int8")  # llama.cpp's blocks; TensorRT's columns
+    assert head_spec_of(int8_head, "cpu") == QuantSpec(8, 32) and head_spec_of(int8_head, "tensorrt") == QuantSpec(8, 0)
+    assert head_spec_of(QuantizationConfig(weights="fp8"), "tensorrt") == QuantSpec(8, 0, fp8=True)
+    assert head_spec_of(QuantizationConfig(weights="int4", lm_head=False)) is None
 
 
 def test_an_int8_embedding_table_is_q8_0_blocks_and_reads_back_within_half_a_step():

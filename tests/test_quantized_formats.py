@@ -8,6 +8,7 @@ built from them is greedy-identical to it.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 
@@ -85,6 +86,22 @@ def test_gguf_blocks_another_group_size_cannot_hold_are_requantized_and_said(tin
     summary = json.loads((engine / "manifest.json").read_text())["model"]["quantization"]
     assert summary["kept_blocks"] == {"Q8_0": 2}  # the 8-bit LM head and embedding stay as they are
     assert "14 of its 15 quantized matmul weights (Q4_0) do not fit int4 in groups of 64" in caplog.text
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="TensorRT-RTX is not installed")
+@pytest.mark.parametrize("weights", ["int8", "fp8"])
+def test_q8_0_blocks_are_not_kept_where_tensorrt_cannot_run_them(tiny_gguf, build_engine_for, caplog, weights):
+    """TensorRT's int8 weights take a scale per column, not Q8_0's blocks of 32, and fp8 is no integer:
+    a TensorRT build of a Q8_0 file requantizes every matmul, and says so."""
+    path, _, _ = tiny_gguf("Q8_0")
+    with caplog.at_level(logging.WARNING):
+        engine = build_engine_for(path, quantization=weights, backend="tensorrt-rtx", dtype="fp16",
+                                  rtx_compute_capability="SM89", max_batch_size=2, max_input_len=64,
+                                  max_kv_cache_capacity=128)
+    summary = json.loads((engine / "manifest.json").read_text())["model"]["quantization"]
+    # the embedding table is looked up by the runtime, on every backend: it stays Q8_0
+    assert summary["kept_blocks"] == {"Q8_0": 1} and summary["quantized_linears"] == 15
+    assert f"15 of its 15 quantized matmul weights (Q8_0) do not fit {weights} with a scale per column" in caplog.text
 
 
 @pytest.mark.slow

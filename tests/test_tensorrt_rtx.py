@@ -103,6 +103,30 @@ def test_rtx_engine_without_a_gpu_is_refused_clearly(rtx_engine):
 
 
 @needs_rtx
+@pytest.mark.parametrize("weights,weight_type", [("int4", "INT4"), ("int8", "INT8"), ("fp8", "FLOAT8E4M3FN")])
+def test_quantized_plans_build_ahead_of_time(tiny_model, build_engine_for, weights, weight_type):
+    """int4 / int8 / fp8 weights (quantization:) in an fp16 plan for Ada (SM89, the first with fp8)
+    without a GPU: each matmul's weight is a constant dequantize TensorRT parses as weight-only
+    quantization, int4 in blocks along K, int8 and fp8 per output channel."""
+    import onnx
+
+    engine = build_engine_for(tiny_model("qwen3"), backend="tensorrt-rtx", dtype="fp16", max_batch_size=2,
+                              max_input_len=64, max_kv_cache_capacity=128, quantization=weights,
+                              rtx_compute_capability="SM89")
+    manifest = json.loads((engine / "manifest.json").read_text())
+    assert manifest["model"]["quantization"]["weights"] == weights
+    assert (engine / "llm" / "model.plan").stat().st_size > 100_000
+    parsed = onnx.load(engine / "llm" / "model.trt.onnx", load_external_data=False)
+    types = {t.name: onnx.TensorProto.DataType.Name(t.data_type) for t in parsed.graph.initializer}
+    dequantized = [n for n in parsed.graph.node if n.op_type == "DequantizeLinear"]
+    assert len(dequantized) == 2 * 4 + 1  # per layer qkv, o, gate_up, down; the LM head
+    for node in dequantized:
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert types[node.input[0]] == weight_type
+        assert attributes == ({"axis": 0, "block_size": 128} if weights == "int4" else {"axis": 1})  # K = 64: one block
+
+
+@needs_rtx
 def test_unknown_compute_capability_lists_the_choices():
     import tensorrt_rtx as trt
 

@@ -36,6 +36,7 @@ CASES = [  # bits, group_size (0 = one scale per column), form, K
     (8, 32, "symmetric", 96),
     (8, 32, "zero_point", 96),
     (8, 0, "symmetric", 200),    # per column: the DynamicQuantizeMatMul lowering
+    (8, 0, "fp8", 200),          # E4M3 per column (the TensorRT backends)
 ]
 
 
@@ -65,7 +66,8 @@ def _weight(bits, group, form, k, seed=0) -> tuple[torch.Tensor, QuantizedWeight
         weight = (q * d[rows] + m[rows]).t()
         return weight, QuantizedWeight.from_values(q - 8, d, None, 4, group, offsets=m + 8 * d)
     weight = torch.randn(N, k, generator=generator) * 0.05
-    return weight, quantize_rtn(weight, QuantSpec(bits, group, form == "symmetric"), torch.float32)
+    spec = QuantSpec(bits, group, form != "zero_point", fp8=form == "fp8")
+    return weight, quantize_rtn(weight, spec, torch.float32)
 
 
 def _session(path, accuracy_level: int | None = None, optimized=None, fuse=True) -> ort.InferenceSession:
@@ -105,6 +107,8 @@ def test_reference_is_the_hand_dequantized_matmul():
         step = w.scales.abs().float()[rows] * (1.0 if bits == 4 and form == "symmetric" else 0.5)
         if form == "offset":
             step = torch.zeros_like(step)
+        if form == "fp8":  # E4M3: 3 mantissa bits, so half a step is 1/16 of the value (subnormals: 2^-10)
+            step = weight.t().abs() / 16 + w.scales.float()[rows] * 2 ** -10
         assert bool(((by_hand - weight.t()).abs() <= step + 1e-6).all()), (bits, group, form)
 
 
@@ -118,13 +122,19 @@ def test_onnx_body_and_cpu_lowering_equal_the_reference(tmp_path, bits, group, f
     onnx.checker.check_model(onnx.load(path))
     (node,) = [n for n in exported.graph.node if n.op_type in op.OP_NAMES]
     assert node.op_type == {"symmetric": op.OP_NAME, "zero_point": op.ZERO_POINT_OP_NAME,
-                            "offset": op.OFFSET_OP_NAME}[form]
+                            "offset": op.OFFSET_OP_NAME, "fp8": op.OP_NAME}[form]
     weight_type = {t.name: t.data_type for t in exported.graph.initializer}[node.input[1]]
     expected = {(4, True): onnx.TensorProto.INT4, (4, False): onnx.TensorProto.UINT4,
-                (8, True): onnx.TensorProto.INT8, (8, False): onnx.TensorProto.UINT8}[bits, form != "zero_point"]
-    assert weight_type == expected
+                (8, True): onnx.TensorProto.INT8, (8, False): onnx.TensorProto.UINT8}.get(
+                    (bits, form != "zero_point"))
+    assert weight_type == (onnx.TensorProto.FLOAT8E4M3FN if form == "fp8" else expected)
 
     body = _session(path, fuse=False)
+    if form == "fp8":  # for the TensorRT backends only: the body is what their parser reads
+        for x in _inputs(k):
+            got = body.run(None, {"x": x.numpy()})[0]
+            np.testing.assert_allclose(got, module(x).numpy(), rtol=1e-5, atol=1e-5)
+        return
     engine = compile_cpu(path)
     # fp32 compute (accuracy level 1): the lowering's arithmetic is the reference's (int8 compute is checked below).
     lowered = _session(engine, accuracy_level=1, optimized=tmp_path / "optimized.onnx")

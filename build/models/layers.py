@@ -25,6 +25,12 @@ def frozen(tensor: Tensor) -> nn.Parameter:
     return nn.Parameter(tensor.detach().clone(), requires_grad=False)
 
 
+def cast_floats(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """module.to(dtype), except fp8 weights (QuantizedLinear's E4M3 values), which stay fp8:
+    `Module.to` would cast every floating-point tensor."""
+    return module._apply(lambda t: t.to(dtype) if t.is_floating_point() and t.dtype != torch.float8_e4m3fn else t)
+
+
 def _with_lora(x: Tensor, y: Tensor, lora: tuple[Tensor, Tensor] | None, bias: Tensor | None = None) -> Tensor:
     """y (+ bias) + the per-row LoRA pair's x A^T B^T."""
     if bias is not None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from trt_llm.build.models.layers import DecoderLayer, frozen, linear, rms_norm, rotary_tables
+from trt_llm.build.models.layers import DecoderLayer, cast_floats, frozen, linear, rms_norm, rotary_tables
 from trt_llm.schemas.graph_spec import decoder_spec
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class DecoderGraph(nn.Module):
                                  max_positions, dtype)
         self.register_buffer("cos_cache", cos)
         self.register_buffer("sin_cache", sin)
-        self.to(dtype)
+        cast_floats(self, dtype)
 
     def forward(self, inputs_embeds, position_ids, past_lengths, query_lengths, logits_indices, *tensors):
         """tensors: [tree_mask if an EAGLE base], the caches (key, value per layer), then the LoRA

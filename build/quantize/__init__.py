@@ -25,13 +25,20 @@ from trt_llm.plugins.weight_only_matmul import dequantize, pack_int4, unpacked
 @dataclass(frozen=True)
 class QuantSpec:
     """How to quantize a float weight: bits 4 or 8, group_size rows of K per scale (0: one scale per
-    column, i.e. all of K), symmetric (no zero points) or not."""
+    column, i.e. all of K), symmetric (no zero points) or not; fp8: E4M3 values (bits 8, one scale
+    per column, symmetric) instead of integers."""
     bits: int
     group_size: int
     symmetric: bool = True
+    fp8: bool = False
 
     def group_for(self, in_features: int) -> int:
         return self.group_size or in_features
+
+    def describe(self) -> str:
+        """E.g. "int4 in groups of 32", "fp8 with a scale per column" (for messages)."""
+        name = "fp8" if self.fp8 else f"int{self.bits}"
+        return f"{name} in groups of {self.group_size}" if self.group_size else f"{name} with a scale per column"
 
 
 @dataclass
@@ -53,6 +60,10 @@ class QuantizedWeight:
     @property
     def in_features(self) -> int:
         return self.qweight.shape[0]
+
+    @property
+    def fp8(self) -> bool:
+        return self.qweight.dtype == torch.float8_e4m3fn
 
     def dequantize(self) -> Tensor:
         """W^T [N, K], the float weight in nn.Linear's layout (in the input's own order)."""
@@ -104,7 +115,7 @@ def concat(parts: list[QuantizedWeight]) -> QuantizedWeight:
     if len(parts) == 1:
         return first
     def form(p):
-        return p.bits, p.group_size, p.in_features, p.zero_points is None, p.offsets is None
+        return p.bits, p.fp8, p.group_size, p.in_features, p.zero_points is None, p.offsets is None
 
     if any(form(p) != form(first) for p in parts) or not same_input_order(parts):
         raise ValueError("the parts of a packed projection are quantized differently")

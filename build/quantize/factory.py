@@ -20,15 +20,15 @@ class LinearFactory:
 
     spec: how float weights are quantized (round to nearest; AWQ has scaled the model's weights
     before, build/quantize/awq.py). published: HF module name -> the checkpoint's own
-    QuantizedWeight (GPTQ, AWQ, GGUF blocks), kept bit for bit. lm_head: whether the LM head is
-    quantized (True: by `spec`; "int8": in blocks of 32)."""
+    QuantizedWeight (GPTQ, AWQ, GGUF blocks), kept bit for bit. head_spec: how the LM head is
+    quantized (None: it stays float; default `spec`)."""
 
     def __init__(self, model: nn.Module, dtype: torch.dtype, spec: QuantSpec,
-                 published: dict[str, QuantizedWeight] | None = None, lm_head: bool | str = True):
+                 published: dict[str, QuantizedWeight] | None = None, head_spec: QuantSpec | None | str = "spec"):
         self.names = {id(module): name for name, module in model.named_modules()}
         self.dtype, self.spec = dtype, spec
         self.published = dict(published or {})
-        self.lm_head = lm_head
+        self.head_spec = spec if head_spec == "spec" else head_spec
         self.quantized: list[str] = []  # the names of the linears made quantized, in order
         self.embedding_blocks: QuantizedWeight | None = None  # a GGUF's Q8_0 token embedding
         self.kept_types: dict[str, str] = {}  # name -> GGUF type, of the published blocks kept
@@ -55,10 +55,10 @@ class LinearFactory:
                 raise CheckpointError(f"model: {', '.join(names)}: a packed projection is partly quantized in the "
                                       "checkpoint; quantize all its parts or none")
             weights = kept
-        elif is_head and not self.lm_head:
+        elif is_head and self.head_spec is None:
             return linear(*parts)
         else:
-            spec = QuantSpec(8, 32) if is_head and self.lm_head == "int8" else self.spec
+            spec = self.head_spec if is_head else self.spec
             weights = [quantize_rtn(p.weight, spec, self.dtype) for p in parts]
         self.quantized += names
         weights = [w.with_scales_in(self.dtype) for w in weights]
@@ -70,7 +70,21 @@ class LinearFactory:
 def spec_of(quantization, backend: str = "cpu") -> QuantSpec:
     """schemas/build_config.QuantizationConfig -> how float weights are quantized."""
     return QuantSpec(bits=4 if quantization.weights == "int4" else 8,
-                     group_size=quantization.effective_group_size(backend), symmetric=not quantization.zero_point)
+                     group_size=quantization.effective_group_size(backend), symmetric=not quantization.zero_point,
+                     fp8=quantization.weights == "fp8")
+
+
+def head_spec_of(quantization, backend: str = "cpu") -> QuantSpec | None:
+    """How the LM head is quantized (None: float). lm_head: int8 is llama.cpp's blocks of 32 on the
+    cpu backend, one scale per column on the TensorRT ones (their int8 weights take no blocks)."""
+    if quantization.lm_head == "int8":
+        return QuantSpec(8, int8_blocks(backend))
+    return spec_of(quantization, backend) if quantization.lm_head else None
+
+
+def int8_blocks(backend: str) -> int:
+    """The int8 group size a backend runs: blocks of 32 (Q8_0's) on cpu, 0 (per column) elsewhere."""
+    return 32 if backend == "cpu" else 0
 
 
 def factory_for(config, checkpoint, dtype: torch.dtype):
@@ -84,7 +98,7 @@ def factory_for(config, checkpoint, dtype: torch.dtype):
                         "quantization: {weights: int4, group_size: %s} keeps its blocks", checkpoint.source,
                         checkpoint.published_config["quant_method"].upper(), published_group(checkpoint) or "G")
         return linear
-    spec = spec_of(quantization, config.backend)
+    spec, head_spec = spec_of(quantization, config.backend), head_spec_of(quantization, config.backend)
     gguf = str(checkpoint.source).endswith(".gguf")
     if quantization.method == "awq":
         from trt_llm.build.quantize.awq import apply_awq
@@ -94,22 +108,25 @@ def factory_for(config, checkpoint, dtype: torch.dtype):
                         "are not kept (method: rtn keeps them)", checkpoint.source)
         text = read_calibration(quantization.calibration) if quantization.calibration is not None else None
         apply_awq(checkpoint.model, checkpoint.tokenizer, spec, text)
-        return LinearFactory(checkpoint.model, dtype, spec, lm_head=quantization.lm_head)
+        return LinearFactory(checkpoint.model, dtype, spec, head_spec=head_spec)
     if checkpoint.published:
         return LinearFactory(checkpoint.model, dtype, spec, folder_published(checkpoint, spec, config.backend),
-                             lm_head=quantization.lm_head)
+                             head_spec=head_spec)
     if gguf:
-        return gguf_factory(checkpoint, dtype, spec, quantization.lm_head)
-    return LinearFactory(checkpoint.model, dtype, spec, lm_head=quantization.lm_head)
+        return gguf_factory(checkpoint, dtype, spec, head_spec, config.backend)
+    return LinearFactory(checkpoint.model, dtype, spec, head_spec=head_spec)
 
 
-def gguf_factory(checkpoint, dtype: torch.dtype, spec: QuantSpec, lm_head: bool) -> LinearFactory:
+def gguf_factory(checkpoint, dtype: torch.dtype, spec: QuantSpec, head_spec: QuantSpec | None,
+                 backend: str = "cpu") -> LinearFactory:
     """A GGUF file's factory: its blocks that `spec` holds, and its Q8_0 embedding table."""
     from trt_llm.build.quantize.gguf_blocks import read_blocks
 
     blocks = read_blocks(checkpoint.source, checkpoint.model)
-    kept = gguf_published(checkpoint, spec, blocks)
-    factory = LinearFactory(checkpoint.model, dtype, spec, kept, lm_head=lm_head)
+    kept = gguf_published(checkpoint, spec, blocks, backend)
+    if head_spec is None:
+        kept.pop("lm_head", None)
+    factory = LinearFactory(checkpoint.model, dtype, spec, kept, head_spec=head_spec)
     factory.kept_types = {name: blocks[name][0] for name in kept}
     embedding = blocks.get(_embedding_name(checkpoint.model))
     if embedding is not None and embedding[0] == "Q8_0":
@@ -129,14 +146,13 @@ def folder_published(checkpoint, spec: QuantSpec, backend: str) -> dict[str, Qua
     they are requantized from the dequantized weights, and the build says so."""
     fmt = checkpoint.published_config["quant_method"].upper()
     kept = {name: w for name, w in checkpoint.published.items()
-            if spec.bits == w.bits and w.group_size == spec.group_for(w.in_features)}
+            if not spec.fp8 and spec.bits == w.bits and w.group_size == spec.group_for(w.in_features)}
     if backend != "cpu":
         kept = {name: w for name, w in kept.items() if w.zero_points is None}
     if len(kept) < len(checkpoint.published):
-        log.warning("%s: %d of its %d %s weights do not fit int%d in groups of %s%s; they are dequantized and "
-                    "quantized again", checkpoint.source, len(checkpoint.published) - len(kept),
-                    len(checkpoint.published), fmt, spec.bits, spec.group_size or "a column",
-                    " with symmetric blocks (TensorRT)" if backend != "cpu" else "")
+        log.warning("%s: %d of its %d %s weights do not fit %s%s; they are dequantized and quantized again",
+                    checkpoint.source, len(checkpoint.published) - len(kept), len(checkpoint.published), fmt,
+                    spec.describe(), " with symmetric blocks (TensorRT)" if backend != "cpu" else "")
     return kept
 
 
@@ -158,23 +174,26 @@ def _embedding_name(model: nn.Module) -> str:
     return next(name for name, module in model.named_modules() if module is table)
 
 
-def gguf_published(checkpoint, spec: QuantSpec, blocks: dict) -> dict[str, QuantizedWeight]:
+def gguf_published(checkpoint, spec: QuantSpec, blocks: dict, backend: str = "cpu") -> dict[str, QuantizedWeight]:
     """The GGUF blocks an int4 / int8 build keeps: Q4_0 / Q4_1 where it asks for int4 in groups of
-    32, Q8_0 where it asks for int8 (and for the LM head of an int4 build: llama.cpp's files keep
-    that one at 8 bits on purpose, and 4 bits would only lose). The rest is requantized from the
-    dequantized weights, and the build says so."""
+    32, Q8_0 where it asks for int8 in blocks of 32 (and for the LM head of an int4 build: llama.cpp's
+    files keep that one at 8 bits on purpose, and 4 bits would only lose) on the backend that runs
+    int8 blocks (cpu). The rest is requantized from the dequantized weights, and the build says so."""
     def holds(name: str, type_name: str) -> bool:
+        if spec.fp8:
+            return False
         if type_name in ("Q4_0", "Q4_1"):
             return spec.bits == 4 and spec.group_size == 32
-        return type_name == "Q8_0" and (spec.bits == 8 or name == "lm_head")
+        int8 = (spec.bits == 8 and spec.group_size == 32) or name == "lm_head"
+        return type_name == "Q8_0" and int8 and int8_blocks(backend) == 32
 
     linears = {name for name, module in checkpoint.model.named_modules() if isinstance(module, nn.Linear)}
     blocks = {name: found for name, found in blocks.items() if name in linears}
     kept = {name: weight for name, (type_name, weight) in blocks.items() if holds(name, type_name)}
     requantized = sorted({type_name for name, (type_name, _) in blocks.items() if name not in kept})
     if requantized:
-        log.warning("%s: %d of its %d quantized matmul weights (%s) do not fit int%d in groups of %s; they are "
-                    "dequantized and quantized again (int4 with group_size 32 keeps Q4_0 / Q4_1 blocks as they "
-                    "are, int8 keeps Q8_0)", checkpoint.source, len(blocks) - len(kept), len(blocks),
-                    ", ".join(requantized), spec.bits, spec.group_size or "a column")
+        log.warning("%s: %d of its %d quantized matmul weights (%s) do not fit %s; they are dequantized and "
+                    "quantized again (int4 with group_size 32 keeps Q4_0 / Q4_1 blocks as they are, int8 on the "
+                    "cpu backend keeps Q8_0)", checkpoint.source, len(blocks) - len(kept), len(blocks),
+                    ", ".join(requantized), spec.describe())
     return kept

@@ -2,7 +2,9 @@
 
 Symmetric int4 takes llama.cpp's Q4_0 rule: the block's value of largest magnitude maps to -8,
 so all sixteen levels are used and that value is exact. Symmetric int8 is Q8_0's: largest
-magnitude / 127. Asymmetric spans [min(min, 0), max(max, 0)] with 2^bits levels and an integer
+magnitude / 127. fp8 maps each column's largest magnitude to E4M3's largest value (448), as
+TensorRT-LLM's and ModelOpt's per-channel fp8 weights do, then rounds to the nearest E4M3 value.
+Asymmetric spans [min(min, 0), max(max, 0)] with 2^bits levels and an integer
 zero point.
 """
 
@@ -27,6 +29,8 @@ def blocks(weight: Tensor, group_size: int) -> Tensor:
 def quantize_rtn(weight: Tensor, spec: QuantSpec, scale_dtype: torch.dtype) -> QuantizedWeight:
     """nn.Linear's weight [N, K] -> its QuantizedWeight (scales in `scale_dtype`, the graph's)."""
     in_features = weight.shape[1]
+    if spec.fp8:
+        return _quantize_fp8(weight, scale_dtype)
     group = spec.group_for(in_features)
     b = blocks(weight, group)
     top = (1 << spec.bits) - 1
@@ -51,6 +55,17 @@ def quantize_rtn(weight: Tensor, spec: QuantSpec, scale_dtype: torch.dtype) -> Q
     q = q.reshape(-1, q.shape[-1])[:in_features].to(torch.int16)
     zero_points = None if zero is None else zero[:, 0].to(torch.int16)
     return QuantizedWeight.from_values(q, scale[:, 0].to(scale_dtype), zero_points, spec.bits, group)
+
+
+FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
+
+
+def _quantize_fp8(weight: Tensor, scale_dtype: torch.dtype) -> QuantizedWeight:
+    """nn.Linear's weight [N, K] -> E4M3 values [K, N] and one scale per output column [1, N]."""
+    w = weight.detach().float().t()
+    scale = _nonzero(w.abs().amax(dim=0, keepdim=True) / FP8_MAX).to(scale_dtype).float()
+    values = (w / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return QuantizedWeight(values, scale.to(scale_dtype), None, 8, w.shape[0])
 
 
 def _nonzero(scale: Tensor) -> Tensor:
