@@ -5,11 +5,13 @@ backend: mean accepted length per verification pass and decode tokens/s, vanilla
 alternating (the machine is shared and noisy: read the ratios), at batch 1 and batch 4.
 
     python benchmarks/spec_decode.py --base HF_DIR --draft DRAFT_DIR [--threads 2] [--rounds 3]
-        [--tree 3,2,4 --tree 4,4,8 ...] [--draft-quantization auto] [--json out.json]
+        [--tree 3,2,4 --tree 4,4,8 ...] [--draft-quantization auto] [--quantization int4] [--json out.json]
 
 Each --tree is draft top-k, draft steps, verify tree size; every tree runs in the same rounds as
 vanilla, so one run shows the trade-off: a wider tree accepts more tokens a pass, and costs more to
-verify (on a CPU, compute-bound beyond a few tokens).
+verify (on a CPU, compute-bound beyond a few tokens). --quantization builds the base quantized
+(build config quantization:, e.g. int4), against its own vanilla decoding: cheaper verification
+may let a bigger tree pay.
 """
 
 from __future__ import annotations
@@ -38,13 +40,15 @@ def check_unseen(prompts: list[str]) -> None:
         raise SystemExit(f"benchmark prompts the draft may have been trained on: {sorted(seen)}")
 
 
-def build(base: Path, draft: Path, work_dir: Path, quantization: str) -> Path:
+def build(base: Path, draft: Path, work_dir: Path, quantization: str, base_quantization: str = "none") -> Path:
     from trt_llm.build.cli import build_engine
     from trt_llm.schemas.build_config import BuildConfig
 
-    out = work_dir / f"engine-smollm2-eagle3-{quantization}"
+    suffix = "" if base_quantization == "none" else f"-base-{base_quantization}"
+    out = work_dir / f"engine-smollm2-eagle3-{quantization}{suffix}"
     config = BuildConfig(model=str(base), output_dir=str(out), max_batch_size=4, max_input_len=512,
-                         max_kv_cache_capacity=1024, draft={"model": str(draft), "quantization": quantization})
+                         max_kv_cache_capacity=1024, draft={"model": str(draft), "quantization": quantization},
+                         quantization=base_quantization)
     manifest = out / "manifest.json"
     if not (manifest.is_file() and json.loads(manifest.read_text())["build_config"] == config.model_dump()):
         build_engine(config, progress=False)
@@ -70,6 +74,8 @@ def main() -> None:
                         help="draft top-k, draft steps, verify tree size (repeatable; default 3,2,4 and 4,4,8)")
     parser.add_argument("--draft-quantization", default="auto", choices=["auto", "none", "int8", "int4"],
                         help="the draft's weights in the engine (build config draft.quantization)")
+    parser.add_argument("--quantization", default="none", choices=["none", "int8", "int4"],
+                        help="the base's weights (build config quantization:)")
     parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache/trt-llm-bench")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -83,7 +89,8 @@ def main() -> None:
     from trt_llm.schemas.input_file import parse_input_dict
 
     check_unseen(PROMPTS)
-    engine_dir = EngineDir.open(build(args.base, args.draft, args.work_dir, args.draft_quantization))
+    engine_dir = EngineDir.open(build(args.base, args.draft, args.work_dir, args.draft_quantization,
+                                           args.quantization))
     trees = args.tree or [(3, 2, 4), (4, 4, 8)]
     runners = {"vanilla": Runner(engine_dir, args.threads, spec_decode=False)}
     for tree in trees:
@@ -119,6 +126,7 @@ def main() -> None:
             }
     report = {"threads": args.threads, "trees": ["top-k %d, steps %d, verify %d" % tree for tree in trees],
               "draft_quantization": engine_dir.manifest["components"]["draft"]["quantization"],
+              "base_quantization": engine_dir.manifest["model"].get("quantization"),
               "new_tokens": args.new_tokens, "results": results}
     print(json.dumps(report, indent=2, default=str))
     if args.json:
