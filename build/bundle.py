@@ -62,8 +62,8 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
         checkpoint.model.config.to_json_file(directory / "llm" / "config.json")
 
     with steps.step("exporting to ONNX"):
-        hf_config = checkpoint.model.config
         graphs = checkpoint.family.load()  # build/models/<module>.py builds its graph
+        hf_config = graphs.text_decoder(checkpoint.model).config
         lora_layout = None
         if config.lora:
             lora_layout = lora.layout(graphs.ModelDims(hf_config), hf_config.intermediate_size,
@@ -73,12 +73,16 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
                                     [g["name"] for g in lora_layout["groups"]] if lora_layout else [],
                                     feature_layers=draft.aux_layer_ids if draft is not None else None,
                                     make_linear=make_linear)
-        dims = graph.dims.to_dict()
+        dims, graph_deepstack = graph.dims.to_dict(), graph.deepstack_layers
         export_decoder(graph, directory / "llm" / "model.onnx", dtype, lora_layout)
         del graph
         components = {"llm": {"graph": "llm/model.onnx", "embedding": "llm/embedding.safetensors",
                               "config": "llm/config.json"},
                       "tokenizer": {"dir": "tokenizer"}}
+        if checkpoint.family.vision:
+            from trt_llm.build.vision_stage import export_vision_component
+
+            components["vision"] = export_vision_component(checkpoint, config, directory / "vision", dtype)
         eagle = None
         if draft is not None:
             export_eagle_draft(draft, checkpoint, config, directory / "draft", dtype)
@@ -98,6 +102,8 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
             "dims": dims,
             "eos_token_ids": eos_token_ids(checkpoint),
             "eagle": eagle,
+            "mrope": checkpoint.family.mrope,
+            "deepstack_layers": graph_deepstack,
             "quantization": make_linear.summary(config.quantization, storage)
             if config.quantization.weights != "none" else None,
         },

@@ -76,7 +76,11 @@ def load_checkpoint(model: str, dtype: str, trust_remote_code: bool = False) -> 
         if published_config is not None:  # GPTQ / AWQ: read without their kernels
             hf_model, published = load_published(Path(location), published_config)
         else:
-            hf_model = AutoModelForCausalLM.from_pretrained(
+            if family.vision:  # the decoder and the vision tower
+                from transformers import AutoModelForImageTextToText as loader
+            else:
+                loader = AutoModelForCausalLM
+            hf_model = loader.from_pretrained(
                 location, dtype=torch.float32, trust_remote_code=trust_remote_code, **extra
             ).eval()
         tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code, **extra)

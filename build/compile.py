@@ -172,15 +172,18 @@ def compile_in_place(directory: Path, manifest: dict, config: BuildConfig, steps
     with steps.step(f"compiling for {config.backend}"):
         engines = {}
         if config.backend in TENSORRT_BACKENDS:
-            from trt_llm.build.tensorrt_backend import TensorRTBuildError, compile_tensorrt
+            from trt_llm.build.tensorrt_backend import TensorRTBuildError, compile_tensorrt, vision_profile
 
             try:
-                for name in ("llm", "draft") if "draft" in components else ("llm",):
+                for name in [c for c in ("llm", "draft", "vision") if c in components]:
                     # The draft's plan has the base's profiles (its dynamic dims have the same names).
                     component_graph = directory / components[name]["graph"]
+                    profiles = [vision_profile(config, directory / components[name]["config"])] \
+                        if name == "vision" else None
                     engines[name] = compile_tensorrt(component_graph, component_graph.parent, config,
                                                      rtx=config.backend == "tensorrt-rtx",
-                                                     report=lambda phase: steps.report(f"compiling {name}: {phase}"))
+                                                     report=lambda phase: steps.report(f"compiling {name}: {phase}"),
+                                                     profiles=profiles)
                 if "draft" in components:
                     components["draft"]["quantization"] = "none"
             except TensorRTBuildError as error:
@@ -189,6 +192,8 @@ def compile_in_place(directory: Path, manifest: dict, config: BuildConfig, steps
             from trt_llm.build.cpu_backend import compile_cpu
 
             engines["llm"] = compile_cpu(directory / components["llm"]["graph"])
+            if "vision" in components:
+                engines["vision"] = compile_cpu(directory / components["vision"]["graph"])
             if "draft" in components:
                 quantization = draft_quantization(config)
                 engines["draft"] = compile_cpu(directory / components["draft"]["graph"], quantization)

@@ -38,9 +38,14 @@ def _example_inputs(graph: DecoderGraph, dtype: torch.dtype, lora_layout: dict |
                        torch.zeros(batch, group["out_features"], rank, dtype=dtype)]
     if graph.feature_layers is not None:
         caches.insert(0, torch.ones(seq, seq, dtype=torch.bool).tril().repeat(batch, 1, 1))
+    if graph.deepstack_layers:
+        caches.insert(0, torch.zeros(graph.deepstack_layers, batch, seq, d.hidden_size, dtype=dtype))
+    positions = torch.arange(seq, dtype=torch.int32).repeat(batch, 1)
+    if graph.mrope_streams is not None:
+        positions = positions.repeat(3, 1, 1)
     return (
         torch.zeros(batch, seq, d.hidden_size, dtype=dtype),
-        torch.arange(seq, dtype=torch.int32).repeat(batch, 1),
+        positions,
         torch.zeros(batch, dtype=torch.int32),
         torch.full((batch,), seq, dtype=torch.int32),
         torch.zeros(batch, kept, dtype=torch.int32),
@@ -54,8 +59,8 @@ def _dynamic_axes(specs) -> list[dict]:
     return [{axis: dims.setdefault(name, Dim(name)) for axis, name in enumerate(spec.dims) if name} for spec in specs]
 
 
-def _dynamic_shapes(num_layers: int, lora_layout: dict | None, eagle: bool = False) -> tuple:
-    axes = _dynamic_axes(decoder_spec(num_layers, eagle, lora_layout).inputs)
+def _dynamic_shapes(spec) -> tuple:
+    axes = _dynamic_axes(spec.inputs)
     # forward(inputs_embeds, position_ids, past_lengths, query_lengths, logits_indices, *tensors):
     # *tensors is one positional entry holding a tuple (the tree mask, the caches, the LoRA pairs).
     return (*axes[:5], tuple(axes[5:]))
@@ -63,9 +68,10 @@ def _dynamic_shapes(num_layers: int, lora_layout: dict | None, eagle: bool = Fal
 
 def export_decoder(graph: DecoderGraph, path: Path, dtype: torch.dtype, lora_layout: dict | None = None) -> Path:
     """Write `path` (+ `path.data` external weights); returns the path."""
-    spec = decoder_spec(graph.dims.num_layers, graph.feature_layers is not None, lora_layout)
+    spec = decoder_spec(graph.dims.num_layers, graph.feature_layers is not None, lora_layout,
+                        graph.mrope_streams is not None, graph.deepstack_layers)
     return export_graph(graph, _example_inputs(graph, dtype, lora_layout), spec.input_names, spec.output_names,
-                        _dynamic_shapes(graph.dims.num_layers, lora_layout, graph.feature_layers is not None), path)
+                        _dynamic_shapes(spec), path)
 
 
 def export_draft(graph, hidden_size: int, kv_heads: int, head_dim: int, path: Path, dtype: torch.dtype) -> Path:
@@ -81,6 +87,33 @@ def export_draft(graph, hidden_size: int, kv_heads: int, head_dim: int, path: Pa
     )
     spec = draft_spec()
     return export_graph(graph, example, spec.input_names, spec.output_names, tuple(_dynamic_axes(spec.inputs)), path)
+
+
+def export_vision(graph, path: Path, dtype: torch.dtype) -> Path:
+    """The vision tower graph (build/models/qwen_vl_vision.py's VisionGraph): patches, segments and
+    windows all dynamic, so one graph takes any number and size of images."""
+    from trt_llm.runtime import vision_grid
+
+    config_grid = [[1, 8, 12], [1, 4, 4]]  # 112 patches, 28 tokens, 2 images: distinct example sizes
+    visual = graph.patch_embed
+    width = visual.in_channels * visual.temporal_patch_size * visual.patch_size ** 2
+    patches = sum(t * h * w for t, h, w in config_grid)
+    example = [torch.zeros(patches, width, dtype=dtype),
+               torch.from_numpy(vision_grid.rotary_position_ids(config_grid, graph.merge)),
+               torch.from_numpy(vision_grid.cu_seqlens(config_grid))]
+    n, segments = Dim("patches"), Dim("segments_plus_one")
+    shapes = [{0: n}, {0: n}, {0: segments}]
+    if graph.windowed:
+        order, bounds = vision_grid.window_index(config_grid, graph.merge, graph.window_size, visual.patch_size)
+        example += [torch.from_numpy(order), torch.from_numpy(bounds)]
+        shapes += [{0: Dim("image_tokens")}, {0: Dim("windows_plus_one")}]
+    else:
+        taps, weights = vision_grid.interpolation_taps(config_grid, graph.grid_per_side, graph.merge)
+        example += [torch.from_numpy(taps), torch.from_numpy(weights)]
+        shapes += [{0: n}, {0: n}]
+    # forward(pixel_values, rotary_ids, cu_seqlens, *extra): *extra is one entry holding a tuple
+    return export_graph(graph, tuple(example), graph.input_names, graph.output_names,
+                        (*shapes[:3], tuple(shapes[3:])), path)
 
 
 def export_graph(module, example: tuple, names: list[str], outputs: list[str], dynamic_shapes, path: Path) -> Path:

@@ -64,6 +64,18 @@ def profile_shapes(config, decode_max_seq: int = DECODE_MAX_SEQ) -> list[dict[st
     return [prefill, decode]
 
 
+def vision_profile(config, settings_path: Path) -> dict[str, tuple[int, int, int]]:
+    """The vision graph's one profile: up to `vision.max_image_tokens` image tokens a request (x
+    merge^2 patches), in up to that many images or windows."""
+    import json
+
+    merge = json.loads(Path(settings_path).read_text())["merge_size"]
+    tokens = config.vision.max_image_tokens
+    bounds = (2, min(tokens, 64) + 1, tokens + 1)  # segment and window boundaries: count + 1
+    return {"patches": (merge * merge, min(tokens, 1024) * merge * merge, tokens * merge * merge),
+            "image_tokens": (1, min(tokens, 1024), tokens), "segments_plus_one": bounds, "windows_plus_one": bounds}
+
+
 def _graph_inputs(graph_path: Path) -> dict[str, list[int | str]]:
     """Each graph input's dims: an int, or the name of a dynamic dimension."""
     model = onnx.load(graph_path, load_external_data=False)
@@ -72,9 +84,9 @@ def _graph_inputs(graph_path: Path) -> dict[str, list[int | str]]:
             for i in model.graph.input if i.name not in initializers}
 
 
-def _add_profiles(trt, builder, config_trt, graph_path: Path, build_config) -> None:
+def _add_profiles(trt, builder, config_trt, graph_path: Path, build_config, profiles=None) -> None:
     inputs = _graph_inputs(graph_path)
-    for shapes in profile_shapes(build_config):
+    for shapes in profiles or profile_shapes(build_config):
         profile = builder.create_optimization_profile()
         for name, dims in inputs.items():
             bounds = []
@@ -159,8 +171,10 @@ def compute_capability(trt, name: str | None):
 
 
 def compile_tensorrt(graph_path: Path, engine_dir_llm: Path, build_config, rtx: bool,
-                     report: Callable[[str], None] | None = None) -> Path:
-    """Parse `graph_path` (external weights beside it), build, write `engine_dir_llm/model.plan`."""
+                     report: Callable[[str], None] | None = None, profiles: list[dict] | None = None) -> Path:
+    """Parse `graph_path` (external weights beside it), build, write `engine_dir_llm/model.plan`.
+    profiles: (min, opt, max) per dynamic dimension, one dict per optimization profile (default
+    the decoder's, profile_shapes)."""
     backend = "tensorrt-rtx" if rtx else "tensorrt"
     trt = import_tensorrt(backend)
     report = report or (lambda message: log.info("%s: %s", backend, message))
@@ -173,11 +187,11 @@ def compile_tensorrt(graph_path: Path, engine_dir_llm: Path, build_config, rtx: 
         from trt_llm.plugins import register_tensorrt_plugins
 
         register_tensorrt_plugins()
-    return _build(trt, logger, graph_path, engine_dir_llm, build_config, backend, rtx, report)
+    return _build(trt, logger, graph_path, engine_dir_llm, build_config, backend, rtx, report, profiles)
 
 
 def _build(trt, logger, graph_path: Path, engine_dir_llm: Path, build_config,
-           backend: str, rtx: bool, report) -> Path:
+           backend: str, rtx: bool, report, profiles=None) -> Path:
     builder = trt.Builder(logger)
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
     parser = trt.OnnxParser(network, logger)
@@ -194,7 +208,7 @@ def _build(trt, logger, graph_path: Path, engine_dir_llm: Path, build_config,
     if build_config.dtype == "fp32" and hasattr(trt.BuilderFlag, "TF32"):
         # fp32 engines are checked against transformers to 1e-3; TF32 matmuls drift past that.
         config_trt.clear_flag(trt.BuilderFlag.TF32)
-    _add_profiles(trt, builder, config_trt, graph_path, build_config)
+    _add_profiles(trt, builder, config_trt, graph_path, build_config, profiles)
     monitor = _progress_monitor(trt, report)
     if monitor is not None:
         config_trt.progress_monitor = monitor

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trt_llm.runtime.model import Model
+from trt_llm.runtime.model import Model, model_of
 from trt_llm.runtime.step import Step
 
 
@@ -24,9 +24,7 @@ def open_model(engine_dir, threads: int = 0) -> Model:
 
     embedding = load_embedding(engine_dir.component_path("llm", "embedding"), engine_dir.manifest["model"]["dtype"],
                                engine_dir.dims)
-    eagle = engine_dir.manifest["model"].get("eagle") or {}
-    return Model(open_engine(engine_dir, threads), embedding, engine_dir.dims, engine_dir.eos_token_ids,
-                 engine_dir.limits["max_kv_cache_capacity"], eagle.get("feature_width", 0))
+    return model_of(engine_dir, open_engine(engine_dir, threads), embedding)
 
 
 def chunks(token_ids: list[int], context: int) -> list[list[int]]:
@@ -39,9 +37,10 @@ def chunk_log_softmax(model: Model, chunk: list[int]) -> np.ndarray:
     n = len(chunk)
     cache = model.new_cache(1, n)
     past = np.zeros(1, np.int32)
-    step = Step(model.embedding[np.array([chunk])], np.arange(n, dtype=np.int32)[None], past,
+    step = Step(model.embedding[np.array([chunk])], model.positions([None], past, n), past,
                 np.array([n], np.int32), np.arange(n, dtype=np.int32)[None],
                 np.empty((1, n, model.vocab_size), np.float32), *model.eagle_io(1, n))
+    step.inputs.update(model.media_inputs([None], step.inputs_embeds, past, np.array([n])))
     model.engine.run(step, cache)
     logits = step.logits[0].astype(np.float64)
     peak = logits.max(-1, keepdims=True)

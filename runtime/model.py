@@ -4,18 +4,53 @@ from __future__ import annotations
 
 import numpy as np
 
-from trt_llm.schemas.graph_spec import FEATURES, TREE_MASK
+from trt_llm.schemas.graph_spec import DEEPSTACK, FEATURES, TREE_MASK
 
 
 class Model:
     def __init__(self, engine, embedding: np.ndarray, dims: dict, eos_token_ids: list[int],
-                 max_positions: int | None = None, feature_width: int = 0):
+                 max_positions: int | None = None, feature_width: int = 0, mrope: bool = False,
+                 deepstack: int = 0):
         self.engine = engine
         self.embedding = embedding
         self.dims = dims
         self.eos = set(eos_token_ids)
         self.max_positions = max_positions  # rows of the rotary tables
         self.feature_width = feature_width  # > 0: an EAGLE base (tree_mask in, hidden_states out)
+        self.mrope = mrope  # a vision-language decoder: position_ids [3, B, S]
+        self.deepstack = deepstack  # Qwen3-VL: its first k layers take deepstack_embeds [k, B, S, H]
+
+    def positions(self, sequences, past: np.ndarray, width: int) -> np.ndarray:
+        """The position_ids of a step whose row b computes tokens past[b] .. past[b] + width - 1 of
+        sequences[b]: [B, S], or [3, B, S] for mRoPE (a row without images: its token indices)."""
+        flat = past[:, None] + np.arange(width, dtype=np.int32)[None, :]
+        if not self.mrope:
+            return flat
+        out = np.broadcast_to(flat, (3, *flat.shape)).copy()
+        for row, s in enumerate(sequences):
+            media = getattr(s, "media", None)
+            if media is not None:
+                out[:, row] = media.rope.rows(int(past[row]), width)
+        return out
+
+    def media_inputs(self, sequences, embeds: np.ndarray, past: np.ndarray, lengths: np.ndarray) -> dict:
+        """Prefill: each row's image rows written into `embeds` [B, S, H] over its prompt tokens
+        past .. past + length - 1; returns the deepstack input when the decoder takes one."""
+        deepstack = None
+        if self.deepstack:
+            deepstack = np.zeros((self.deepstack, *embeds.shape), embeds.dtype)
+        for row, s in enumerate(sequences):
+            media = getattr(s, "media", None)
+            if media is not None:
+                media.write_rows(embeds[row], None if deepstack is None else deepstack[:, row],
+                                 int(past[row]), int(lengths[row]))
+        return {} if deepstack is None else {DEEPSTACK: deepstack}
+
+    def decode_extras(self, batch: int) -> dict:
+        """A decode step's deepstack input (zeros: generated tokens are text)."""
+        if not self.deepstack:
+            return {}
+        return {DEEPSTACK: np.zeros((self.deepstack, batch, 1, self.dims["hidden_size"]), self.embedding.dtype)}
 
     @property
     def vocab_size(self) -> int:
@@ -31,3 +66,12 @@ class Model:
     def new_cache(self, batch: int, capacity: int):
         # The engine owns its cache's memory (host arrays for ONNX Runtime, device buffers for TensorRT).
         return self.engine.new_cache(batch, capacity)
+
+
+def model_of(engine_dir, engine, embedding) -> Model:
+    """The Model of an engine directory's base, given its opened engine and embedding table."""
+    section = engine_dir.manifest["model"]
+    eagle = section.get("eagle") or {}
+    return Model(engine, embedding, engine_dir.dims, engine_dir.eos_token_ids,
+                 engine_dir.limits["max_kv_cache_capacity"], eagle.get("feature_width", 0),
+                 mrope=section.get("mrope") is not None, deepstack=section.get("deepstack_layers", 0))

@@ -58,7 +58,11 @@ class Profiler:
             speculative={"iterations": self.counts["spec_rounds"], "generated_tokens": self.counts["spec_emitted"],
                          "mean_accepted_length": (self.counts["spec_emitted"] / self.counts["spec_rounds"]
                                                   if self.counts["spec_rounds"] else 0.0)},
-            multimodal={"images": 0, "image_tokens": 0, "ms_per_token": 0.0},
+            # images and image tokens of the requests; the encoder's time per token it encoded (an image
+            # sent again comes from its cache)
+            multimodal={"images": self.counts["images"], "image_tokens": self.counts["image_tokens"],
+                        "ms_per_token": (sum(self.stages.get("vision_encode", [])) / self.counts["vision_encoded_tokens"]
+                                         if self.counts["vision_encoded_tokens"] else 0.0)},
             time_to_first_token={
                 "requests": len(ttfts), "mean_ms": statistics.fmean(ttfts) if ttfts else 0.0,
                 "median_ms": statistics.median(ttfts) if ttfts else 0.0,
@@ -81,6 +85,8 @@ def format_summary(profile: Profile) -> str:
         f"time to first token: mean {p.time_to_first_token.mean_ms:.1f} ms, median "
         f"{p.time_to_first_token.median_ms:.1f} ms, p95 {p.time_to_first_token.p95_ms:.1f} ms over "
         f"{p.time_to_first_token.requests} requests",
+        *([f"images: {p.multimodal.images}, {p.multimodal.image_tokens} image tokens, vision encoder "
+           f"{p.multimodal.ms_per_token:.3f} ms per image token"] if p.multimodal.images else []),
         f"peak memory: {p.peak_memory_mb:.0f} MB, wall time {p.wall_time_s:.2f} s",
         "stage               count    mean ms  median ms     p95 ms     p99 ms     max ms",
     ]

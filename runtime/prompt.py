@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from trt_llm.runtime.chat_template import ChatTemplateError
 from trt_llm.runtime.tokenizer import Tokenizer
@@ -20,36 +21,49 @@ class Prompt:
     token_ids: list[int]
 
 
-def _plain_messages(messages: list[Message]) -> list[dict]:
-    """Messages with text-only content, as text chat templates expect."""
+def _plain_messages(messages: list[Message], images: bool = False) -> list[dict]:
+    """Messages as chat templates expect them: text content joined into a string; with images (an
+    engine with a vision component) a message that has image parts keeps its parts, each image as
+    {"type": "image"} (the template writes its placeholder)."""
     plain = []
     for m_index, message in enumerate(messages):
-        texts = []
+        parts = []
         for c_index, part in enumerate(message.parts()):
             if part.type == "text":
-                texts.append(part.text)
+                parts.append({"type": "text", "text": part.text})
             elif part.type == "video":
                 raise PromptError(f"messages[{m_index}].content[{c_index}]: video input is not supported yet")
+            elif part.type == "image" and images:
+                parts.append({"type": "image"})
             else:
                 raise PromptError(
                     f"messages[{m_index}].content[{c_index}]: this engine has no {part.type} encoder "
                     f"({'vision' if part.type == 'image' else 'audio'} inputs need an engine built with one)")
-        plain.append({"role": message.role, "content": "".join(texts)})
+        if any(p["type"] != "text" for p in parts):
+            plain.append({"role": message.role, "content": parts})
+        else:
+            plain.append({"role": message.role, "content": "".join(p["text"] for p in parts)})
     return plain
 
 
 class PromptFormatter:
     def __init__(self, tokenizer: Tokenizer, apply_chat_template: bool, add_generation_prompt: bool,
-                 enable_thinking: bool):
+                 enable_thinking: bool, images: bool = False, media_dir: Path | None = None):
+        """images: the engine reads image parts (a vision component); media_dir: where their relative
+        paths start (the input file's folder)."""
         self.tokenizer = tokenizer
+        self.images, self.media_dir = images, media_dir
         self.apply_chat_template = apply_chat_template and tokenizer.chat_template is not None
         self.template_kwargs = {"add_generation_prompt": add_generation_prompt,
                                 "enable_thinking": enable_thinking}
         self._special = sorted(tokenizer.special_token_texts(), key=len)
 
     def format(self, messages: list[Message]) -> Prompt:
-        plain = _plain_messages(messages)
+        plain = _plain_messages(messages, self.images)
         if not self.apply_chat_template:
+            if any(not isinstance(m["content"], str) for m in plain):
+                raise PromptError("messages: image parts need the chat template (apply_chat_template: true), "
+                                  "which places their tokens")
             # Raw mode feeds the content itself; the tokenizer adds its BOS if it has one.
             text = "\n".join(m["content"] for m in plain)
             return Prompt(text, "", self.tokenizer.encode(text, add_special_tokens=True))

@@ -4,11 +4,13 @@ LoRA adapter, stop strings, the system prompt's tokens). Shared by the file runn
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
 from trt_llm.runtime.detokenizer import IncrementalDetokenizer
 from trt_llm.runtime.grammar import GrammarError, Grammars
+from trt_llm.runtime.image_prompt import attach_images, image_parts
 from trt_llm.runtime.lora import LoraAdapter, LoraError, load_adapter
 from trt_llm.runtime.prompt import Prompt, PromptError, PromptFormatter
 from trt_llm.runtime.sampler import SamplingParams
@@ -56,8 +58,10 @@ def apply_batch_rules(batch: list[Prepared], settings: InputSettings) -> int:
 
 class RequestPreparer:
     def __init__(self, tokenizer, token_bytes: TokenBytes, limits: dict, vocab_size: int,
-                 lora_layout: dict | None, dtype, prefix_stats: dict, eos_token_ids: list[int]):
+                 lora_layout: dict | None, dtype, prefix_stats: dict, eos_token_ids: list[int], vision=None):
+        """vision: the engine's VisionEncoder (runtime/vision.py), when it has a vision component."""
         self.tokenizer, self.token_bytes = tokenizer, token_bytes
+        self.vision = vision
         self.limits, self.vocab_size = limits, vocab_size
         self.lora_layout, self.dtype = lora_layout, dtype
         self.prefix_stats = prefix_stats  # counts "fallbacks": prompts whose system prompt cannot be reused
@@ -77,6 +81,10 @@ class RequestPreparer:
             prompt = formatter.format(request.messages)
         except PromptError as error:
             raise PromptError(f"{where}.{error}") from None
+        media = None
+        if self.vision is not None and image_parts(request.messages):
+            ids, media = attach_images(self.vision, request.messages, prompt.token_ids, formatter.media_dir, where)
+            prompt = dataclasses.replace(prompt, token_ids=ids)
         prompt_len, max_input = len(prompt.token_ids), self.limits["max_input_len"]
         if prompt_len > max_input:
             raise ValueError(f"{where}: prompt is {prompt_len} tokens, longer than the engine's "
@@ -95,7 +103,7 @@ class RequestPreparer:
                              f"(size {self.vocab_size})")
         params = SamplingParams(settings.temperature, settings.top_k, settings.top_p, bias or None)
         detokenizer = IncrementalDetokenizer(self.token_bytes, request.stop_list())
-        sequence = Sequence(prompt.token_ids, max_new, detokenizer)
+        sequence = Sequence(prompt.token_ids, max_new, detokenizer, media=media)
         if request.response_format is not None:
             try:
                 sequence.constraint = self.grammars.constraint(request.response_format.model_dump(by_alias=True))

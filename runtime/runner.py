@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import nullcontext
+from pathlib import Path
 
 from trt_llm.runtime.decoding.draft import SpecStats, check_spec, load_draft_engine
 from trt_llm.runtime.decoding.eagle import Eagle
@@ -17,7 +18,7 @@ from trt_llm.runtime.decoding.vanilla import Vanilla
 from trt_llm.runtime.embedding import load_embedding
 from trt_llm.runtime.engine_core import EngineCore, EngineRequest
 from trt_llm.runtime.engine_dir import EngineDir, loading
-from trt_llm.runtime.model import Model
+from trt_llm.runtime.model import model_of
 from trt_llm.runtime.prefix_cache import PrefixCache
 from trt_llm.runtime.profiler import Profiler
 from trt_llm.runtime.prompt import PromptError, PromptFormatter
@@ -55,8 +56,7 @@ class Runner:
         # 2 cores: EAGLE3 0.53x -> 1.07x vanilla). Vanilla decoding spins briefly (OrtEngine.SPIN_US).
         with loading("engine", engine_dir.component_path("llm", "engine")):
             engine = open_engine(engine_dir, threads, spinning=not (eagle and spec_decode))
-        self.model = Model(engine, embedding, dims, engine_dir.eos_token_ids,
-                           engine_dir.limits["max_kv_cache_capacity"], eagle.get("feature_width", 0))
+        self.model = model_of(engine_dir, engine, embedding)
         self.draft = None
         if eagle and spec_decode:
             with loading("EAGLE draft", engine_dir.path / "draft"):
@@ -74,9 +74,16 @@ class Runner:
         self.profiler = profiler
         self.scheduling = scheduling
         self.lora_layout = engine_dir.manifest.get("lora")
+        self.vision = None
+        if "vision" in engine_dir.manifest["components"]:
+            from trt_llm.runtime.vision import VisionEncoder
+
+            with loading("vision encoder", engine_dir.path / "vision"):
+                self.vision = VisionEncoder(engine_dir, threads)
+            self.vision.profiler = profiler
         self.preparer = RequestPreparer(self.tokenizer, self.token_bytes, self.limits, dims["vocab_size"],
                                         self.lora_layout, embedding.dtype, self.prefix_stats,
-                                        engine_dir.eos_token_ids)
+                                        engine_dir.eos_token_ids, self.vision)
         self.responses = ResponseBuilder(self.token_bytes)
 
     def run(self, loaded: LoadedInput, settings: InputSettings,
@@ -86,8 +93,7 @@ class Runner:
         if settings.batch_size > self.limits["max_batch_size"]:
             raise RunError(f"batch_size {settings.batch_size} exceeds the engine's max_batch_size "
                            f"{self.limits['max_batch_size']}")
-        formatter = PromptFormatter(self.tokenizer, settings.apply_chat_template,
-                                    settings.add_generation_prompt, settings.enable_thinking)
+        formatter = self.formatter(settings, loaded.source)
         responses = [] if finished is None else finished
         if self.scheduling == "continuous":
             from trt_llm.runtime.continuous import run_continuous
@@ -151,6 +157,13 @@ class Runner:
         `speculate`), else vanilla decoding."""
         strategy = Eagle(self.draft, self.spec, self.spec_stats) if self.draft is not None and speculate else Vanilla()
         return EngineCore(self.model, max_rows, policy, self.lora_layout, self.profiler, strategy)
+
+    def formatter(self, settings: InputSettings, source: str | None = None) -> PromptFormatter:
+        """The prompt formatter of a run: images when the engine reads them, their relative paths
+        from the input file's folder (source: its path)."""
+        media_dir = Path(source).resolve().parent if source and Path(source).is_file() else None
+        return PromptFormatter(self.tokenizer, settings.apply_chat_template, settings.add_generation_prompt,
+                               settings.enable_thinking, images=self.vision is not None, media_dir=media_dir)
 
     @staticmethod
     def engine_request(p: Prepared) -> EngineRequest:

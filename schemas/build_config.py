@@ -51,6 +51,27 @@ class DraftBuildConfig(BaseModel):
                             "auto: int8 for an fp32 graph, none otherwise (int8 and int4 need dtype fp32).")
 
 
+class VisionBuildConfig(BaseModel):
+    """Image token limits of a vision-language model's engine (the reference's defaults). An image
+    is resized (keeping its aspect ratio) to between min_image_tokens and max_image_tokens_per_image
+    tokens; a request's images together may take max_image_tokens."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    min_image_tokens: int = Field(4, ge=1, le=16384, description="Fewest tokens an image becomes.")
+    max_image_tokens: int = Field(1024, ge=1, le=65536, description="Most image tokens in one request.")
+    max_image_tokens_per_image: int = Field(512, ge=1, le=16384, description="Most tokens one image becomes.")
+
+    @field_validator("max_image_tokens_per_image")
+    @classmethod
+    def _per_image_in_range(cls, v: int, info: ValidationInfo) -> int:
+        low, total = info.data.get("min_image_tokens"), info.data.get("max_image_tokens")
+        if isinstance(low, int) and v < low:
+            raise PydanticCustomError("tokens_order", "{v} is smaller than min_image_tokens ({n})", {"v": v, "n": low})
+        if isinstance(total, int) and v > total:
+            raise PydanticCustomError("tokens_order", "{v} is larger than max_image_tokens ({n})", {"v": v, "n": total})
+        return v
+
+
 class QuantizationConfig(BaseModel):
     """Weight quantization of the base model (`quantization: int4` is short for the defaults)."""
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -124,6 +145,8 @@ class BuildConfig(BaseModel):
                     "(SM75, SM80, SM86, SM89, SM120, SM121); auto = the GPU present, else SM80.")
     lora: LoraBuildConfig | None = Field(None, description="Off unless set.")
     draft: DraftBuildConfig | None = Field(None, description="EAGLE3 speculative decoding; off unless set.")
+    vision: VisionBuildConfig = Field(default_factory=VisionBuildConfig,
+                                      description="Image token limits (vision-language models only).")
     quantization: QuantizationConfig = Field(
         default_factory=lambda: QuantizationConfig(weights="none"),
         description="Weight quantization: none, int8, int4, fp8, or a mapping (see QuantizationConfig).")

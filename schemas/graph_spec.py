@@ -2,8 +2,9 @@
 order, with its dtype and its dimensions (a name for a dynamic one). The exporter, the TensorRT
 profile builder and both engines read the names here; nobody else spells them.
 
-    decoder inputs   inputs_embeds [batch, seq, H], position_ids [batch, seq], past_lengths [batch],
-                     query_lengths [batch], logits_indices [batch, kept], (an EAGLE base: tree_mask
+    decoder inputs   inputs_embeds [batch, seq, H], position_ids [batch, seq] (mRoPE: [3, batch, seq]),
+                     past_lengths [batch], query_lengths [batch], logits_indices [batch, kept],
+                     (Qwen3-VL: deepstack_embeds [k, batch, seq, H]), (an EAGLE base: tree_mask
                      [batch, seq, seq]), past_key_i / past_value_i [batch, Hkv, capacity, D] per layer,
                      then the LoRA pairs lora_<group>_a_<layer> [batch, rank, in], _b_ [batch, out, rank]
     decoder outputs  logits [batch, kept, V] float32, (hidden_states [batch, seq, F]), present_key_i /
@@ -88,8 +89,18 @@ def lora_inputs(lora_layout: dict | None) -> list[TensorSpec]:
     return specs
 
 
-def decoder_spec(num_layers: int, eagle: bool = False, lora_layout: dict | None = None) -> GraphSpec:
+DEEPSTACK = "deepstack_embeds"  # Qwen3-VL's [k, batch, seq, H]: vision features added after layer i < k
+
+
+def decoder_spec(num_layers: int, eagle: bool = False, lora_layout: dict | None = None, mrope: bool = False,
+                 deepstack: int = 0) -> GraphSpec:
+    """mrope: position_ids is [3, batch, seq] (time, row, column); deepstack: how many early layers
+    take the vision tower's features (a deepstack_embeds input after logits_indices)."""
     inputs = _step_inputs()
+    if mrope:
+        inputs[1] = TensorSpec("position_ids", "int32", (None, "batch", "seq"))
+    if deepstack:
+        inputs.append(TensorSpec(DEEPSTACK, MODEL_DTYPE, (None, "batch", "seq", None)))
     if eagle:
         inputs.append(TensorSpec(TREE_MASK, "bool", ("batch", "seq", "seq")))
     inputs += _caches(num_layers, past) + lora_inputs(lora_layout)
@@ -109,5 +120,5 @@ def draft_spec() -> GraphSpec:
     return GraphSpec(tuple(inputs), tuple(outputs))
 
 
-__all__ = ["STEP_INPUTS", "LOGITS", "TREE_MASK", "FEATURES", "DRAFT_HIDDEN", "DRAFT_HIDDEN_OUT", "TensorSpec",
+__all__ = ["STEP_INPUTS", "LOGITS", "TREE_MASK", "DEEPSTACK", "FEATURES", "DRAFT_HIDDEN", "DRAFT_HIDDEN_OUT", "TensorSpec",
            "GraphSpec", "past", "present", "lora_input", "lora_inputs", "decoder_spec", "draft_spec"]

@@ -72,6 +72,8 @@ class ModelSection(BaseModel):
     eos_token_ids: list[Annotated[int, Field(ge=0)]]
     eagle: Eagle | None = None
     quantization: Quantization | None = None
+    mrope: str | None = None  # a vision-language decoder's multimodal rotary: "sections" or "interleaved"
+    deepstack_layers: int = Field(0, ge=0)  # Qwen3-VL: early layers that take deepstack_embeds
 
 
 class Limits(BaseModel):
@@ -113,6 +115,7 @@ class EncoderComponent(BaseModel):
     graph: RelativePath
     engine: RelativePath | None = None
     config: RelativePath
+    preprocessor: RelativePath | None = None  # the image processor's / feature extractor's settings
 
 
 class TokenizerComponent(BaseModel):

@@ -45,7 +45,9 @@ def test_unsupported_architecture_lists_supported(tmp_path, tiny_model, capsys):
     path = write_config(tmp_path, f"model: {model_dir}\noutput_dir: {tmp_path/'e'}\n")
     assert build_main([str(path), "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert "GPT2LMHeadModel" in err and "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM" in err
+    assert "GPT2LMHeadModel" in err
+    assert ("LlamaForCausalLM, Qwen2ForCausalLM, Qwen2_5_VLForConditionalGeneration, Qwen3ForCausalLM, "
+            "Qwen3VLForConditionalGeneration") in err
     assert not (tmp_path / "e").exists()
 
 

@@ -147,3 +147,17 @@ def test_tensorrt_missing_is_one_line_naming_the_install(tmp_path, tiny_model, c
     assert len(err.splitlines()) == 1, err
     assert "pip install 'trt-llm[tensorrt]'" in err and err.startswith("trt-llm-build: error: backend 'tensorrt'")
     assert not out.exists() and not list(tmp_path.glob(".engine.building-*"))  # no staging folder left
+
+
+@needs_rtx
+def test_a_vision_language_model_builds_its_vision_plan_ahead_of_time(npm_tokenizer, build_engine_for, tmp_path):
+    """A tiny Qwen2.5-VL for tensorrt-rtx in fp16: the decoder's plan and the vision tower's (one
+    profile over patches, segments and windows, the vision attention's body inlined)."""
+    import vlm_assets
+
+    folder = vlm_assets.make_tiny_vlm("qwen2_5_vl", tmp_path / "vlm", npm_tokenizer("qwen3"))
+    engine = build_engine_for(folder, backend="tensorrt-rtx", dtype="fp16", max_batch_size=2, max_input_len=256,
+                              max_kv_cache_capacity=512)
+    vision = json.loads((engine / "manifest.json").read_text())["components"]["vision"]
+    assert vision["engine"] == "vision/model.plan" and (engine / vision["engine"]).stat().st_size > 100_000
+    assert (engine / vision["preprocessor"]).is_file()

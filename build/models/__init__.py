@@ -18,6 +18,14 @@ class ModelFamily:
     architecture: str  # the HF class the manifest names (a GGUF's config lists none)
     module: str  # build/models/<module>.py builds the graph
     qk_norm: bool = False  # RMSNorm over head_dim on q and k before rotary (Qwen3)
+    # Vision-language models: the text decoder takes mRoPE positions [3, B, S] ("sections": Qwen2.5-VL's
+    # consecutive chunks; "interleaved": Qwen3-VL's), and the checkpoint has a vision tower
+    # (build/models/qwen_vl_vision.py) that becomes the engine's vision/ component.
+    mrope: str | None = None
+
+    @property
+    def vision(self) -> bool:
+        return self.mrope is not None
 
     def load(self) -> ModuleType:
         from importlib import import_module
@@ -29,6 +37,8 @@ REGISTRY: dict[str, ModelFamily] = {family.architecture: family for family in (
     ModelFamily("llama", "LlamaForCausalLM", "llama"),
     ModelFamily("qwen2", "Qwen2ForCausalLM", "llama"),
     ModelFamily("qwen3", "Qwen3ForCausalLM", "llama", qk_norm=True),
+    ModelFamily("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "llama", mrope="sections"),
+    ModelFamily("qwen3_vl", "Qwen3VLForConditionalGeneration", "llama", qk_norm=True, mrope="interleaved"),
 )}
 
 

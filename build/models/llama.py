@@ -9,12 +9,14 @@ q/k/v biases are read from the checkpoint as they come).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from trt_llm.build.models.layers import DecoderLayer, cast_floats, frozen, linear, rms_norm, rotary_tables
+from trt_llm.build.models.layers import (DecoderLayer, cast_floats, frozen, linear, mrope_streams, rms_norm,
+                                        rotary_tables, sectioned_rotary)
 from trt_llm.schemas.graph_spec import decoder_spec
 
 if TYPE_CHECKING:
@@ -38,12 +40,28 @@ class ModelDims:
 
 
 
+def text_decoder(hf_model):
+    """The causal LM part of a checkpoint, with the attributes DecoderGraph reads: `model` (layers,
+    norm, rotary_emb), `lm_head` and `config`. A vision-language model's is its language model."""
+    inner = getattr(hf_model, "model", None)
+    if hasattr(inner, "language_model"):
+        return SimpleNamespace(model=inner.language_model, lm_head=hf_model.lm_head,
+                               config=hf_model.config.text_config)
+    return hf_model
+
+
 class DecoderGraph(nn.Module):
     """inputs_embeds, position_ids, past_lengths, query_lengths, logits_indices, caches -> logits, caches.
 
     As an EAGLE base (`feature_layers` set) it also takes a tree_mask [B, S, S] (after
     logits_indices) and returns hidden_states [B, S, 3H]: the hidden states entering those layers,
     for every new token, which the draft model reads.
+
+    A vision-language decoder (family.mrope) takes position_ids [3, B, S], the time, row and column
+    of each token (all three the same for text), and turns each rotary frequency by one of them;
+    Qwen3-VL's also takes deepstack_embeds [k, B, S, H] after logits_indices, the vision tower's
+    early features at the image tokens (zeros elsewhere), added to the hidden states after its
+    first k layers.
     """
 
     def __init__(self, hf_model, family: "ModelFamily", max_positions: int, dtype: torch.dtype,
@@ -51,6 +69,8 @@ class DecoderGraph(nn.Module):
         """make_linear: every linear, the LM head included, is built by it (`linear`, or a
         quantizing build.quantize.factory.LinearFactory)."""
         super().__init__()
+        vision_config = getattr(hf_model.config, "vision_config", None)
+        hf_model = text_decoder(hf_model)
         self.dims = ModelDims(hf_model.config)
         self.lora_groups = list(lora_groups)  # packed projections with LoRA inputs, per layer
         self.feature_layers = list(feature_layers) if feature_layers else None
@@ -65,14 +85,22 @@ class DecoderGraph(nn.Module):
                                  max_positions, dtype)
         self.register_buffer("cos_cache", cos)
         self.register_buffer("sin_cache", sin)
+        streams = None if family.mrope is None else mrope_streams(rotary.mrope_section, family.mrope == "interleaved")
+        self.register_buffer("mrope_streams", streams)
+        self.deepstack_layers = len(getattr(vision_config, "deepstack_visual_indexes", None) or [])
         cast_floats(self, dtype)
 
     def forward(self, inputs_embeds, position_ids, past_lengths, query_lengths, logits_indices, *tensors):
         """tensors: [tree_mask if an EAGLE base], the caches (key, value per layer), then the LoRA
         pairs (per layer, per group)."""
-        tree_mask = None
+        tree_mask = deepstack = None
+        if self.deepstack_layers:
+            deepstack, tensors = tensors[0], tensors[1:]
         if self.feature_layers is not None:
             tree_mask, tensors = tensors[0], tensors[1:]
+        cos, sin = self.cos_cache, self.sin_cache
+        if self.mrope_streams is not None:  # per-token rows, and position_ids becomes their index
+            cos, sin, position_ids = sectioned_rotary(cos, sin, position_ids.long(), self.mrope_streams)
         caches, lora = tensors[: 2 * len(self.layers)], tensors[2 * len(self.layers):]
         per_layer = 2 * len(self.lora_groups)
         hidden = inputs_embeds
@@ -83,8 +111,10 @@ class DecoderGraph(nn.Module):
             layer_lora = {g: (pairs[2 * j], pairs[2 * j + 1]) for j, g in enumerate(self.lora_groups)}
             hidden, key, value = layer(
                 hidden, caches[2 * i], caches[2 * i + 1], past_lengths, query_lengths, position_ids,
-                self.cos_cache, self.sin_cache, layer_lora, tree_mask,
+                cos, sin, layer_lora, tree_mask,
             )
+            if i < self.deepstack_layers:
+                hidden = hidden + deepstack[i]
             presents += [key, value]
         # The LM head runs only where logits are asked for: gather those positions first.
         index = logits_indices.long().unsqueeze(-1).expand(-1, -1, hidden.shape[-1])

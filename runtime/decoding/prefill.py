@@ -60,9 +60,11 @@ def _pass(model: Model, sequences: list[Sequence], cache, lora: dict, past: np.n
     token_ids = np.zeros((batch, width), dtype=np.int64)
     for row, s in enumerate(sequences):
         token_ids[row, : lengths[row]] = s.prompt_ids[past[row]:]
-    positions = past[:, None] + np.arange(width, dtype=np.int32)[None, :]
-    step = Step(model.embedding[token_ids], positions, past, lengths, (lengths - 1)[:, None],
+    embeds = model.embedding[token_ids]
+    media = model.media_inputs(sequences, embeds, past, lengths)  # image rows at their tokens
+    step = Step(embeds, model.positions(sequences, past, width), past, lengths, (lengths - 1)[:, None],
                 np.empty((batch, 1, model.vocab_size), dtype=np.float32), *model.eagle_io(batch, width))
+    step.inputs.update(media)
     model.engine.run(step, cache, lora)
     return step.logits, step.outputs.get(FEATURES)
 

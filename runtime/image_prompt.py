@@ -1,0 +1,57 @@
+"""A request's images in its prompt: each image part's one placeholder token widened to the image's
+tokens, their rows from the vision encoder, and the prompt's mRoPE positions.
+
+The chat template writes one `<|image_pad|>` per image part (inside `<|vision_start|>` ...
+`<|vision_end|>`); the processor of transformers widens it to as many as the image has tokens, and so
+does this module, so the prompt is token for token transformers'. Errors name the request, message
+and part, and the image.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trt_llm.runtime.media import MediaError, media_bytes
+from trt_llm.runtime.mrope import rope_positions
+from trt_llm.runtime.prompt import PromptError
+from trt_llm.runtime.vision import SequenceMedia, VisionEncoder
+
+
+def image_parts(messages) -> list[tuple[int, int, object]]:
+    """(message index, part index, part) of every image part, in prompt order."""
+    return [(m, c, part) for m, message in enumerate(messages) for c, part in enumerate(message.parts())
+            if part.type == "image"]
+
+
+def attach_images(vision: VisionEncoder, messages, token_ids: list[int], media_dir: Path | None,
+                  where: str) -> tuple[list[int], SequenceMedia]:
+    """The prompt's token ids with the images' tokens, and its SequenceMedia. Raises ValueError
+    (PromptError when the template placed the wrong number of image tokens)."""
+    parts = image_parts(messages)
+    pending = []
+    for m, c, part in parts:
+        try:
+            data, name = media_bytes(part.image, media_dir, "image")
+            pending.append(vision.pending(data, name))
+        except MediaError as error:
+            raise ValueError(f"{where}.messages[{m}].content[{c}]: {error}") from None
+    counts = [vision.tokens_of(image) for image in pending]
+    if sum(counts) > vision.max_request_tokens:
+        raise ValueError(f"{where}.messages: its {len(pending)} image(s) take {sum(counts)} image tokens "
+                         f"({', '.join(map(str, counts))}), more than the engine's max_image_tokens "
+                         f"{vision.max_request_tokens}")
+    placeholder = vision.image_token_id
+    placed = sum(1 for token in token_ids if token == placeholder)
+    if placed != len(parts):
+        raise PromptError(f"{where}.messages: the chat template placed {placed} image token(s) for "
+                          f"{len(parts)} image part(s)")
+    widened, offsets, images = [], [], iter(counts)
+    for token in token_ids:
+        if token == placeholder:
+            offsets.append(len(widened))
+            widened += [token] * next(images)
+        else:
+            widened.append(token)
+    encoded = vision.encode(pending)
+    rope = rope_positions(widened, placeholder, [image.grid for image in encoded], vision.merge)
+    return widened, SequenceMedia(list(zip(offsets, encoded)), rope)

@@ -1,0 +1,191 @@
+"""The vision component at run time: images -> the rows the decoder reads at their image tokens.
+
+One encoder call takes every image of a batch not seen before (one graph run: each image is its own
+attention segment), and keeps each image's rows under a hash of its file's bytes, so the same image
+in many requests (as a path, a relative path or a data URL alike) is encoded once. The component's
+config (build/vision_stage.py) says how to feed the graph; the image processor is the checkpoint's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from trt_llm.runtime import vision_grid
+from trt_llm.runtime.image_processor import ImageProcessor
+from trt_llm.runtime.media import decode_image
+
+CACHE_IMAGES = 64  # encoded images kept (their rows are small beside the decoder's KV cache)
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    grid: tuple[int, int, int]  # (t, h, w) in patches
+    embeds: np.ndarray  # [tokens, H] rows for the decoder's image tokens
+    deepstack: np.ndarray | None  # [k, tokens, H] Qwen3-VL's early-layer features
+
+    @property
+    def tokens(self) -> int:
+        return self.embeds.shape[0]
+
+
+@dataclass
+class PendingImage:
+    """A decoded image before encoding: its content key and the grid it will be cut into."""
+    key: str
+    picture: object  # PIL.Image
+    grid: tuple[int, int, int]
+
+
+class VisionEncoder:
+    def __init__(self, engine_dir, threads: int = 0):
+        self.settings = json.loads(engine_dir.component_path("vision", "config").read_text())
+        preprocessor = json.loads(engine_dir.component_path("vision", "preprocessor").read_text())
+        s = self.settings
+        self.processor = token_limited(ImageProcessor.from_config(preprocessor), s["min_image_tokens"],
+                                       s["max_image_tokens_per_image"])
+        self.merge = s["merge_size"]
+        self.image_token_id = s["image_token_id"]
+        self.max_request_tokens = s["max_image_tokens"]
+        self.session = _session(engine_dir, threads)
+        self.cache: OrderedDict[str, EncodedImage] = OrderedDict()
+        self._lock = threading.Lock()
+        self.encoded_images = 0  # graph work done: images and their tokens, and the time it took
+        self.encoded_tokens = 0
+        self.encode_seconds = 0.0
+        self.profiler = None  # a runtime.profiler.Profiler: images, their tokens, the encoder's time
+
+    def pending(self, data: bytes, name: str) -> PendingImage:
+        """An image's file bytes, decoded and sized (a MediaError names it when it cannot be)."""
+        picture = decode_image(data, name)
+        try:
+            grid = self.processor.grid_thw(picture.height, picture.width)
+        except ValueError as error:
+            from trt_llm.runtime.media import MediaError
+
+            raise MediaError(f"image {name}: {error}") from None
+        key = hashlib.sha256(data).hexdigest()
+        return PendingImage(key, picture, grid)
+
+    def tokens_of(self, image: PendingImage) -> int:
+        t, h, w = image.grid
+        return t * h * w // (self.merge * self.merge)
+
+    def encode(self, images: list[PendingImage]) -> list[EncodedImage]:
+        """The rows of each image, from the cache or from one graph run over those not in it.
+        Thread-safe: a server prepares requests on several threads."""
+        with self._lock:
+            return self._encode(images)
+
+    def _encode(self, images: list[PendingImage]) -> list[EncodedImage]:
+        missing = {image.key: image for image in images if image.key not in self.cache}
+        if missing:
+            started = time.perf_counter()
+            for key, encoded in zip(missing, self._run(list(missing.values()))):
+                self.cache[key] = encoded
+                while len(self.cache) > CACHE_IMAGES:
+                    self.cache.popitem(last=False)
+            elapsed = time.perf_counter() - started
+            tokens = sum(self.tokens_of(image) for image in missing.values())
+            self.encoded_images += len(missing)
+            self.encoded_tokens += tokens
+            self.encode_seconds += elapsed
+            if self.profiler:
+                self.profiler.stages["vision_encode"].append(elapsed * 1000)
+                self.profiler.count("vision_encoded_tokens", tokens)
+        if self.profiler:
+            self.profiler.count("images", len(images))
+            self.profiler.count("image_tokens", sum(self.tokens_of(image) for image in images))
+        out = []
+        for image in images:
+            self.cache.move_to_end(image.key)
+            out.append(self.cache[image.key])
+        return out
+
+    def _run(self, images: list[PendingImage]) -> list[EncodedImage]:
+        inputs = self.processor.preprocess([image.picture for image in images])
+        grids = [tuple(int(v) for v in row) for row in inputs.image_grid_thw]
+        s = self.settings
+        feeds = {"pixel_values": inputs.pixel_values, "rotary_ids": vision_grid.rotary_position_ids(grids, self.merge),
+                 "cu_seqlens": vision_grid.cu_seqlens(grids)}
+        if s["windowed"]:
+            feeds["window_index"], feeds["cu_window_seqlens"] = vision_grid.window_index(
+                grids, self.merge, s["window_size"], s["patch_size"])
+        else:
+            feeds["position_taps"], feeds["position_weights"] = vision_grid.interpolation_taps(
+                grids, s["grid_per_side"], self.merge)
+        feeds["pixel_values"] = feeds["pixel_values"].astype(self.session.input_dtype("pixel_values"))
+        outputs = self.session.run(feeds)
+        embeds, deepstack = outputs[0], outputs[1] if len(outputs) > 1 else None
+        encoded, start = [], 0
+        for grid in grids:
+            count = grid[0] * grid[1] * grid[2] // (self.merge * self.merge)
+            rows = slice(start, start + count)
+            encoded.append(EncodedImage(grid, embeds[rows], None if deepstack is None else deepstack[:, rows]))
+            start += count
+        return encoded
+
+
+def token_limited(processor: ImageProcessor, min_tokens: int, max_tokens: int) -> ImageProcessor:
+    """The checkpoint's own size bounds narrowed to the build's token limits (vision: in the build
+    config): Qwen3-VL's processor brings every image to 64 tokens at least, and keeps doing so
+    when the build allows fewer; a build limit the checkpoint's range cannot meet wins."""
+    block = processor.factor * processor.factor
+    low = max(min_tokens, -(-processor.min_pixels // block))
+    high = min(max_tokens, processor.max_pixels // block)
+    return processor.with_token_limits(min(low, high), high)
+
+
+@dataclass
+class SequenceMedia:
+    """A prompt's images: where each one's rows go (the index of its first image token) and their
+    rows, and the prompt's mRoPE positions."""
+    images: list[tuple[int, EncodedImage]]
+    rope: object  # runtime/mrope.RopePositions
+
+    def write_rows(self, embeds: np.ndarray, deepstack: np.ndarray | None, start: int, count: int) -> None:
+        """Write the rows of prompt tokens start .. start + count - 1 that are image tokens into one
+        row of a step's inputs_embeds [S, H] (and deepstack_embeds [k, S, H])."""
+        for offset, image in self.images:
+            first, last = max(offset, start), min(offset + image.tokens, start + count)
+            if first >= last:
+                continue
+            embeds[first - start: last - start] = image.embeds[first - offset: last - offset]
+            if deepstack is not None and image.deepstack is not None:
+                deepstack[:, first - start: last - start] = image.deepstack[:, first - offset: last - offset]
+
+
+class _OrtSession:
+    """An ONNX Runtime session with TrtSession's face: run(feeds) -> outputs, input_dtype(name)."""
+
+    def __init__(self, path, threads: int):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        if threads:
+            options.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.types = {i.name: i.type for i in self.session.get_inputs()}
+
+    def input_dtype(self, name: str) -> np.dtype:
+        return np.dtype(np.float16) if self.types[name] == "tensor(float16)" else np.dtype(np.float32)
+
+    def run(self, feeds: dict) -> list[np.ndarray]:
+        return self.session.run(None, feeds)
+
+
+def _session(engine_dir, threads: int):
+    """The vision graph on the engine's backend: ONNX Runtime (cpu) or its TensorRT plan."""
+    backend, path = engine_dir.manifest["backend"], engine_dir.component_path("vision", "engine")
+    if backend == "cpu":
+        return _OrtSession(path, threads)
+    from trt_llm.runtime.trt_session import TrtSession
+
+    return TrtSession(path, backend)

@@ -1,0 +1,221 @@
+"""Vision-language engines end to end: tiny random Qwen2.5-VL and Qwen3-VL with the real Qwen
+tokenizer, built, run on input files with images, against transformers `generate` on the same
+images (greedy tokens identical).
+
+The oracle prepares its own inputs the way transformers' processor does: the chat template's one
+<|image_pad|> per image widened to the image's tokens, transformers' image processor with the pixel
+bounds the engine's limits give (written out by hand below), mm_token_type_ids marking the image
+tokens; `generate` computes the mRoPE positions and runs the vision tower itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vlm_assets
+from trt_llm.runtime.engine_dir import EngineDir
+from trt_llm.runtime.runner import Runner
+from trt_llm.schemas.input_file import load_input_file
+
+MAX_NEW = 16
+# The engine's image sizes, by hand: the checkpoint's pixel range narrowed to the build's default
+# token limits (4 to 512 tokens an image; a token is (patch * 2)^2 pixels).
+PIXEL_BOUNDS = {"qwen2_5_vl": (max(3136, 4 * 28 * 28), min(12845056, 512 * 28 * 28)),
+                "qwen3_vl": (max(65536, 4 * 32 * 32), min(16777216, 512 * 32 * 32))}
+
+
+@pytest.fixture(scope="module", params=vlm_assets.VLM_FAMILIES)
+def vlm(request, tmp_path_factory, npm_tokenizer, build_engine_for):
+    family = request.param
+    folder = vlm_assets.make_tiny_vlm(family, tmp_path_factory.mktemp(family), npm_tokenizer("qwen3"))
+    engine = build_engine_for(folder, max_batch_size=4, max_input_len=768, max_kv_cache_capacity=1024)
+    return family, folder, engine
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    """Two random pictures of different sizes, as PNG files."""
+    folder = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    paths = {}
+    for name, (height, width) in {"wide.png": (60, 200), "tall.png": (120, 90)}.items():
+        Image.fromarray((rng.random((height, width, 3)) * 255).astype(np.uint8)).save(folder / name)
+        paths[name] = folder / name
+    return paths
+
+
+def image_request(*parts) -> dict:
+    """A user message of parts: a path-like str is an image, ("text", t) a text part."""
+    content = [{"type": "text", "text": p[1]} if isinstance(p, tuple) else {"type": "image", "image": str(p)}
+               for p in parts]
+    return {"messages": [{"role": "user", "content": content}]}
+
+
+def run_file(engine, folder, requests: list[dict]):
+    path = folder / "input.json"
+    path.write_text(json.dumps({"batch_size": len(requests), "temperature": 0.0, "max_generate_length": MAX_NEW,
+                                "requests": requests}))
+    loaded = load_input_file(path)
+    return Runner(EngineDir.open(engine), threads=1).run(loaded, loaded.settings)
+
+
+_HF = {}
+
+
+def transformers_greedy(family, folder, request: dict, base, bounds=None, max_new=MAX_NEW) -> list[int]:
+    from transformers import AutoModelForImageTextToText, AutoTokenizer, Qwen2VLImageProcessorPil
+
+    if folder not in _HF:
+        _HF[folder] = (AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval(),
+                       AutoTokenizer.from_pretrained(folder))
+    model, tokenizer = _HF[folder]
+    messages = request["messages"]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    pictures = [Image.open(_local(p["image"], base)).convert("RGB") for m in messages if isinstance(m["content"], list)
+                for p in m["content"] if p["type"] == "image"]
+    extra = {}
+    if pictures:
+        settings = {k: v for k, v in vlm_assets.PREPROCESSOR[family].items() if k not in ("image_processor_type", "size", "min_pixels", "max_pixels")}
+        low, high = bounds or PIXEL_BOUNDS[family]
+        processed = Qwen2VLImageProcessorPil(**settings, min_pixels=low, max_pixels=high)(images=pictures,
+                                                                                          return_tensors="pt")
+        pieces = text.split("<|image_pad|>")
+        text = pieces[0] + "".join("<|image_pad|>" * (int(grid.prod()) // 4) + rest
+                                   for grid, rest in zip(processed["image_grid_thw"], pieces[1:]))
+        extra = {"pixel_values": processed["pixel_values"], "image_grid_thw": processed["image_grid_thw"]}
+    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
+                             do_sample=False, mm_token_type_ids=(ids == vlm_assets.IMAGE_TOKEN).long(), **extra)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def _local(source: str, base):
+    if source.startswith("data:"):
+        import io
+
+        return io.BytesIO(base64.b64decode(source.split(",", 1)[1]))
+    path = base / source
+    return path if path.exists() else source
+
+
+def test_images_and_text_in_one_batch_match_transformers(vlm, images, tmp_path):
+    """One image; two images of different sizes in one request; a text-only request beside them."""
+    family, folder, engine = vlm
+    requests = [image_request(images["tall.png"], ("text", "Describe this.")),
+                {"messages": [{"role": "user", "content": "Hello there"}]},
+                image_request(images["tall.png"], ("text", "and"), images["wide.png"], ("text", "Compare them."))]
+    output = run_file(engine, tmp_path, requests)
+    for request, response in zip(requests, output.responses):
+        assert response.finish_reason in ("end-of-sequence", "max-length"), response.error
+        assert response.output_token_ids == transformers_greedy(family, folder, request, tmp_path)
+    # the prompt counts the images' tokens: 120x90 and 60x200 pictures, resized by hand's bounds
+    assert output.responses[2].prompt_tokens > output.responses[0].prompt_tokens > output.responses[1].prompt_tokens
+
+
+def test_the_same_image_as_path_relative_path_and_data_url_gives_the_same_output(vlm, images, tmp_path):
+    family, folder, engine = vlm
+    source = images["wide.png"]
+    (tmp_path / "pictures").mkdir()
+    (tmp_path / "pictures" / "copy.png").write_bytes(source.read_bytes())
+    data_url = "data:image/png;base64," + base64.b64encode(source.read_bytes()).decode()
+    requests = [image_request(source, ("text", "What is it?")), image_request("pictures/copy.png", ("text", "What is it?")),
+                image_request(data_url, ("text", "What is it?"))]
+    output = run_file(engine, tmp_path, requests)
+    tokens = [r.output_token_ids for r in output.responses]
+    assert tokens[0] == tokens[1] == tokens[2] and len(tokens[0]) > 0
+    assert tokens[0] == transformers_greedy(family, folder, requests[0], tmp_path)
+
+
+def test_a_bad_image_fails_its_request_alone_and_names_it(vlm, images, tmp_path):
+    _, _, engine = vlm
+    (tmp_path / "broken.png").write_bytes(b"not a png at all")
+    requests = [image_request(images["wide.png"], ("text", "Fine.")),
+                image_request(("text", "Look:"), "missing.png"),
+                image_request("broken.png"),
+                image_request("https://example.com/cat.png")]
+    output = run_file(engine, tmp_path, requests)
+    first, missing, broken, remote = output.responses
+    assert first.finish_reason in ("end-of-sequence", "max-length") and first.output_token_ids
+    assert missing.finish_reason == "error" and "requests[1].messages[0].content[1]" in missing.error
+    assert "missing.png" in missing.error
+    assert broken.finish_reason == "error" and "requests[2].messages[0].content[0]" in broken.error
+    assert "broken.png" in broken.error and "not an image" in broken.error
+    assert remote.finish_reason == "error" and "nothing is fetched" in remote.error
+
+
+def test_too_many_image_tokens_are_refused_naming_the_limit(vlm, images, tmp_path, monkeypatch):
+    _, _, engine = vlm
+    engine_dir = EngineDir.open(engine)
+    runner = Runner(engine_dir, threads=1)
+    monkeypatch.setattr(runner.vision, "max_request_tokens", 8)
+    path = tmp_path / "input.json"
+    path.write_text(json.dumps({"max_generate_length": 4, "requests": [image_request(images["wide.png"])]}))
+    loaded = load_input_file(path)
+    (response,) = runner.run(loaded, loaded.settings).responses
+    assert response.finish_reason == "error"
+    assert "more than the engine's max_image_tokens 8" in response.error and "requests[0].messages" in response.error
+
+
+def test_an_image_is_encoded_once_for_many_requests(vlm, images, tmp_path):
+    _, _, engine = vlm
+    runner = Runner(EngineDir.open(engine), threads=1)
+    path = tmp_path / "input.json"
+    requests = [image_request(images["tall.png"], ("text", f"Question {i}")) for i in range(3)]
+    path.write_text(json.dumps({"batch_size": 3, "max_generate_length": 2, "requests": requests}))
+    loaded = load_input_file(path)
+    runner.run(loaded, loaded.settings)
+    assert runner.vision.encoded_images == 1
+
+
+def test_four_large_images_of_16k_patches_match_transformers(npm_tokenizer, build_engine_for, tmp_path_factory):
+    """A request of four images totalling 16,384 patches (the reference's NaN above 16,384 vision
+    tokens, its issue #59): no NaN, tokens identical to transformers. Each image is 64 x 64
+    patches, 1,024 tokens, so the build raises the per-image and per-request limits."""
+    folder = vlm_assets.make_tiny_vlm("qwen2_5_vl", tmp_path_factory.mktemp("large"), npm_tokenizer("qwen3"))
+    engine = build_engine_for(folder, max_batch_size=1, max_input_len=4300, max_kv_cache_capacity=4400,
+                              vision={"max_image_tokens_per_image": 1024, "max_image_tokens": 4096})
+    work = tmp_path_factory.mktemp("large-images")
+    rng = np.random.default_rng(1)
+    parts = []
+    for i in range(4):
+        Image.fromarray((rng.random((896, 896, 3)) * 255).astype(np.uint8)).save(work / f"{i}.png")
+        parts.append(work / f"{i}.png")
+    request = image_request(*parts, ("text", "Compare the four."))
+    runner = Runner(EngineDir.open(engine), threads=2)
+    path = work / "input.json"
+    path.write_text(json.dumps({"temperature": 0.0, "max_generate_length": 8, "requests": [request]}))
+    loaded = load_input_file(path)
+    (response,) = runner.run(loaded, loaded.settings).responses
+    assert response.finish_reason in ("end-of-sequence", "max-length"), response.error
+    assert runner.vision.encoded_tokens == 4096  # 16,384 patches in one encoder call
+    assert all(np.isfinite(image.embeds).all() for image in runner.vision.cache.values())
+    expected = transformers_greedy("qwen2_5_vl", folder, request, work, bounds=(3136, 1024 * 28 * 28), max_new=8)
+    assert response.output_token_ids == expected
+
+
+def test_the_server_takes_an_image_as_a_data_url(vlm, images, tmp_path):
+    """POST /v1/chat/completions with an image_url data URL: the file runner's answer."""
+    from test_server import LiveServer
+    from trt_llm.server.app import ServerConfig, create_app
+
+    _, _, engine = vlm
+    data_url = "data:image/png;base64," + base64.b64encode(images["tall.png"].read_bytes()).decode()
+    expected = run_file(engine, tmp_path, [image_request(data_url, ("text", "What is it?"))]).responses[0]
+    live = LiveServer(create_app(Runner(EngineDir.open(engine), threads=1, scheduling="continuous"),
+                                 ServerConfig(model_name="tiny", max_rows=2)))
+    try:
+        answer = live.client().chat.completions.create(
+            model="tiny", temperature=0, max_tokens=MAX_NEW,
+            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url}},
+                                                   {"type": "text", "text": "What is it?"}]}])
+    finally:
+        live.close()
+    assert answer.choices[0].message.content == expected.output_text
+    assert answer.usage.prompt_tokens == expected.prompt_tokens
