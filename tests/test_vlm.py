@@ -219,3 +219,41 @@ def test_the_server_takes_an_image_as_a_data_url(vlm, images, tmp_path):
         live.close()
     assert answer.choices[0].message.content == expected.output_text
     assert answer.usage.prompt_tokens == expected.prompt_tokens
+
+
+def test_a_lora_adapter_applies_to_the_text_decoder_of_an_image_request(npm_tokenizer, build_engine_for,
+                                                                        images, tmp_path_factory):
+    """A PEFT adapter on the language model's projections, mixed in a batch with the base: the image
+    request with it equals transformers + PEFT, the one without it the base model."""
+    import peft
+    from transformers import AutoModelForImageTextToText
+
+    folder = vlm_assets.make_tiny_vlm("qwen2_5_vl", tmp_path_factory.mktemp("lora-vlm"), npm_tokenizer("qwen3"))
+    torch.manual_seed(3)
+    base = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    targets = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+    wrapped = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets,
+                                                        init_lora_weights=False))
+    for name, param in wrapped.named_parameters():
+        if "lora_" in name:
+            param.data.normal_(0, 0.3)
+    adapter = tmp_path_factory.mktemp("adapter") / "a"
+    wrapped.save_pretrained(adapter)
+    merged_dir = tmp_path_factory.mktemp("merged")
+    wrapped.merge_and_unload().save_pretrained(merged_dir)  # the oracle: base + adapter as one model
+    for file in folder.iterdir():
+        if file.name.startswith(("tokenizer", "preprocessor")):
+            (merged_dir / file.name).write_bytes(file.read_bytes())
+    engine = build_engine_for(folder, max_batch_size=2, max_input_len=768, max_kv_cache_capacity=1024,
+                              lora={"max_rank": 8})
+    work = tmp_path_factory.mktemp("lora-run")
+    request = image_request(images["tall.png"], ("text", "Describe this."))
+    path = work / "input.json"
+    path.write_text(json.dumps({"batch_size": 2, "temperature": 0.0, "max_generate_length": MAX_NEW,
+                                "available_lora_weights": {"a": str(adapter)},
+                                "requests": [{**request, "lora_name": "a"}, request]}))
+    loaded = load_input_file(path)
+    with_adapter, without = Runner(EngineDir.open(engine), threads=1).run(loaded, loaded.settings).responses
+    assert with_adapter.output_token_ids == transformers_greedy("qwen2_5_vl", merged_dir, request, work)
+    assert without.output_token_ids == transformers_greedy("qwen2_5_vl", folder, request, work)
+    assert with_adapter.output_token_ids != without.output_token_ids
