@@ -12,6 +12,7 @@ rtx_compute_capability. Each is checked before any work, with a message that nam
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from trt_llm.schemas.build_config import MAX_BATCH_SIZE, BuildConfig, ConfigErro
 SUPPORTED_DTYPES = {"cpu": ("fp32", "fp16"), "tensorrt": ("fp32", "fp16", "bf16"),
                     "tensorrt-rtx": ("fp32", "fp16", "bf16")}
 TENSORRT_BACKENDS = ("tensorrt", "tensorrt-rtx")
+log = logging.getLogger(__name__)
 
 
 class BuildError(RuntimeError):
@@ -50,6 +52,13 @@ def check_backend(config: BuildConfig, exported: bool = False) -> None:
         raise BuildError(f"dtype: {config.dtype!r} is not supported by the {config.backend} backend; "
                          f"choose one of {', '.join(SUPPORTED_DTYPES[config.backend])}{fixed}")
     check_quantization(config, exported)
+    if config.draft is not None and config.quantization.weights != "none" and config.backend == "cpu" and not exported:
+        # Measured (benchmarks/results/2026-12-01/issue17/spec_decode_int4_base_draft600.json): SmolLM2 int4,
+        # a draft of 0.45 top-1, 0.63x vanilla at the default tree, 0.35x at 16 tokens.
+        log.warning("draft: EAGLE over a quantized cpu base: its int8 activations round differently in a "
+                    "verification pass than in a vanilla step, so the tokens can differ from vanilla decoding's "
+                    "(they are exact with float activations), and the quantized base decodes fast enough that "
+                    "speculation ran slower than vanilla here (README: Quantization)")
     if config.draft is not None and config.draft.quantization in ("int8", "int4") and config.backend != "cpu":
         raise BuildError(f"draft.quantization: {config.draft.quantization!r} quantizes the draft for the cpu "
                          f"backend (ONNX Runtime's integer matmuls); on {config.backend!r} use 'none' or 'auto'")

@@ -422,9 +422,14 @@ def test_a_request_admitted_mid_speculation_gives_its_tokens_alone(engine, late,
         assert got == pytest.approx(want, abs=1e-4)
 
 
-def test_eagle_over_an_int4_base_gives_vanilla_tokens(engine, build_engine_for, tiny_model):
+def test_eagle_over_an_int4_base_gives_vanilla_tokens(engine, build_engine_for, tiny_model, monkeypatch):
     """An int4 base (quantization: int4) with the draft: speculation verifies on the quantized base,
-    so its tokens are that base's own vanilla tokens."""
+    so its tokens are that base's own vanilla tokens, with float activations. (With int8 ones, ONNX
+    Runtime's default accuracy level here, a value rounding to the other int8 step in a verification
+    pass can change later tokens: README, Quantized engines.)"""
+    from trt_llm.runtime import ort_engine
+
+    monkeypatch.setattr(ort_engine, "MATMUL_ACCURACY_LEVEL", 1)
     base = tiny_model("llama", num_hidden_layers=4)
     draft_config = json.loads((engine / "manifest.json").read_text())["build_config"]["draft"]
     quantized = build_engine_for(base, draft=draft_config, quantization={"weights": "int4", "group_size": 32})
