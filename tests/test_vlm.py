@@ -257,3 +257,19 @@ def test_a_lora_adapter_applies_to_the_text_decoder_of_an_image_request(npm_toke
     assert with_adapter.output_token_ids == transformers_greedy("qwen2_5_vl", merged_dir, request, work)
     assert without.output_token_ids == transformers_greedy("qwen2_5_vl", folder, request, work)
     assert with_adapter.output_token_ids != without.output_token_ids
+
+
+def test_continuous_scheduling_gives_the_static_runs_tokens_with_images(vlm, images, tmp_path):
+    """Image and text-only requests admitted as rows free (--scheduling continuous): each request's
+    tokens are the static run's."""
+    _, _, engine = vlm
+    requests = [image_request(images["tall.png"], ("text", "One.")), {"messages": [{"role": "user", "content": "Two"}]},
+                image_request(images["wide.png"], ("text", "Three.")), image_request(images["tall.png"], ("text", "Four."))]
+    path = tmp_path / "input.json"
+    path.write_text(json.dumps({"batch_size": 2, "temperature": 0.0, "max_generate_length": MAX_NEW,
+                                "requests": requests}))
+    loaded = load_input_file(path)
+    static = Runner(EngineDir.open(engine), threads=1).run(loaded, loaded.settings).responses
+    continuous = Runner(EngineDir.open(engine), threads=1, scheduling="continuous").run(loaded, loaded.settings).responses
+    assert [r.output_token_ids for r in continuous] == [r.output_token_ids for r in static]
+    assert all(r.finish_reason in ("end-of-sequence", "max-length") for r in continuous)
