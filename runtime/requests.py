@@ -131,6 +131,10 @@ class RequestPreparer:
         if not prompt.system_text:
             return None
         ids = self.tokenizer.encode(prompt.system_text, add_special_tokens=False)
+        if self.vision is not None and self.vision.image_token_id in ids:
+            # A system prompt with an image: its KV depends on the image, which the cache's key (the
+            # tokens) does not show; such prompts are prefilled whole.
+            return None
         if prompt.token_ids[: len(ids)] != ids:
             # The template (or the tokenizer) merged across the system/user boundary: this prompt
             # cannot reuse a system-prompt KV and gets a full prefill.

@@ -273,3 +273,28 @@ def test_continuous_scheduling_gives_the_static_runs_tokens_with_images(vlm, ima
     continuous = Runner(EngineDir.open(engine), threads=1, scheduling="continuous").run(loaded, loaded.settings).responses
     assert [r.output_token_ids for r in continuous] == [r.output_token_ids for r in static]
     assert all(r.finish_reason in ("end-of-sequence", "max-length") for r in continuous)
+
+
+def test_a_system_prompt_with_an_image_is_never_reused_for_another_image(vlm, images, tmp_path):
+    """The system-prompt KV cache keys on tokens, and an image's tokens are all <|image_pad|>: a system
+    message holding an image is prefilled whole each time, so a second request with another image in
+    the same place gets that image's answer, not the first one's KV."""
+    family, folder, engine = vlm
+
+    def request(picture):
+        return {"messages": [{"role": "system", "content": [{"type": "image", "image": str(picture)},
+                                                            {"type": "text", "text": "Remember this."}]},
+                             {"role": "user", "content": "What was it?"}],
+                "save_system_prompt_kv_cache": True}
+
+    runner = Runner(EngineDir.open(engine), threads=1)
+    outputs = []
+    for picture in (images["tall.png"], images["tall.png"], images["wide.png"]):
+        path = tmp_path / "input.json"
+        path.write_text(json.dumps({"temperature": 0.0, "max_generate_length": MAX_NEW, "requests": [request(picture)]}))
+        loaded = load_input_file(path)
+        (response,) = runner.run(loaded, loaded.settings).responses
+        assert response.reused_tokens == 0
+        outputs.append(response.output_token_ids)
+    assert outputs[2] == transformers_greedy(family, folder, request(images["wide.png"]), tmp_path)
+    assert outputs[0] == outputs[1]
