@@ -1,6 +1,6 @@
 """The vision component at run time: images -> the rows the decoder reads at their image tokens.
 
-One encoder call takes every image of a batch not seen before (one graph run: each image is its own
+One encoder call takes every image of a request not seen before (one graph run: each image is its own
 attention segment), and keeps each image's rows under a hash of its file's bytes, so the same image
 in many requests (as a path, a relative path or a data URL alike) is encoded once. The component's
 config (build/vision_stage.py) says how to feed the graph; the image processor is the checkpoint's.
@@ -19,7 +19,7 @@ import numpy as np
 
 from trt_llm.runtime import vision_grid
 from trt_llm.runtime.image_processor import ImageProcessor
-from trt_llm.runtime.media import decode_image
+from trt_llm.runtime.media import MediaError, decode_image
 
 CACHE_IMAGES = 64  # encoded images kept (their rows are small beside the decoder's KV cache)
 
@@ -67,8 +67,6 @@ class VisionEncoder:
         try:
             grid = self.processor.grid_thw(picture.height, picture.width)
         except ValueError as error:
-            from trt_llm.runtime.media import MediaError
-
             raise MediaError(f"image {name}: {error}") from None
         key = hashlib.sha256(data).hexdigest()
         return PendingImage(key, picture, grid)
@@ -84,13 +82,11 @@ class VisionEncoder:
             return self._encode(images)
 
     def _encode(self, images: list[PendingImage]) -> list[EncodedImage]:
-        missing = {image.key: image for image in images if image.key not in self.cache}
+        found = {image.key: self.cache[image.key] for image in images if image.key in self.cache}
+        missing = {image.key: image for image in images if image.key not in found}
         if missing:
             started = time.perf_counter()
-            for key, encoded in zip(missing, self._run(list(missing.values()))):
-                self.cache[key] = encoded
-                while len(self.cache) > CACHE_IMAGES:
-                    self.cache.popitem(last=False)
+            found.update(zip(missing, self._run(list(missing.values()))))
             elapsed = time.perf_counter() - started
             tokens = sum(self.tokens_of(image) for image in missing.values())
             self.encoded_images += len(missing)
@@ -102,11 +98,12 @@ class VisionEncoder:
         if self.profiler:
             self.profiler.count("images", len(images))
             self.profiler.count("image_tokens", sum(self.tokens_of(image) for image in images))
-        out = []
-        for image in images:
-            self.cache.move_to_end(image.key)
-            out.append(self.cache[image.key])
-        return out
+        for key, encoded in found.items():  # most recently used last
+            self.cache[key] = encoded
+            self.cache.move_to_end(key)
+        while len(self.cache) > CACHE_IMAGES:
+            self.cache.popitem(last=False)
+        return [found[image.key] for image in images]
 
     def _run(self, images: list[PendingImage]) -> list[EncodedImage]:
         inputs = self.processor.preprocess([image.picture for image in images])
