@@ -24,9 +24,10 @@ def image_parts(messages) -> list[tuple[int, int, object]]:
 
 
 def attach_images(vision: VisionEncoder, messages, token_ids: list[int], media_dir: Path | None,
-                  where: str) -> tuple[list[int], SequenceMedia]:
+                  where: str, max_input_len: int) -> tuple[list[int], SequenceMedia]:
     """The prompt's token ids with the images' tokens, and its SequenceMedia. Raises ValueError
-    (PromptError when the template placed the wrong number of image tokens)."""
+    (PromptError when the template placed the wrong number of image tokens) before any image is
+    encoded, so a request that cannot run costs no encoder time."""
     parts = image_parts(messages)
     pending = []
     for m, c, part in parts:
@@ -52,6 +53,9 @@ def attach_images(vision: VisionEncoder, messages, token_ids: list[int], media_d
             widened += [token] * next(images)
         else:
             widened.append(token)
+    if len(widened) > max_input_len:
+        raise ValueError(f"{where}: prompt is {len(widened)} tokens with its images' {sum(counts)}, longer than "
+                         f"the engine's max_input_len {max_input_len}")
     encoded = vision.encode(pending)
     rope = rope_positions(widened, placeholder, [image.grid for image in encoded], vision.merge)
     return widened, SequenceMedia(list(zip(offsets, encoded)), rope)

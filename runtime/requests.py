@@ -83,7 +83,8 @@ class RequestPreparer:
             raise PromptError(f"{where}.{error}") from None
         media = None
         if self.vision is not None and image_parts(request.messages):
-            ids, media = attach_images(self.vision, request.messages, prompt.token_ids, formatter.media_dir, where)
+            ids, media = attach_images(self.vision, request.messages, prompt.token_ids, formatter.media_dir, where,
+                                       self.limits["max_input_len"])
             prompt = dataclasses.replace(prompt, token_ids=ids)
         prompt_len, max_input = len(prompt.token_ids), self.limits["max_input_len"]
         if prompt_len > max_input:

@@ -161,6 +161,11 @@ def test_too_many_image_tokens_are_refused_naming_the_limit(vlm, images, tmp_pat
     (response,) = runner.run(loaded, loaded.settings).responses
     assert response.finish_reason == "error"
     assert "more than the engine's max_image_tokens 8" in response.error and "requests[0].messages" in response.error
+    monkeypatch.setattr(runner.vision, "max_request_tokens", 1024)
+    monkeypatch.setitem(runner.preparer.limits, "max_input_len", 30)
+    (response,) = runner.run(loaded, loaded.settings).responses
+    assert response.finish_reason == "error" and "longer than the engine's max_input_len 30" in response.error
+    assert runner.vision.encoded_images == 0  # refused before the encoder ran
 
 
 def test_an_image_is_encoded_once_for_many_requests(vlm, images, tmp_path):
