@@ -6,7 +6,8 @@
    ragged decode, several new tokens on a non-empty cache, idle rows, a full cache, a tree mask,
    present written over past (in place); in fp32, fp16 and bf16. On the CPU always; on the GPU where
    torch sees one, also captured in a CUDA graph and replayed on new data (what TrtEngine's graphs do).
-   Needs only torch.
+   Needs only torch. The vision attention plugin's kernel (plugins/vision_attention.py) likewise,
+   over ragged image / window segments, on the CPU and the GPU.
 2. Where `tensorrt` imports and a GPU is present: a tiny random model (tests/assets.py) built with
    backend tensorrt, an input file run on it with trt-llm-run with CUDA graphs off and on, and the
    output tokens compared with the cpu backend's; with graphs on, TrtEngine's log must show graphs
@@ -23,6 +24,7 @@ this machine lacks are skipped and say why ("no CUDA device").
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -218,16 +220,39 @@ def guarded(name: str, check, *args) -> Row:
         return Row(name, FAIL, f"{type(error).__name__}: {text[0] if text else ''}"[:300])
 
 
+VISION_SEGMENTS = (1, 7, 64, 33, 256)  # ragged images / windows of one request
+
+
+def check_vision_kernel(device: str, dtype: str) -> Row:
+    """The vision attention plugin's kernel (plugins/vision_attention.py) on `device` against the op's
+    float32 reference on the cpu, over ragged segments."""
+    from trt_llm.plugins.vision_attention import vision_attention_kernel
+
+    name = f"vision attention kernel, {device}, {dtype}"
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(sum(VISION_SEGMENTS), 4, 16, generator=generator).to(DTYPES[dtype]) for _ in range(3))
+    cu = torch.tensor([0, *itertools.accumulate(VISION_SEGMENTS)], dtype=torch.int32)
+    expected = torch.ops.trt_llm.vision_attention(q.float(), k.float(), v.float(), cu, 0.25)
+    got = vision_attention_kernel(q.to(device), k.to(device), v.to(device), cu.to(device), 0.25).float().cpu()
+    error = float((got - expected).abs().max())
+    tolerance = 1e-4 if dtype == "fp32" else 3e-2
+    status = PASS if error <= tolerance else FAIL
+    return Row(name, status, f"{len(VISION_SEGMENTS)} segments, error {error:.1e} (tolerance {tolerance:g})")
+
+
 def kernel_rows(dtypes=tuple(DTYPES)) -> list[Row]:
     rows = [guarded(f"attention kernel, cpu, {d}", check_kernel, "cpu", d) for d in dtypes]
+    rows += [guarded(f"vision attention kernel, cpu, {d}", check_vision_kernel, "cpu", d) for d in dtypes]
     if not torch.cuda.is_available():
         why = NO_CUDA if torch.version.cuda else f"{NO_CUDA} (torch {torch.__version__} is a CPU build)"
         rows += [Row(f"attention kernel, cuda, {d}", SKIP, why) for d in dtypes]
         rows += [Row(f"attention kernel in a CUDA graph, cuda, {d}", SKIP, why) for d in dtypes]
+        rows += [Row(f"vision attention kernel, cuda, {d}", SKIP, why) for d in dtypes]
         return rows
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 here
     rows += [guarded(f"attention kernel, cuda, {d}", check_kernel, "cuda", d) for d in dtypes]
     rows += [guarded(f"attention kernel in a CUDA graph, cuda, {d}", check_kernel_in_graph, d) for d in dtypes]
+    rows += [guarded(f"vision attention kernel, cuda, {d}", check_vision_kernel, "cuda", d) for d in dtypes]
     return rows
 
 
