@@ -139,6 +139,19 @@ def make_tokenizer(dir) -> Path:
     return dir
 
 
+def make_nontrivial(model) -> None:
+    """Biases random and norm weights off 1, in place: init leaves them at 0 and 1, which would hide
+    an exporter that drops them."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(0.0, 0.2)
+            elif "norm" in name and param.dim() == 1:
+                param.add_(torch.randn_like(param) * 0.1)
+
+
 def make_tiny_model(family: str, dir, *, seed: int = 0, **overrides) -> Path:
     """Save a tiny random `family` model ("llama", "qwen2", "qwen3") plus tokenizer into `dir`.
 
@@ -191,14 +204,7 @@ def make_tiny_model(family: str, dir, *, seed: int = 0, **overrides) -> Path:
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    # Init leaves biases at 0 and norm weights at 1, which would hide an exporter that
-    # drops them; make them non-trivial.
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith(".bias"):
-                param.normal_(0.0, 0.2)
-            elif "norm" in name:
-                param.add_(torch.randn_like(param) * 0.1)
+    make_nontrivial(model)
 
     dir = Path(dir)
     dir.mkdir(parents=True, exist_ok=True)

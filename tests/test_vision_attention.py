@@ -13,12 +13,12 @@ import textwrap
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, helper
 from torch.export import Dim
 
+from test_attention_plugin import session  # an ONNX Runtime CPU session of a model proto, one thread
 from trt_llm import plugins
 from trt_llm.build.export import export_graph
 from trt_llm.plugins import vision_attention
@@ -74,13 +74,6 @@ def export_one(dtype, path) -> onnx.ModelProto:
     patches, bounds = Dim("patches"), Dim("segment_bounds")
     return export(OneVisionAttention(), make_inputs([3, 7], dtype), NAMES,
                   ({0: patches}, {0: patches}, {0: patches}, {0: bounds}), path)
-
-
-def session(model):
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 def lowered(model):

@@ -12,6 +12,8 @@ import json
 import shutil
 from pathlib import Path
 
+import assets
+
 VLM_FAMILIES = ("qwen2_5_vl", "qwen3_vl")
 
 # The Qwen2-VL / Qwen2.5-VL / Qwen3-VL chat template (system prompt default as Qwen2.5-VL's): an image
@@ -84,8 +86,8 @@ def vlm_config(family: str, **text_overrides):
 
 def make_tiny_vlm(family: str, out_dir, tokenizer_dir=None, *, seed: int = 0, **text_overrides) -> Path:
     """Save a tiny random `family` model with the real Qwen tokenizer (from `tokenizer_dir`, when
-    given) and the VL chat template into `out_dir`. Biases and norm weights are made non-trivial (init leaves them 0 and 1, which would
-    hide an exporter that drops them)."""
+    given) and the VL chat template into `out_dir`; biases and norm weights non-trivial
+    (assets.make_nontrivial)."""
     import torch
     from transformers import AutoModelForImageTextToText, GenerationConfig
 
@@ -93,12 +95,7 @@ def make_tiny_vlm(family: str, out_dir, tokenizer_dir=None, *, seed: int = 0, **
     config = vlm_config(family, **text_overrides)
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith(".bias"):
-                param.normal_(0.0, 0.2)
-            elif "norm" in name and param.dim() == 1:
-                param.add_(torch.randn_like(param) * 0.1)
+    assets.make_nontrivial(model)
     end_ids = [151645, 151643]  # <|im_end|>, <|endoftext|>
     model.generation_config = GenerationConfig(eos_token_id=end_ids, pad_token_id=151643, do_sample=False)
     model.config.text_config.eos_token_id = end_ids[0]
