@@ -72,6 +72,12 @@ class VisionBuildConfig(BaseModel):
         return v
 
 
+def int8_group_size(backend: str) -> int:
+    """The int8 inputs per scale a backend runs: Q8_0's blocks of 32 on cpu (ONNX Runtime's
+    MatMulNBits), one scale per output column (0) on the TensorRT ones (their int8 takes no blocks)."""
+    return 32 if backend == "cpu" else 0
+
+
 class QuantizationConfig(BaseModel):
     """Weight quantization of the base model (`quantization: int4` is short for the defaults)."""
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -115,7 +121,7 @@ class QuantizationConfig(BaseModel):
             return 128
         if self.weights == "fp8":
             return 0
-        return 32 if backend == "cpu" else 0
+        return int8_group_size(backend)
 
     def effective_embedding(self, dtype: str) -> str:
         if self.embedding is not None:

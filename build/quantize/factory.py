@@ -12,6 +12,7 @@ from torch import nn
 from trt_llm.build.models.layers import ConcatenatedLinear, Linear, QuantizedLinear, linear, packed_bias
 from trt_llm.build.quantize import QuantizedWeight, QuantSpec, concat, same_input_order
 from trt_llm.build.quantize.rtn import quantize_rtn
+from trt_llm.schemas.build_config import int8_group_size
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +79,8 @@ def head_spec_of(quantization, backend: str = "cpu") -> QuantSpec | None:
     """How the LM head is quantized (None: float). lm_head: int8 is llama.cpp's blocks of 32 on the
     cpu backend, one scale per column on the TensorRT ones (their int8 weights take no blocks)."""
     if quantization.lm_head == "int8":
-        return QuantSpec(8, int8_blocks(backend))
+        return QuantSpec(8, int8_group_size(backend))
     return spec_of(quantization, backend) if quantization.lm_head else None
-
-
-def int8_blocks(backend: str) -> int:
-    """The int8 group size a backend runs: blocks of 32 (Q8_0's) on cpu, 0 (per column) elsewhere."""
-    return 32 if backend == "cpu" else 0
 
 
 def factory_for(config, checkpoint, dtype: torch.dtype):
@@ -185,7 +181,7 @@ def gguf_published(checkpoint, spec: QuantSpec, blocks: dict, backend: str = "cp
         if type_name in ("Q4_0", "Q4_1"):
             return spec.bits == 4 and spec.group_size == 32
         int8 = (spec.bits == 8 and spec.group_size == 32) or name == "lm_head"
-        return type_name == "Q8_0" and int8 and int8_blocks(backend) == 32
+        return type_name == "Q8_0" and int8 and int8_group_size(backend) == 32
 
     linears = {name for name, module in checkpoint.model.named_modules() if isinstance(module, nn.Linear)}
     blocks = {name: found for name, found in blocks.items() if name in linears}
