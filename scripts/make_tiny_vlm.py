@@ -24,7 +24,10 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--family", choices=vlm_assets.VLM_FAMILIES, default="qwen2_5_vl")
     args = parser.parse_args()
-    tokenizer = assets.npm_tokenizer_dir("qwen3", Path.home() / ".cache" / "trt-llm")
+    try:
+        tokenizer = assets.npm_tokenizer_dir("qwen3", Path.home() / ".cache" / "trt-llm")
+    except assets.AssetUnavailable as error:
+        raise SystemExit(f"make_tiny_vlm: the Qwen tokenizer is unavailable: {error}") from None
     vlm_assets.make_tiny_vlm(args.family, args.out, tokenizer)
     print(f"wrote a tiny random {args.family} to {args.out}")
 
