@@ -14,7 +14,8 @@ from pathlib import Path
 from trt_llm.runtime.media import MediaError, media_bytes
 from trt_llm.runtime.mrope import rope_positions
 from trt_llm.runtime.prompt import PromptError
-from trt_llm.runtime.vision import SequenceMedia, VisionEncoder
+from trt_llm.runtime.sequence_media import SequenceMedia
+from trt_llm.runtime.vision import VisionEncoder
 
 
 def image_parts(messages) -> list[tuple[int, int, object]]:

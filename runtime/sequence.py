@@ -23,7 +23,7 @@ class Sequence:
     reused: object | None = None  # a prefix_cache.Entry whose KV is restored instead of prefilled
     save_prefix: int = 0  # after prefill, keep the KV of this many leading prompt tokens
     saved: object | None = None  # ... here, as a prefix_cache.Entry
-    media: object | None = None  # a vision.SequenceMedia: the prompt's image rows and mRoPE positions
+    media: object | None = None  # a sequence_media.SequenceMedia: its image / audio rows, mRoPE positions
     generated: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     first_token_time: float | None = None

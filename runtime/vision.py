@@ -1,23 +1,22 @@
 """The vision component at run time: images -> the rows the decoder reads at their image tokens.
 
 One encoder call takes every image of a request not seen before (one graph run: each image is its own
-attention segment), and keeps each image's rows under a hash of its file's bytes, so the same image
-in many requests (as a path, a relative path or a data URL alike) is encoded once. The component's
-config (build/vision_stage.py) says how to feed the graph; the image processor is the checkpoint's.
+attention segment), and keeps each image's rows under a hash of its file's bytes
+(runtime/encoder_cache.py). The component's config (build/vision_stage.py) says how to feed the
+graph; the image processor is the checkpoint's.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
 from trt_llm.runtime import vision_grid
+from trt_llm.runtime.encoder_cache import EncoderCache, content_key
+from trt_llm.runtime.encoder_session import encoder_session
 from trt_llm.runtime.image_processor import ImageProcessor
 from trt_llm.runtime.media import MediaError, decode_image
 
@@ -53,9 +52,8 @@ class VisionEncoder:
         self.merge = s["merge_size"]
         self.image_token_id = s["image_token_id"]
         self.max_request_tokens = s["max_image_tokens"]
-        self.session = _session(engine_dir, threads)
-        self.cache: OrderedDict[str, EncodedImage] = OrderedDict()
-        self._lock = threading.Lock()
+        self.session = encoder_session(engine_dir, "vision", threads)
+        self.cache = EncoderCache(CACHE_IMAGES)
         self.encoded_images = 0  # graph work done: images and their tokens, and the time it took
         self.encoded_tokens = 0
         self.encode_seconds = 0.0
@@ -68,7 +66,7 @@ class VisionEncoder:
             grid = self.processor.grid_thw(picture.height, picture.width)
         except ValueError as error:
             raise MediaError(f"image {name}: {error}") from None
-        key = hashlib.sha256(data).hexdigest()
+        key = content_key(data)
         return PendingImage(key, picture, grid)
 
     def tokens_of(self, image: PendingImage) -> int:
@@ -76,19 +74,12 @@ class VisionEncoder:
         return t * h * w // (self.merge * self.merge)
 
     def encode(self, images: list[PendingImage]) -> list[EncodedImage]:
-        """The rows of each image, from the cache or from one graph run over those not in it.
-        Thread-safe: a server prepares requests on several threads."""
-        with self._lock:
-            return self._encode(images)
-
-    def _encode(self, images: list[PendingImage]) -> list[EncodedImage]:
-        found = {image.key: self.cache[image.key] for image in images if image.key in self.cache}
-        missing = {image.key: image for image in images if image.key not in found}
+        """The rows of each image, from the cache or from one graph run over those not in it."""
+        started = time.perf_counter()
+        encoded, missing = self.cache.encode(images, self._run)
         if missing:
-            started = time.perf_counter()
-            found.update(zip(missing, self._run(list(missing.values()))))
             elapsed = time.perf_counter() - started
-            tokens = sum(self.tokens_of(image) for image in missing.values())
+            tokens = sum(self.tokens_of(image) for image in missing)
             self.encoded_images += len(missing)
             self.encoded_tokens += tokens
             self.encode_seconds += elapsed
@@ -98,12 +89,7 @@ class VisionEncoder:
         if self.profiler:
             self.profiler.count("images", len(images))
             self.profiler.count("image_tokens", sum(self.tokens_of(image) for image in images))
-        for key, encoded in found.items():  # most recently used last
-            self.cache[key] = encoded
-            self.cache.move_to_end(key)
-        while len(self.cache) > CACHE_IMAGES:
-            self.cache.popitem(last=False)
-        return [found[image.key] for image in images]
+        return encoded
 
     def _run(self, images: list[PendingImage]) -> list[EncodedImage]:
         inputs = self.processor.preprocess([image.picture for image in images])
@@ -137,52 +123,3 @@ def token_limited(processor: ImageProcessor, min_tokens: int, max_tokens: int) -
     low = max(min_tokens, -(-processor.min_pixels // block))
     high = min(max_tokens, processor.max_pixels // block)
     return processor.with_token_limits(min(low, high), high)
-
-
-@dataclass
-class SequenceMedia:
-    """A prompt's images: where each one's rows go (the index of its first image token) and their
-    rows, and the prompt's mRoPE positions."""
-    images: list[tuple[int, EncodedImage]]
-    rope: object  # runtime/mrope.RopePositions
-
-    def write_rows(self, embeds: np.ndarray, deepstack: np.ndarray | None, start: int, count: int) -> None:
-        """Write the rows of prompt tokens start .. start + count - 1 that are image tokens into one
-        row of a step's inputs_embeds [S, H] (and deepstack_embeds [k, S, H])."""
-        for offset, image in self.images:
-            first, last = max(offset, start), min(offset + image.tokens, start + count)
-            if first >= last:
-                continue
-            embeds[first - start: last - start] = image.embeds[first - offset: last - offset]
-            if deepstack is not None and image.deepstack is not None:
-                deepstack[:, first - start: last - start] = image.deepstack[:, first - offset: last - offset]
-
-
-class _OrtSession:
-    """An ONNX Runtime session with TrtSession's face: run(feeds) -> outputs, input_dtype(name)."""
-
-    def __init__(self, path, threads: int):
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        if threads:
-            options.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self.types = {i.name: i.type for i in self.session.get_inputs()}
-
-    def input_dtype(self, name: str) -> np.dtype:
-        return np.dtype(np.float16) if self.types[name] == "tensor(float16)" else np.dtype(np.float32)
-
-    def run(self, feeds: dict) -> list[np.ndarray]:
-        return self.session.run(None, feeds)
-
-
-def _session(engine_dir, threads: int):
-    """The vision graph on the engine's backend: ONNX Runtime (cpu) or its TensorRT plan."""
-    backend, path = engine_dir.manifest["backend"], engine_dir.component_path("vision", "engine")
-    if backend == "cpu":
-        return _OrtSession(path, threads)
-    from trt_llm.runtime.trt_session import TrtSession
-
-    return TrtSession(path, backend)

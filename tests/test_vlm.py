@@ -200,7 +200,7 @@ def test_four_large_images_of_16k_patches_match_transformers(npm_tokenizer, buil
     (response,) = runner.run(loaded, loaded.settings).responses
     assert response.finish_reason in ("end-of-sequence", "max-length"), response.error
     assert runner.vision.encoded_tokens == 4096  # 16,384 patches in one encoder call
-    assert all(np.isfinite(image.embeds).all() for image in runner.vision.cache.values())
+    assert all(np.isfinite(image.embeds).all() for image in runner.vision.cache.entries.values())
     expected = transformers_greedy("qwen2_5_vl", folder, request, work, bounds=(3136, 1024 * 28 * 28), max_new=8)
     assert response.output_token_ids == expected
 

@@ -1,0 +1,29 @@
+"""A prompt's media rows: where each image's or audio clip's encoder rows go in the prompt, and a
+vision-language prompt's mRoPE positions. The sequence carries it (sequence.Sequence.media); prefill
+writes the rows into inputs_embeds at their tokens (model.Model.media_inputs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class SequenceMedia:
+    """rows: (index of its first placeholder token, encoded part) per image or clip, the part
+    having `embeds` [tokens, H], `tokens` and `deepstack` ([k, tokens, H] Qwen3-VL's early-layer
+    features, else None); rope: runtime/mrope.RopePositions, or None for 1-D positions."""
+    rows: list[tuple[int, object]]
+    rope: object | None = None
+
+    def write_rows(self, embeds: np.ndarray, deepstack: np.ndarray | None, start: int, count: int) -> None:
+        """Write the rows of prompt tokens start .. start + count - 1 that are placeholder tokens into
+        one row of a step's inputs_embeds [S, H] (and deepstack_embeds [k, S, H])."""
+        for offset, part in self.rows:
+            first, last = max(offset, start), min(offset + part.tokens, start + count)
+            if first >= last:
+                continue
+            embeds[first - start: last - start] = part.embeds[first - offset: last - offset]
+            if deepstack is not None and part.deepstack is not None:
+                deepstack[:, first - start: last - start] = part.deepstack[:, first - offset: last - offset]
