@@ -83,6 +83,10 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
             from trt_llm.build.vision_stage import export_vision_component
 
             components["vision"] = export_vision_component(checkpoint, config, directory / "vision", dtype)
+        if checkpoint.family.audio:
+            from trt_llm.build.audio_stage import export_audio_component
+
+            components["audio"] = export_audio_component(checkpoint, config, directory / "audio", dtype)
         eagle = None
         if draft is not None:
             export_eagle_draft(draft, checkpoint, config, directory / "draft", dtype)

@@ -78,6 +78,10 @@ def load_checkpoint(model: str, dtype: str, trust_remote_code: bool = False) -> 
         else:
             if family.vision:  # the decoder and the vision tower
                 from transformers import AutoModelForImageTextToText as loader
+            elif family.multimodal:  # the decoder and the audio tower: the checkpoint's own class
+                import transformers
+
+                loader = getattr(transformers, family.architecture)
             else:
                 loader = AutoModelForCausalLM
             hf_model = loader.from_pretrained(

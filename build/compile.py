@@ -181,14 +181,14 @@ def compile_in_place(directory: Path, manifest: dict, config: BuildConfig, steps
     with steps.step(f"compiling for {config.backend}"):
         engines = {}
         if config.backend in TENSORRT_BACKENDS:
-            from trt_llm.build.tensorrt_backend import TensorRTBuildError, compile_tensorrt, vision_profile
+            from trt_llm.build.tensorrt_backend import TensorRTBuildError, compile_tensorrt, encoder_profiles
 
             try:
-                for name in [c for c in ("llm", "draft", "vision") if c in components]:
+                for name in [c for c in ("llm", "draft", "vision", "audio") if c in components]:
                     # The draft's plan has the base's profiles (its dynamic dims have the same names).
                     component_graph = directory / components[name]["graph"]
-                    profiles = [vision_profile(config, directory / components[name]["config"])] \
-                        if name == "vision" else None
+                    profiles = encoder_profiles(name, config, directory / components[name]["config"]) \
+                        if name in ("vision", "audio") else None
                     engines[name] = compile_tensorrt(component_graph, component_graph.parent, config,
                                                      rtx=config.backend == "tensorrt-rtx",
                                                      report=lambda phase: steps.report(f"compiling {name}: {phase}"),
@@ -201,8 +201,8 @@ def compile_in_place(directory: Path, manifest: dict, config: BuildConfig, steps
             from trt_llm.build.cpu_backend import compile_cpu
 
             engines["llm"] = compile_cpu(directory / components["llm"]["graph"])
-            if "vision" in components:
-                engines["vision"] = compile_cpu(directory / components["vision"]["graph"])
+            for encoder in [c for c in ("vision", "audio") if c in components]:
+                engines[encoder] = compile_cpu(directory / components[encoder]["graph"])
             if "draft" in components:
                 quantization = draft_quantization(config)
                 engines["draft"] = compile_cpu(directory / components["draft"]["graph"], quantization)

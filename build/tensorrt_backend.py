@@ -76,6 +76,18 @@ def vision_profile(config, settings_path: Path) -> dict[str, tuple[int, int, int
             "image_tokens": (1, min(tokens, 1024), tokens), "segments_plus_one": bounds, "windows_plus_one": bounds}
 
 
+def audio_profile(config) -> dict[str, tuple[int, int, int]]:
+    """The audio graph's one profile: 1 to `audio.max_clips` clips a request (Whisper's encoder
+    takes one request's clip a call; its batch is the same dimension)."""
+    clips = config.audio.max_clips
+    return {"clips": (1, 1, clips), "batch": (1, 1, clips)}
+
+
+def encoder_profiles(component: str, config, settings_path: Path) -> list[dict[str, tuple[int, int, int]]]:
+    """The profiles of an encoder component's plan ("vision" or "audio")."""
+    return [vision_profile(config, settings_path) if component == "vision" else audio_profile(config)]
+
+
 def _graph_inputs(graph_path: Path) -> dict[str, list[int | str]]:
     """Each graph input's dims: an int, or the name of a dynamic dimension."""
     model = onnx.load(graph_path, load_external_data=False)

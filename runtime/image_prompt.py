@@ -14,7 +14,7 @@ from pathlib import Path
 from trt_llm.runtime.media import MediaError, media_bytes
 from trt_llm.runtime.mrope import rope_positions
 from trt_llm.runtime.prompt import PromptError
-from trt_llm.runtime.sequence_media import SequenceMedia
+from trt_llm.runtime.sequence_media import SequenceMedia, widen_placeholders
 from trt_llm.runtime.vision import VisionEncoder
 
 
@@ -47,13 +47,7 @@ def attach_images(vision: VisionEncoder, messages, token_ids: list[int], media_d
     if placed != len(parts):
         raise PromptError(f"{where}.messages: the chat template placed {placed} image token(s) for "
                           f"{len(parts)} image part(s)")
-    widened, offsets, images = [], [], iter(counts)
-    for token in token_ids:
-        if token == placeholder:
-            offsets.append(len(widened))
-            widened += [token] * next(images)
-        else:
-            widened.append(token)
+    widened, offsets = widen_placeholders(token_ids, placeholder, counts)
     if len(widened) > max_input_len:
         raise ValueError(f"{where}: prompt is {len(widened)} tokens with its images' {sum(counts)}, longer than "
                          f"the engine's max_input_len {max_input_len}")

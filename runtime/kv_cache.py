@@ -73,3 +73,58 @@ class KVCache:
     def read_prefix(self, row: int, n: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Copies of the first n slots of `row`, per layer: (keys, values), each [Hkv, n, D]."""
         return [k[row, :, :n].copy() for k in self.keys], [v[row, :, :n].copy() for v in self.values]
+
+    def bound_inputs(self) -> dict[str, np.ndarray]:
+        """Graph inputs other than the past_* buffers that live with the rows (an encoder-decoder's
+        cross-attention keys and values); bound with the cache."""
+        return {}
+
+
+class CrossAttentionCache(KVCache):
+    """An encoder-decoder's cache (Whisper): the self-attention KV above, plus per decoder layer the
+    cross-attention keys and values of each row's encoded clip [B, H, frames, D], written once when
+    the row is admitted (write_cross) and moved with the row, so a decode step binds them in place."""
+
+    def __init__(self, num_layers: int, batch: int, kv_heads: int, capacity: int, head_dim: int,
+                 dtype, cross_names: list[tuple[str, str]]):
+        super().__init__(num_layers, batch, kv_heads, capacity, head_dim, dtype)
+        self.cross_names = cross_names  # (key input, value input) per layer
+        self.cross: list[np.ndarray] = []  # allocated by the first clip written: its shape is the encoder's
+        self._pool, self._start = None, 0  # a window's pool and first row
+
+    def write_cross(self, row: int, pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        if self._pool is not None:  # a window writes into its pool's memory
+            self._pool.write_cross(self._start + row, pairs)
+            self.cross = [buffer[self._start: self._start + self.batch] for buffer in self._pool.cross]
+            return
+        if not self.cross:
+            rows = self.keys[0].shape[0]
+            self.cross = [np.zeros((rows, *array.shape), self.keys[0].dtype) for pair in pairs for array in pair]
+        for i, (key, value) in enumerate(pairs):
+            self.cross[2 * i][row], self.cross[2 * i + 1][row] = key, value
+
+    def keep_rows(self, rows: list[int], used: list[int]) -> None:
+        for target, source in enumerate(rows):
+            if target != source:
+                for buffer in self.cross:
+                    buffer[target] = buffer[source]
+        super().keep_rows(rows, used)
+
+    def window(self, start: int, stop: int) -> "CrossAttentionCache":
+        part = super().window(start, stop)
+        part.__class__ = CrossAttentionCache
+        part.cross_names, part.cross = self.cross_names, [buffer[start:stop] for buffer in self.cross]
+        part._pool, part._start = self, start
+        return part
+
+    def reserve(self, rows: int, capacity: int, used: list[int]) -> None:
+        if self.cross and rows > self.cross[0].shape[0]:
+            for i, old in enumerate(self.cross):
+                new = np.zeros((rows, *old.shape[1:]), old.dtype)
+                new[:len(used)] = old[:len(used)]
+                self.cross[i] = new
+        super().reserve(rows, capacity, used)
+
+    def bound_inputs(self) -> dict[str, np.ndarray]:
+        names = [name for pair in self.cross_names for name in pair]
+        return {name: buffer[: self.batch] for name, buffer in zip(names, self.cross)}

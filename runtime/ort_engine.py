@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_llm.runtime.kv_cache import KVCache
+from trt_llm.runtime.kv_cache import CrossAttentionCache, KVCache
 from trt_llm.runtime.step import Step
-from trt_llm.schemas.graph_spec import past, present
+from trt_llm.schemas.graph_spec import cross, past, present
 
 
 # How long an idle intra-op thread spins for more work before it sleeps (ONNX Runtime's
@@ -58,8 +58,12 @@ class OrtEngine:
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         """A cache this engine can bind: [batch, Hkv, capacity, D] per layer, in the graph's dtype."""
-        cache = next(i for i in self.session.get_inputs() if i.name == past("key", 0))
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        cache = inputs[past("key", 0)]
         dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[cache.type]
+        if cross("key", 0) in inputs:  # an encoder-decoder (Whisper): the clip's keys and values live with the rows
+            names = [(cross("key", i), cross("value", i)) for i in range(self.num_layers)]
+            return CrossAttentionCache(self.num_layers, batch, cache.shape[1], capacity, cache.shape[3], dtype, names)
         return KVCache(self.num_layers, batch, cache.shape[1], capacity, cache.shape[3], dtype)
 
     def run(self, step: Step, cache: KVCache, lora: dict[str, np.ndarray] | None = None) -> np.ndarray:
@@ -80,6 +84,7 @@ class OrtEngine:
         # addresses through .ctypes every step instead cost 60-100 us a step (cProfile), the largest
         # host-side cost of a batch-1 step.
         bound = self._bound
+        extra = {**cache.bound_inputs(), **extra}  # an encoder-decoder's cross-attention inputs live with the rows
         extra_key = tuple((n, a.__array_interface__["data"][0], a.shape) for n, a in extra.items())
         if (bound is None or bound[0]() is not cache or bound[1:] != (cache.batch, cache.capacity, extra_key)):
             for i, (key_buffer, value_buffer) in enumerate(cache.views()):

@@ -29,6 +29,7 @@ class Profiler:
         self.started = time.perf_counter()
         self.stages: dict[str, list[float]] = defaultdict(list)
         self.counts: dict[str, int] = defaultdict(int)
+        self.seconds: dict[str, float] = defaultdict(float)  # audio seconds of the requests, and encoded
         self.ttft_ms: dict[int, float] = {}
 
     @contextmanager
@@ -42,7 +43,11 @@ class Profiler:
     def count(self, name: str, n: int = 1) -> None:
         self.counts[name] += n
 
+    def add_seconds(self, name: str, seconds: float) -> None:
+        self.seconds[name] += seconds
+
     def summary(self) -> Profile:
+        wall = time.perf_counter() - self.started
         prefill_ms = sum(self.stages.get("prefill", []))
         decode_ms = sum(self.stages.get("decode_step", []))
         computed, generated = self.counts["prefill_computed_tokens"], self.counts["decode_tokens"]
@@ -62,7 +67,14 @@ class Profiler:
             # sent again comes from its cache)
             multimodal={"images": self.counts["images"], "image_tokens": self.counts["image_tokens"],
                         "ms_per_token": (sum(self.stages.get("vision_encode", [])) / self.counts["vision_encoded_tokens"]
-                                         if self.counts["vision_encoded_tokens"] else 0.0)},
+                                         if self.counts["vision_encoded_tokens"] else 0.0),
+                        # clips and their seconds; the encoder's time per second of audio it encoded; the
+                        # run's wall time per second of the requests' audio (< 1: faster than real time)
+                        "clips": self.counts["clips"], "audio_seconds": self.seconds["audio_seconds"],
+                        "audio_encoder_ms_per_second": (
+                            sum(self.stages.get("audio_encode", [])) / self.seconds["audio_encoded_seconds"]
+                            if self.seconds["audio_encoded_seconds"] else 0.0),
+                        "real_time_factor": wall / self.seconds["audio_seconds"] if self.seconds["audio_seconds"] else 0.0},
             time_to_first_token={
                 "requests": len(ttfts), "mean_ms": statistics.fmean(ttfts) if ttfts else 0.0,
                 "median_ms": statistics.median(ttfts) if ttfts else 0.0,
@@ -71,7 +83,7 @@ class Profiler:
             stages={name: stage_stats(values) for name, values in sorted(self.stages.items()) if values},
             # ru_maxrss is in KiB on Linux.
             peak_memory_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            wall_time_s=time.perf_counter() - self.started,
+            wall_time_s=wall,
         )
 
 
@@ -87,6 +99,9 @@ def format_summary(profile: Profile) -> str:
         f"{p.time_to_first_token.requests} requests",
         *([f"images: {p.multimodal.images}, {p.multimodal.image_tokens} image tokens, vision encoder "
            f"{p.multimodal.ms_per_token:.3f} ms per image token"] if p.multimodal.images else []),
+        *([f"audio: {p.multimodal.clips} clips, {p.multimodal.audio_seconds:.1f} s, audio encoder "
+           f"{p.multimodal.audio_encoder_ms_per_second:.1f} ms per second of audio, real-time factor "
+           f"{p.multimodal.real_time_factor:.3f}"] if p.multimodal.clips else []),
         f"peak memory: {p.peak_memory_mb:.0f} MB, wall time {p.wall_time_s:.2f} s",
         "stage               count    mean ms  median ms     p95 ms     p99 ms     max ms",
     ]

@@ -21,10 +21,12 @@ class Prompt:
     token_ids: list[int]
 
 
-def _plain_messages(messages: list[Message], images: bool = False) -> list[dict]:
-    """Messages as chat templates expect them: text content joined into a string; with images (an
-    engine with a vision component) a message that has image parts keeps its parts, each image as
-    {"type": "image"} (the template writes its placeholder)."""
+def _plain_messages(messages: list[Message], images: bool = False, audio: bool = False) -> list[dict]:
+    """Messages as chat templates expect them: text content joined into a string; with images or
+    audio (an engine with that encoder) a message that has media parts keeps its parts, each as
+    {"type": "image", "image": source} or {"type": "audio", "audio": source} (the template writes its
+    placeholder)."""
+    readable = {"image": images, "audio": audio}
     plain = []
     for m_index, message in enumerate(messages):
         parts = []
@@ -33,8 +35,9 @@ def _plain_messages(messages: list[Message], images: bool = False) -> list[dict]
                 parts.append({"type": "text", "text": part.text})
             elif part.type == "video":
                 raise PromptError(f"messages[{m_index}].content[{c_index}]: video input is not supported yet")
-            elif part.type == "image" and images:
-                parts.append({"type": "image"})
+            elif readable.get(part.type):
+                # with its source under its type's key too: templates test `'audio' in content`
+                parts.append({"type": part.type, part.type: getattr(part, part.type)})
             else:
                 raise PromptError(
                     f"messages[{m_index}].content[{c_index}]: this engine has no {part.type} encoder "
@@ -48,22 +51,23 @@ def _plain_messages(messages: list[Message], images: bool = False) -> list[dict]
 
 class PromptFormatter:
     def __init__(self, tokenizer: Tokenizer, apply_chat_template: bool, add_generation_prompt: bool,
-                 enable_thinking: bool, images: bool = False, media_dir: Path | None = None):
-        """images: the engine reads image parts (a vision component); media_dir: where their relative
-        paths start (the input file's folder)."""
+                 enable_thinking: bool, images: bool = False, media_dir: Path | None = None,
+                 audio: bool = False):
+        """images / audio: the engine reads image / audio parts (a vision / audio component);
+        media_dir: where their relative paths start (the input file's folder)."""
         self.tokenizer = tokenizer
-        self.images, self.media_dir = images, media_dir
+        self.images, self.audio, self.media_dir = images, audio, media_dir
         self.apply_chat_template = apply_chat_template and tokenizer.chat_template is not None
         self.template_kwargs = {"add_generation_prompt": add_generation_prompt,
                                 "enable_thinking": enable_thinking}
         self._special = sorted(tokenizer.special_token_texts(), key=len)
 
     def format(self, messages: list[Message]) -> Prompt:
-        plain = _plain_messages(messages, self.images)
+        plain = _plain_messages(messages, self.images, self.audio)
         if not self.apply_chat_template:
             if any(not isinstance(m["content"], str) for m in plain):
-                raise PromptError("messages: image parts need the chat template (apply_chat_template: true), "
-                                  "which places their tokens")
+                raise PromptError("messages: image and audio parts need the chat template (apply_chat_template: "
+                                  "true), which places their tokens")
             # Raw mode feeds the content itself; the tokenizer adds its BOS if it has one.
             text = "\n".join(m["content"] for m in plain)
             return Prompt(text, "", self.tokenizer.encode(text, add_special_tokens=True))

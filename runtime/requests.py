@@ -8,6 +8,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
+from trt_llm.runtime.audio_prompt import attach_audio, audio_parts
 from trt_llm.runtime.detokenizer import IncrementalDetokenizer
 from trt_llm.runtime.grammar import GrammarError, Grammars
 from trt_llm.runtime.image_prompt import attach_images, image_parts
@@ -16,6 +17,7 @@ from trt_llm.runtime.prompt import Prompt, PromptError, PromptFormatter
 from trt_llm.runtime.sampler import SamplingParams
 from trt_llm.runtime.sequence import Sequence
 from trt_llm.runtime.token_bytes import TokenBytes
+from trt_llm.runtime.transcription import transcription_prompt
 from trt_llm.schemas.input_file import InputSettings, Request
 
 log = logging.getLogger(__name__)
@@ -58,10 +60,12 @@ def apply_batch_rules(batch: list[Prepared], settings: InputSettings) -> int:
 
 class RequestPreparer:
     def __init__(self, tokenizer, token_bytes: TokenBytes, limits: dict, vocab_size: int,
-                 lora_layout: dict | None, dtype, prefix_stats: dict, eos_token_ids: list[int], vision=None):
-        """vision: the engine's VisionEncoder (runtime/vision.py), when it has a vision component."""
+                 lora_layout: dict | None, dtype, prefix_stats: dict, eos_token_ids: list[int], vision=None,
+                 audio=None):
+        """vision: the engine's VisionEncoder (runtime/vision.py), when it has a vision component;
+        audio: its AudioEncoder (runtime/audio_encoder.py), when it has an audio component."""
         self.tokenizer, self.token_bytes = tokenizer, token_bytes
-        self.vision = vision
+        self.vision, self.audio = vision, audio
         self.limits, self.vocab_size = limits, vocab_size
         self.lora_layout, self.dtype = lora_layout, dtype
         self.prefix_stats = prefix_stats  # counts "fallbacks": prompts whose system prompt cannot be reused
@@ -77,14 +81,25 @@ class RequestPreparer:
         adapter = None
         if request.lora_name is not None:
             adapter = self._adapter(where, request.lora_name, settings.available_lora_weights[request.lora_name])
-        try:
-            prompt = formatter.format(request.messages)
-        except PromptError as error:
-            raise PromptError(f"{where}.{error}") from None
-        media = None
+        media = rules = None
+        if self.audio is not None and self.audio.kind == "cross_attention":  # Whisper: a transcription
+            if request.response_format is not None and request.response_format.type != "text":
+                raise ValueError(f"{where}.response_format: a Whisper engine transcribes; it takes no "
+                                 "structured output")
+            prompt, media, rules = transcription_prompt(self.audio, self.tokenizer, request.messages,
+                                                        formatter.media_dir, where, self.vocab_size)
+        else:
+            try:
+                prompt = formatter.format(request.messages)
+            except PromptError as error:
+                raise PromptError(f"{where}.{error}") from None
         if self.vision is not None and image_parts(request.messages):
             ids, media = attach_images(self.vision, request.messages, prompt.token_ids, formatter.media_dir, where,
                                        self.limits["max_input_len"])
+            prompt = dataclasses.replace(prompt, token_ids=ids)
+        if self.audio is not None and self.audio.kind == "rows" and audio_parts(request.messages):
+            ids, media = attach_audio(self.audio, request.messages, prompt.token_ids, formatter.media_dir, where,
+                                      self.limits["max_input_len"])
             prompt = dataclasses.replace(prompt, token_ids=ids)
         prompt_len, max_input = len(prompt.token_ids), self.limits["max_input_len"]
         if prompt_len > max_input:
@@ -104,7 +119,7 @@ class RequestPreparer:
                              f"(size {self.vocab_size})")
         params = SamplingParams(settings.temperature, settings.top_k, settings.top_p, bias or None)
         detokenizer = IncrementalDetokenizer(self.token_bytes, request.stop_list())
-        sequence = Sequence(prompt.token_ids, max_new, detokenizer, media=media)
+        sequence = Sequence(prompt.token_ids, max_new, detokenizer, constraint=rules, media=media)
         if request.response_format is not None:
             try:
                 sequence.constraint = self.grammars.constraint(request.response_format.model_dump(by_alias=True))
@@ -132,9 +147,11 @@ class RequestPreparer:
         if not prompt.system_text:
             return None
         ids = self.tokenizer.encode(prompt.system_text, add_special_tokens=False)
-        if self.vision is not None and self.vision.image_token_id in ids:
-            # A system prompt with an image: its KV depends on the image, which the cache's key (the
-            # tokens) does not show; such prompts are prefilled whole.
+        placeholders = {self.vision.image_token_id if self.vision else None,
+                        self.audio.audio_token_id if self.audio else None}
+        if placeholders.intersection(ids):
+            # A system prompt with an image or a clip: its KV depends on the media, which the cache's
+            # key (the tokens) does not show; such prompts are prefilled whole.
             return None
         if prompt.token_ids[: len(ids)] != ids:
             # The template (or the tokenizer) merged across the system/user boundary: this prompt

@@ -81,9 +81,16 @@ class Runner:
             with loading("vision encoder", engine_dir.path / "vision"):
                 self.vision = VisionEncoder(engine_dir, threads)
             self.vision.profiler = profiler
+        self.audio = None
+        if "audio" in engine_dir.manifest["components"]:
+            from trt_llm.runtime.audio_encoder import AudioEncoder
+
+            with loading("audio encoder", engine_dir.path / "audio"):
+                self.audio = AudioEncoder(engine_dir, threads)
+            self.audio.profiler = profiler
         self.preparer = RequestPreparer(self.tokenizer, self.token_bytes, self.limits, dims["vocab_size"],
                                         self.lora_layout, embedding.dtype, self.prefix_stats,
-                                        engine_dir.eos_token_ids, self.vision)
+                                        engine_dir.eos_token_ids, self.vision, self.audio)
         self.responses = ResponseBuilder(self.token_bytes)
 
     def run(self, loaded: LoadedInput, settings: InputSettings,
@@ -159,11 +166,12 @@ class Runner:
         return EngineCore(self.model, max_rows, policy, self.lora_layout, self.profiler, strategy)
 
     def formatter(self, settings: InputSettings, source: str | None = None) -> PromptFormatter:
-        """The prompt formatter of a run: images when the engine reads them, their relative paths
-        from the input file's folder (source: its path)."""
+        """The prompt formatter of a run: images and audio when the engine reads them, their relative
+        paths from the input file's folder (source: its path)."""
         media_dir = Path(source).resolve().parent if source and Path(source).is_file() else None
         return PromptFormatter(self.tokenizer, settings.apply_chat_template, settings.add_generation_prompt,
-                               settings.enable_thinking, images=self.vision is not None, media_dir=media_dir)
+                               settings.enable_thinking, images=self.vision is not None, media_dir=media_dir,
+                               audio=self.audio is not None)
 
     @staticmethod
     def engine_request(p: Prepared) -> EngineRequest:

@@ -13,9 +13,11 @@ import numpy as np
 class SequenceMedia:
     """rows: (index of its first placeholder token, encoded part) per image or clip, the part
     having `embeds` [tokens, H], `tokens` and `deepstack` ([k, tokens, H] Qwen3-VL's early-layer
-    features, else None); rope: runtime/mrope.RopePositions, or None for 1-D positions."""
+    features, else None); rope: runtime/mrope.RopePositions, or None for 1-D positions; cross: an
+    encoder-decoder's clip, (key, value) [H, frames, D] per decoder layer for its cross-attention."""
     rows: list[tuple[int, object]]
     rope: object | None = None
+    cross: list | None = None
 
     def write_rows(self, embeds: np.ndarray, deepstack: np.ndarray | None, start: int, count: int) -> None:
         """Write the rows of prompt tokens start .. start + count - 1 that are placeholder tokens into
@@ -27,3 +29,16 @@ class SequenceMedia:
             embeds[first - start: last - start] = part.embeds[first - offset: last - offset]
             if deepstack is not None and part.deepstack is not None:
                 deepstack[:, first - start: last - start] = part.deepstack[:, first - offset: last - offset]
+
+
+def widen_placeholders(token_ids: list[int], placeholder: int, counts: list[int]) -> tuple[list[int], list[int]]:
+    """The prompt with its i-th `placeholder` token repeated counts[i] times (the chat template writes
+    one per image or clip; transformers' processors widen it so), and where each run starts."""
+    widened, offsets, sizes = [], [], iter(counts)
+    for token in token_ids:
+        if token == placeholder:
+            offsets.append(len(widened))
+            widened += [token] * next(sizes)
+        else:
+            widened.append(token)
+    return widened, offsets

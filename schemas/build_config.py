@@ -72,6 +72,25 @@ class VisionBuildConfig(BaseModel):
         return v
 
 
+class AudioBuildConfig(BaseModel):
+    """Clip limits of an audio model's engine, in mel frames (10 ms each; the reference's defaults).
+    A clip shorter than min_mel_frames or longer than max_mel_frames is refused, as is one longer
+    than the encoder's window (30 s: 3000 frames for Qwen2-Audio and Whisper)."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    min_mel_frames: int = Field(100, ge=1, le=1_000_000, description="Shortest clip, in mel frames.")
+    max_mel_frames: int = Field(6000, ge=1, le=1_000_000, description="Longest clip, in mel frames.")
+    max_clips: int = Field(8, ge=1, le=256, description="Most audio clips in one request (the encoder's batch).")
+
+    @field_validator("max_mel_frames")
+    @classmethod
+    def _frames_in_order(cls, v: int, info: ValidationInfo) -> int:
+        low = info.data.get("min_mel_frames")
+        if isinstance(low, int) and v < low:
+            raise PydanticCustomError("frames_order", "{v} is smaller than min_mel_frames ({n})", {"v": v, "n": low})
+        return v
+
+
 def int8_group_size(backend: str) -> int:
     """The int8 inputs per scale a backend runs: Q8_0's blocks of 32 on cpu (ONNX Runtime's
     MatMulNBits), one scale per output column (0) on the TensorRT ones (their int8 takes no blocks)."""
@@ -153,6 +172,8 @@ class BuildConfig(BaseModel):
     draft: DraftBuildConfig | None = Field(None, description="EAGLE3 speculative decoding; off unless set.")
     vision: VisionBuildConfig = Field(default_factory=VisionBuildConfig,
                                       description="Image token limits (vision-language models only).")
+    audio: AudioBuildConfig = Field(default_factory=AudioBuildConfig,
+                                    description="Audio clip limits (audio models only).")
     quantization: QuantizationConfig = Field(
         default_factory=lambda: QuantizationConfig(weights="none"),
         description="Weight quantization: none, int8, int4, fp8, or a mapping (see QuantizationConfig).")

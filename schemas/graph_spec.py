@@ -12,6 +12,10 @@ profile builder and both engines read the names here; nobody else spells them.
     draft inputs     inputs_embeds, hidden [batch, seq, H], position_ids, past_lengths, query_lengths,
                      tree_mask, logits_indices, past_key_0, past_value_0
     draft outputs    logits, hidden_out [batch, seq, H], present_key_0, present_value_0
+    Whisper encoder  input_features [batch, mel bins, 2 * frames] -> cross_key_i / cross_value_i
+                     [batch, H, frames, D] per decoder layer (build/models/whisper.py)
+    Whisper decoder  the decoder's step inputs and caches, then cross_key_i / cross_value_i per layer;
+                     outputs logits, present_key_i / present_value_i
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ def past(kind: str, layer: int) -> str:
 
 def present(kind: str, layer: int) -> str:
     return f"present_{kind}_{layer}"
+
+
+def cross(kind: str, layer: int) -> str:
+    """cross_key_<layer> / cross_value_<layer>: a Whisper decoder layer's keys / values of the encoder's
+    output, which the encoder graph returns and the decoder graph takes."""
+    return f"cross_{kind}_{layer}"
 
 
 def lora_input(group: str, matrix: str, layer: int) -> str:
@@ -120,5 +130,48 @@ def draft_spec() -> GraphSpec:
     return GraphSpec(tuple(inputs), tuple(outputs))
 
 
-__all__ = ["STEP_INPUTS", "LOGITS", "TREE_MASK", "DEEPSTACK", "FEATURES", "DRAFT_HIDDEN", "DRAFT_HIDDEN_OUT", "TensorSpec",
-           "GraphSpec", "past", "present", "lora_input", "lora_inputs", "decoder_spec", "draft_spec"]
+INPUT_FEATURES = "input_features"  # the Whisper encoder's log-mel features
+
+
+def _cross(layers: int) -> list[TensorSpec]:
+    # frames: the encoder's output length, fixed by the model (1,500) but a name here, so the decoder
+    # takes any (a tiny test model's fewer)
+    return [TensorSpec(cross(kind, i), MODEL_DTYPE, ("batch", None, "frames", None))
+            for i in range(layers) for kind in ("key", "value")]
+
+
+def whisper_encoder_spec(num_layers: int) -> GraphSpec:
+    """num_layers: the decoder's (one cross key / value pair per decoder layer). The mel axis is fixed
+    by the model (2 * frames)."""
+    inputs = [TensorSpec(INPUT_FEATURES, MODEL_DTYPE, ("batch", None, None))]
+    return GraphSpec(tuple(inputs), tuple(_cross(num_layers)))
+
+
+def whisper_decoder_spec(num_layers: int) -> GraphSpec:
+    """The decoder graph (decoder_spec's inputs and outputs) with the cross keys / values after the caches."""
+    inputs = [*_step_inputs(), *_caches(num_layers, past), *_cross(num_layers)]
+    outputs = [TensorSpec(LOGITS, "float32", ("batch", "kept", None)), *_caches(num_layers, present)]
+    return GraphSpec(tuple(inputs), tuple(outputs))
+
+
+__all__ = [
+    "DEEPSTACK",
+    "DRAFT_HIDDEN",
+    "DRAFT_HIDDEN_OUT",
+    "FEATURES",
+    "INPUT_FEATURES",
+    "LOGITS",
+    "STEP_INPUTS",
+    "TREE_MASK",
+    "GraphSpec",
+    "TensorSpec",
+    "cross",
+    "decoder_spec",
+    "draft_spec",
+    "lora_input",
+    "lora_inputs",
+    "past",
+    "present",
+    "whisper_decoder_spec",
+    "whisper_encoder_spec",
+]

@@ -48,7 +48,13 @@ class MultimodalStats(BaseModel):
     model_config = _FORBID
     images: int = Field(ge=0)
     image_tokens: int = Field(ge=0)
-    ms_per_token: float = Field(ge=0)
+    ms_per_token: float = Field(ge=0, description="The vision encoder's time per image token it encoded.")
+    clips: int = Field(0, ge=0, description="Audio clips in the requests.")
+    audio_seconds: float = Field(0.0, ge=0, description="Their length.")
+    audio_encoder_ms_per_second: float = Field(0.0, ge=0, description="The audio encoder's time per second of "
+                                               "audio it encoded (a clip sent again comes from its cache).")
+    real_time_factor: float = Field(0.0, ge=0, description="The run's wall time per second of audio (< 1: faster "
+                                    "than real time); 0 without audio.")
 
 
 class TimeToFirstToken(BaseModel):

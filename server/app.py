@@ -153,7 +153,7 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
             # Image sources are already checked and resolved (convert.media_source: data URLs, or files
             # inside --allowed-local-media-path).
             formatter = PromptFormatter(runner.tokenizer, converted.chat, True, converted.settings.enable_thinking,
-                                        images=runner.vision is not None)
+                                        images=runner.vision is not None, audio=runner.audio is not None)
             # Tokenizing a long prompt takes milliseconds: off the event loop.
             prepared = await run_in_threadpool(runner.preparer.prepare, 0, converted.request, converted.settings,
                                                formatter, "request", body.new_tokens is not None)

@@ -86,7 +86,7 @@ def test_build_config_keeps_hub_id(tmp_path):
 @pytest.mark.parametrize("yaml_text, expected", [
     ("backend: cuda", "backend: 'cuda' is not allowed; choose one of cpu, tensorrt, tensorrt-rtx"),
     ("dtype: int8", "dtype: 'int8' is not allowed; choose one of fp32, fp16, bf16"),
-    ("max_batch: 8", "unknown key 'max_batch' (did you mean 'max_batch_size'?): allowed keys are backend, draft, dtype,"),
+    ("max_batch: 8", "unknown key 'max_batch' (did you mean 'max_batch_size'?): allowed keys are audio, backend, draft, dtype,"),
     ("max_batch_size: 65", "max_batch_size: 65 is outside [1, 64]"),
     ("max_input_len: 0", "max_input_len: 0 is less than the minimum 1"),
     ("max_input_len: 2048\nmax_kv_cache_capacity: 1024",

@@ -19,10 +19,10 @@ def load_eagle_draft(config, checkpoint: Checkpoint):
     taken from the base)."""
     from trt_llm.build.eagle.formats import load_draft
 
-    if checkpoint.family.vision:
-        raise DraftError(f"draft: an EAGLE draft on a vision-language model ({checkpoint.family.architecture}) is "
-                         "not supported yet: its verification would need the image rows and mRoPE positions in "
-                         "every tree; build without draft:")
+    if checkpoint.family.multimodal:
+        raise DraftError(f"draft: an EAGLE draft on a multimodal model ({checkpoint.family.architecture}) is "
+                         "not supported yet: its verification would need the image or audio rows (and a VLM's "
+                         "mRoPE positions) in every tree; build without draft:")
     base = checkpoint.model
     try:
         return load_draft(config.draft.model, base.config, base.get_input_embeddings(),

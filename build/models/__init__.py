@@ -22,10 +22,19 @@ class ModelFamily:
     # consecutive chunks; "interleaved": Qwen3-VL's), and the checkpoint has a vision tower
     # (build/models/qwen_vl_vision.py) that becomes the engine's vision/ component.
     mrope: str | None = None
+    # Audio-LLMs: the module of build/models/ whose graph is the checkpoint's audio tower (and
+    # projector), the engine's audio/ component (build/audio_stage.py); its rows go in at the audio
+    # placeholder tokens.
+    audio: str | None = None
 
     @property
     def vision(self) -> bool:
         return self.mrope is not None
+
+    @property
+    def multimodal(self) -> bool:
+        """Loaded as the whole multimodal model (the decoder is its language model)."""
+        return self.vision or self.audio is not None
 
     def load(self) -> ModuleType:
         from importlib import import_module
@@ -39,6 +48,7 @@ REGISTRY: dict[str, ModelFamily] = {family.architecture: family for family in (
     ModelFamily("qwen3", "Qwen3ForCausalLM", "llama", qk_norm=True),
     ModelFamily("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "llama", mrope="sections"),
     ModelFamily("qwen3_vl", "Qwen3VLForConditionalGeneration", "llama", qk_norm=True, mrope="interleaved"),
+    ModelFamily("qwen2_audio", "Qwen2AudioForConditionalGeneration", "llama", audio="qwen2_audio"),
 )}
 
 

@@ -28,6 +28,9 @@ class Prefilled:
 def prefill(model: Model, sequences: list[Sequence], cache, lora: dict, stage, profiler) -> Prefilled:
     """cache: the rows of `sequences`, in order (a window of the pool)."""
     past = np.array([_restore(cache, row, s.reused) for row, s in enumerate(sequences)], dtype=np.int32)
+    for row, s in enumerate(sequences):
+        if s.media is not None and s.media.cross is not None:  # an encoder-decoder: the clip's keys and values
+            cache.write_cross(row, s.media.cross)
     lengths = np.array([len(s.prompt_ids) for s in sequences], dtype=np.int32) - past
     with stage("prefill"):
         if int((past + lengths.max()).max()) <= cache.capacity:

@@ -1,0 +1,59 @@
+"""The export of an audio model's encoder: the engine's `audio/` component.
+
+    audio/model.onnx                 the encoder's graph (the family's module in build/models/)
+    audio/config.json                what the runtime needs to feed it: the feature extractor
+                                     (runtime/audio_features.py's keys), the encoder's window, the
+                                     clip limits of `audio:` and the family's own entries
+    audio/preprocessor_config.json   the checkpoint's feature extractor settings, as transformers has them
+
+Two kinds of encoder, named by the config's "kind":
+- "rows" (Qwen2-Audio): the tower and projector give each clip's rows, which the decoder reads at
+  the clip's audio placeholder tokens (build/models/qwen2_audio.py);
+- "cross_attention" (Whisper): the encoder gives each decoder layer's cross-attention keys and
+  values, computed once per request (build/models/whisper.py).
+
+The encoder stays in floating point whatever `quantization:` says, as the vision tower does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+# WhisperFeatureExtractor's settings where a checkpoint ships no preprocessor_config.json (the
+# published Qwen2-Audio and Whisper files; large-v3 and Qwen2-Audio use 128 mel bins).
+WHISPER_PREPROCESSOR = {"feature_extractor_type": "WhisperFeatureExtractor", "sampling_rate": 16000,
+                        "hop_length": 160, "n_fft": 400, "chunk_length": 30, "padding_value": 0.0}
+
+
+def export_audio_component(checkpoint, config, directory: Path, dtype: torch.dtype) -> dict:
+    """Write the audio component of `checkpoint` into `directory`; returns its manifest entry."""
+    from importlib import import_module
+
+    from trt_llm.runtime.audio_features import config_from_preprocessor
+
+    directory.mkdir(parents=True, exist_ok=True)
+    module = import_module(f"trt_llm.build.models.{checkpoint.family.audio}")
+    family_settings = module.export_audio(checkpoint.model, directory / "model.onnx", dtype)
+    preprocessor = _preprocessor_config(checkpoint, family_settings["num_mel_bins"])
+    settings = {"family": checkpoint.family.name, **family_settings, **config_from_preprocessor(preprocessor),
+                **config.audio.model_dump()}
+    (directory / "config.json").write_text(json.dumps(settings, indent=1) + "\n")
+    (directory / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=1) + "\n")
+    return {"graph": "audio/model.onnx", "config": "audio/config.json",
+            "preprocessor": "audio/preprocessor_config.json"}
+
+
+def _preprocessor_config(checkpoint, num_mel_bins: int) -> dict:
+    """The checkpoint folder's preprocessor_config.json, else WhisperFeatureExtractor's settings
+    with the encoder's mel bins."""
+    path = Path(checkpoint.source).expanduser() / "preprocessor_config.json"
+    if path.is_file():
+        preprocessor = json.loads(path.read_text())
+        if preprocessor.get("feature_size", num_mel_bins) != num_mel_bins:
+            raise ValueError(f"{path}: feature_size {preprocessor['feature_size']} is not the audio encoder's "
+                             f"num_mel_bins {num_mel_bins}")
+        return preprocessor
+    return {**WHISPER_PREPROCESSOR, "feature_size": num_mel_bins}

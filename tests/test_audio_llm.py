@@ -1,0 +1,150 @@
+"""Audio-LLM engines end to end: a tiny random Qwen2-Audio with the real Qwen tokenizer, built, run on
+input files with real speech, against transformers `generate` on the same clips (greedy tokens
+identical): one clip, two clips in one request, and beside a text-only request in one batch.
+
+The oracle is transformers' own Qwen2AudioProcessor (its WhisperFeatureExtractor, its <|AUDIO|>
+expansion) and Qwen2AudioForConditionalGeneration, which runs the audio tower itself.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import audio_assets
+import audio_llm_assets
+from assets import AssetUnavailable
+from trt_llm.runtime.engine_dir import EngineDir
+from trt_llm.runtime.runner import Runner
+from trt_llm.schemas.input_file import load_input_file
+
+MAX_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def clips():
+    try:
+        found = audio_assets.pocketsphinx_clips()
+    except AssetUnavailable as error:
+        pytest.skip(str(error))
+    return [clip.path for name, clip in sorted(found.items()) if name.startswith("sense_and_sensibility")][:3]
+
+
+@pytest.fixture(scope="module")
+def qwen2_audio(tmp_path_factory, npm_tokenizer, build_engine_for):
+    folder = audio_llm_assets.make_tiny_qwen2_audio(tmp_path_factory.mktemp("qwen2_audio"),
+                                                     tokenizer_dir=npm_tokenizer("qwen3"))
+    engine = build_engine_for(folder, max_batch_size=4, max_input_len=1024, max_kv_cache_capacity=1100)
+    return folder, engine
+
+
+def audio_request(*parts) -> dict:
+    """A user message of parts: a path is a clip, a str a text part."""
+    content = [{"type": "text", "text": p} if isinstance(p, str) else {"type": "audio", "audio": str(p)}
+               for p in parts]
+    return {"messages": [{"role": "user", "content": content}]}
+
+
+def run_file(engine, folder, requests: list[dict], **settings):
+    path = folder / "input.json"
+    path.write_text(json.dumps({"batch_size": len(requests), "temperature": 0.0, "max_generate_length": MAX_NEW,
+                                "requests": requests, **settings}))
+    loaded = load_input_file(path)
+    return Runner(EngineDir.open(engine), threads=1).run(loaded, loaded.settings)
+
+
+_HF = {}
+
+
+def transformers_greedy(folder, request: dict) -> list[int]:
+    from transformers import AutoProcessor, Qwen2AudioForConditionalGeneration
+
+    from trt_llm.runtime.audio import load_audio
+
+    if folder not in _HF:
+        _HF[folder] = (Qwen2AudioForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval(),
+                       AutoProcessor.from_pretrained(folder))
+    model, processor = _HF[folder]
+    messages = request["messages"]
+    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    waveforms = [load_audio(p["audio"]) for m in messages if isinstance(m["content"], list)
+                 for p in m["content"] if p["type"] == "audio"]
+    inputs = processor(text=text, audio=waveforms or None, sampling_rate=16000, return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=MAX_NEW, do_sample=False)
+    return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+def test_clips_and_text_in_one_batch_match_transformers(qwen2_audio, clips, tmp_path):
+    """One clip; two clips of different lengths in one request; a text-only request beside them."""
+    folder, engine = qwen2_audio
+    requests = [audio_request(clips[0], "What is said?"),
+                {"messages": [{"role": "user", "content": "Hello there"}]},
+                audio_request(clips[1], "and", clips[2], "Compare them.")]
+    output = run_file(engine, tmp_path, requests)
+    for request, response in zip(requests, output.responses):
+        assert response.finish_reason in ("end-of-sequence", "max-length"), response.error
+        assert response.output_token_ids == transformers_greedy(folder, request)
+    # the prompts count the clips' tokens (up to 750 each)
+    assert output.responses[2].prompt_tokens > output.responses[0].prompt_tokens > output.responses[1].prompt_tokens + 100
+
+
+def test_a_bad_clip_fails_its_request_alone_and_names_it(qwen2_audio, clips, tmp_path):
+    _, engine = qwen2_audio
+    (tmp_path / "broken.wav").write_bytes(b"RIFF not really a wave file")
+    requests = [audio_request(clips[0], "Fine."), audio_request("Listen:", Path("missing.wav")),
+                audio_request("Listen:", tmp_path / "broken.wav")]
+    output = run_file(engine, tmp_path, requests)
+    good, missing, broken = output.responses
+    assert good.finish_reason != "error" and good.output_token_ids
+    assert missing.finish_reason == "error" and "requests[1].messages[0].content[1]" in missing.error
+    assert "missing.wav" in missing.error
+    assert broken.finish_reason == "error" and "requests[2].messages[0].content[1]" in broken.error
+    assert "broken.wav" in broken.error and "not audio" in broken.error
+
+
+def test_clip_limits_are_refused_with_the_limit(qwen2_audio, tmp_path):
+    """Under min_mel_frames (100: 1 s) and over the encoder's 30 s window; the rest of the batch runs."""
+    import soundfile
+
+    _, engine = qwen2_audio
+    rng = np.random.default_rng(0)
+    soundfile.write(tmp_path / "short.wav", (rng.standard_normal(8000) * 0.1).astype(np.float32), 16000)
+    soundfile.write(tmp_path / "long.flac", (rng.standard_normal(16000 * 31) * 0.1).astype(np.float32), 16000)
+    soundfile.write(tmp_path / "ok.wav", (rng.standard_normal(16000 * 2) * 0.1).astype(np.float32), 16000)
+    output = run_file(engine, tmp_path, [audio_request(tmp_path / "short.wav"), audio_request(tmp_path / "long.flac"),
+                                         audio_request(tmp_path / "ok.wav")])
+    short, long, ok = output.responses
+    assert short.finish_reason == "error" and "50 mel frames" in short.error and "min_mel_frames 100" in short.error
+    assert long.finish_reason == "error" and "31.00 s" in long.error and "30 s" in long.error
+    assert ok.finish_reason != "error"
+
+
+def test_the_profile_counts_clips_and_audio_seconds(qwen2_audio, clips, tmp_path):
+    from trt_llm.runtime.profiler import Profiler
+
+    _, engine = qwen2_audio
+    path = tmp_path / "input.json"
+    requests = [audio_request(clips[0], "Once."), audio_request(clips[0], "Twice.")]
+    path.write_text(json.dumps({"batch_size": 2, "temperature": 0.0, "max_generate_length": 2, "requests": requests}))
+    loaded = load_input_file(path)
+    profiler = Profiler()
+    Runner(EngineDir.open(engine), threads=1, profiler=profiler).run(loaded, loaded.settings)
+    stats = profiler.summary().multimodal
+    import soundfile
+
+    seconds = soundfile.info(str(clips[0])).duration
+    assert stats.clips == 2 and stats.audio_seconds == pytest.approx(2 * seconds, rel=1e-3)
+    assert stats.audio_encoder_ms_per_second > 0 and stats.real_time_factor > 0
+    assert len(profiler.stages["audio_encode"]) == 1  # the same clip twice is encoded once
+
+
+def test_audio_on_an_engine_without_an_audio_encoder_is_refused(tiny_model, build_engine_for, clips, tmp_path):
+    output = run_file(build_engine_for(tiny_model("qwen3")), tmp_path, [audio_request(clips[0], "Hi")])
+    (response,) = output.responses
+    assert response.finish_reason == "error" and "no audio encoder" in response.error
+    assert "requests[0].messages[0].content[0]" in response.error
