@@ -11,12 +11,15 @@ max_batch_size, max_input_len and rtx_compute_capability are only the compile's 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from trt_llm.build.engine_dir import BUNDLE, tool_versions, write_manifest
 from trt_llm.schemas.manifest import FORMAT_VERSION
 from trt_llm.build.progress import Steps
 from trt_llm.schemas.build_config import BuildConfig
+
+log = logging.getLogger(__name__)
 
 
 def write_tokenizer(checkpoint, directory: Path) -> None:
@@ -36,6 +39,23 @@ def write_embedding(checkpoint, path: Path, storage: str, blocks=None) -> None:
     save_file(embedding_tensors(table, storage, blocks if storage == "int8" else None), str(path))
 
 
+def encoder_decoder_config(config: BuildConfig, checkpoint) -> BuildConfig:
+    """An encoder-decoder's build (Whisper) as it can be: refused with what it does not support, the
+    prompt and cache limits within its max_target_positions (it has no positions past them)."""
+    from trt_llm.build.compile import BuildError
+
+    name = checkpoint.family.architecture
+    for key, unsupported in (("lora", config.lora is not None), ("draft", config.draft is not None),
+                             ("quantization", config.quantization.weights != "none")):
+        if unsupported:
+            raise BuildError(f"{key}: not supported for {name} (an encoder-decoder); build without it")
+    positions = checkpoint.model.config.max_target_positions
+    if config.max_kv_cache_capacity > positions or config.max_input_len > positions:
+        log.info("%s: max_input_len and max_kv_cache_capacity set to at most its %d decoder positions", name, positions)
+    return config.model_copy(update={"max_kv_cache_capacity": min(config.max_kv_cache_capacity, positions),
+                                     "max_input_len": min(config.max_input_len, positions)})
+
+
 def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
     """Write the bundle of `config` into the empty folder `directory`; returns its manifest.
 
@@ -50,6 +70,8 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
     (directory / "llm").mkdir(parents=True, exist_ok=True)
     with steps.step("loading checkpoint"):
         checkpoint = load_checkpoint(config.model, config.dtype, config.trust_remote_code)
+    if checkpoint.family.encoder_decoder:
+        config = encoder_decoder_config(config, checkpoint)
 
     with steps.step("writing tokenizer and embedding"):
         write_tokenizer(checkpoint, directory / "tokenizer")
@@ -63,19 +85,22 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
 
     with steps.step("exporting to ONNX"):
         graphs = checkpoint.family.load()  # build/models/<module>.py builds its graph
-        hf_config = graphs.text_decoder(checkpoint.model).config
-        lora_layout = None
-        if config.lora:
-            lora_layout = lora.layout(graphs.ModelDims(hf_config), hf_config.intermediate_size,
-                                      config.lora.max_rank, config.lora.target_modules)
-        draft = load_eagle_draft(config, checkpoint) if config.draft else None
-        graph = graphs.DecoderGraph(checkpoint.model, checkpoint.family, config.max_kv_cache_capacity, dtype,
-                                    [g["name"] for g in lora_layout["groups"]] if lora_layout else [],
-                                    feature_layers=draft.aux_layer_ids if draft is not None else None,
-                                    make_linear=make_linear)
-        dims, graph_deepstack = graph.dims.to_dict(), graph.deepstack_layers
-        export_decoder(graph, directory / "llm" / "model.onnx", dtype, lora_layout)
-        del graph
+        lora_layout, draft, graph_deepstack = None, None, 0
+        if checkpoint.family.encoder_decoder:  # Whisper: the module exports its own decoder
+            dims = graphs.export_llm(checkpoint.model, directory / "llm" / "model.onnx", dtype)
+        else:
+            hf_config = graphs.text_decoder(checkpoint.model).config
+            if config.lora:
+                lora_layout = lora.layout(graphs.ModelDims(hf_config), hf_config.intermediate_size,
+                                          config.lora.max_rank, config.lora.target_modules)
+            draft = load_eagle_draft(config, checkpoint) if config.draft else None
+            graph = graphs.DecoderGraph(checkpoint.model, checkpoint.family, config.max_kv_cache_capacity, dtype,
+                                        [g["name"] for g in lora_layout["groups"]] if lora_layout else [],
+                                        feature_layers=draft.aux_layer_ids if draft is not None else None,
+                                        make_linear=make_linear)
+            dims, graph_deepstack = graph.dims.to_dict(), graph.deepstack_layers
+            export_decoder(graph, directory / "llm" / "model.onnx", dtype, lora_layout)
+            del graph
         components = {"llm": {"graph": "llm/model.onnx", "embedding": "llm/embedding.safetensors",
                               "config": "llm/config.json"},
                       "tokenizer": {"dir": "tokenizer"}}

@@ -36,7 +36,8 @@ def build_engine(config: BuildConfig, progress: bool = True, export_only: bool =
         with staged(out) as staging:
             manifest = export_bundle(config, staging, steps)
             if not export_only:
-                options = CompileOptions(config.backend, config.max_batch_size, config.max_input_len,
+                # the export's max_input_len: an encoder-decoder's is cut to its decoder positions
+                options = CompileOptions(config.backend, config.max_batch_size, manifest["limits"]["max_input_len"],
                                          config.rtx_compute_capability if config.backend == "tensorrt-rtx" else None)
                 compile_in_place(staging, manifest, engine_config(manifest, options, out), steps, tensorrt_version)
     finally:

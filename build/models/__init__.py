@@ -26,6 +26,9 @@ class ModelFamily:
     # projector), the engine's audio/ component (build/audio_stage.py); its rows go in at the audio
     # placeholder tokens.
     audio: str | None = None
+    # An encoder-decoder (Whisper): its module exports the llm/ graph itself (export_llm), a decoder
+    # with cross-attention over the audio encoder's keys and values; no LoRA, draft or quantization.
+    encoder_decoder: bool = False
 
     @property
     def vision(self) -> bool:
@@ -49,6 +52,7 @@ REGISTRY: dict[str, ModelFamily] = {family.architecture: family for family in (
     ModelFamily("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "llama", mrope="sections"),
     ModelFamily("qwen3_vl", "Qwen3VLForConditionalGeneration", "llama", qk_norm=True, mrope="interleaved"),
     ModelFamily("qwen2_audio", "Qwen2AudioForConditionalGeneration", "llama", audio="qwen2_audio"),
+    ModelFamily("whisper", "WhisperForConditionalGeneration", "whisper", audio="whisper", encoder_decoder=True),
 )}
 
 
