@@ -46,8 +46,9 @@ def test_unsupported_architecture_lists_supported(tmp_path, tiny_model, capsys):
     assert build_main([str(path), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "GPT2LMHeadModel" in err
-    assert ("LlamaForCausalLM, Qwen2ForCausalLM, Qwen2_5_VLForConditionalGeneration, Qwen3ForCausalLM, "
-            "Qwen3VLForConditionalGeneration") in err
+    assert ("LlamaForCausalLM, Qwen2AudioForConditionalGeneration, Qwen2ForCausalLM, "
+            "Qwen2_5_VLForConditionalGeneration, Qwen3ForCausalLM, Qwen3VLForConditionalGeneration, "
+            "WhisperForConditionalGeneration") in err
     assert not (tmp_path / "e").exists()
 
 
