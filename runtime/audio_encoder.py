@@ -25,6 +25,7 @@ import numpy as np
 
 from trt_llm.runtime.audio import AudioError, decode_audio
 from trt_llm.runtime.audio_features import extractor_for
+from trt_llm.runtime.audio_tokens import audio_token_count, packing
 from trt_llm.runtime.encoder_cache import EncoderCache, content_key
 from trt_llm.runtime.encoder_session import encoder_session
 
@@ -88,8 +89,6 @@ class AudioEncoder:
 
     def tokens_of(self, clip: PendingClip) -> int:
         """The audio tokens a clip takes in the prompt (rows encoders only)."""
-        from trt_llm.runtime.audio_tokens import audio_token_count
-
         return audio_token_count(clip.frames)
 
     def encode(self, clips: list[PendingClip]) -> list[EncodedClip]:
@@ -107,9 +106,12 @@ class AudioEncoder:
         dtype = self.session.input_dtype("input_features")
         features = np.stack([clip.features for clip in clips]).astype(dtype)
         if self.kind == "rows":
-            lengths = np.array([clip.frames for clip in clips], np.int64)
-            embeds, counts = self.session.run({"input_features": features, "feature_lengths": lengths})
-            return [EncodedClip(embeds=embeds[i, :int(n)]) for i, n in enumerate(counts)]
+            frames = [clip.frames for clip in clips]
+            row_index, cu_seqlens, pool_index = packing(frames)
+            (embeds,) = self.session.run({"input_features": features, "row_index": row_index, "cu_seqlens": cu_seqlens,
+                                          "pool_index": pool_index})
+            bounds = np.cumsum([0] + [audio_token_count(n) for n in frames])
+            return [EncodedClip(embeds=embeds[start:stop]) for start, stop in zip(bounds[:-1], bounds[1:])]
         outputs = self.session.run({"input_features": features})  # cross_key_i, cross_value_i per layer
         pairs = list(zip(outputs[0::2], outputs[1::2]))
         return [EncodedClip(cross=[(key[i], value[i]) for key, value in pairs]) for i in range(len(clips))]

@@ -1,6 +1,7 @@
 """How many audio tokens a Qwen2-Audio clip takes: the rule of transformers' Qwen2AudioProcessor, in
 plain integer arithmetic so the runtime (no torch, no transformers) widens a prompt's <|AUDIO|>
-exactly as the processor does, and the audio graph's `embed_lengths` output agrees with it.
+exactly as the processor does, and the audio graph's host inputs (`packing`) that select the clips'
+valid rows.
 
 The tower sees 3,000 mel frames (30 s, Whisper features padded to the chunk); of those, the clip
 holds `num_frames` (runtime/audio_features.WhisperFeatures.num_frames: ceil(samples / 160), the
@@ -33,3 +34,16 @@ def audio_token_count(num_frames):
         raise ValueError(f"audio tokens: num_frames must be within 0..{MEL_FRAMES}, got {num_frames!r}")
     tokens = (conv_length(frames) - 2) // 2 + 1
     return int(tokens) if tokens.ndim == 0 else tokens.astype(np.int64)
+
+
+def packing(frames, rows: int = MEL_FRAMES // 2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The audio graph's host inputs for clips of `frames` valid mel frames each (build/models/
+    qwen2_audio.py): row_index [N] (each valid row's clip * rows + row), cu_seqlens [clips + 1]
+    int32 (the clips' segments of the N packed rows), pool_index [M] (the packed row of each output
+    row's first pooled row: its pair is it and the next)."""
+    valid = [conv_length(int(n)) for n in frames]
+    tokens = [audio_token_count(int(n)) for n in frames]
+    starts = np.concatenate([[0], np.cumsum(valid)]).astype(np.int64)
+    row_index = np.concatenate([clip * rows + np.arange(n) for clip, n in enumerate(valid)]).astype(np.int64)
+    pool_index = np.concatenate([start + 2 * np.arange(t) for start, t in zip(starts, tokens)]).astype(np.int64)
+    return row_index, starts.astype(np.int32), pool_index

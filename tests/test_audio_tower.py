@@ -6,8 +6,9 @@ Oracle for the embeddings: transformers' own Qwen2AudioModel.forward on the proc
 the multi-modal projector's output caught by a hook, so the padding mask it builds from
 feature_attention_mask is transformers' too. Both sides get the same features (runtime/audio_features.py
 from runtime/audio.py's waveform, the settings read from the model's preprocessor_config.json), so
-the comparison is of the graph alone: within 1e-5 on every clip's valid rows, 1 clip, 2 clips of
-different lengths in one call, and a clip over 30 s (cut to the chunk: no padding at all).
+the comparison is of the graph alone: within 1e-5 on every clip's rows, 1 clip, 2 clips of different
+lengths in one call, and a clip over 30 s (cut to the chunk: no padding at all). The graph runs the
+valid rows only (build/models/qwen2_audio.py); transformers, all 1,500 with a mask.
 The tiny model is random (tests/audio_llm_assets.py) but has the real input geometry.
 """
 
@@ -26,7 +27,7 @@ from trt_llm.build.cpu_backend import compile_cpu
 from trt_llm.build.models.qwen2_audio import AudioTowerGraph, export_audio_tower
 from trt_llm.runtime.audio import load_audio
 from trt_llm.runtime.audio_features import config_from_preprocessor, extractor_for
-from trt_llm.runtime.audio_tokens import MAX_AUDIO_TOKENS, audio_token_count
+from trt_llm.runtime.audio_tokens import MAX_AUDIO_TOKENS, audio_token_count, packing
 from trt_llm.runtime.tokenizer import Tokenizer
 
 ESPEAK_TEXT = "The quick brown fox jumps over the lazy dog, twice."
@@ -128,20 +129,25 @@ def test_audio_graph_equals_transformers(asset, session, waveform, names):
     frames = np.array([c.num_frames for c in computed], dtype=np.int64)
     expected, counts = transformers_embeds(model, processor, waves, features, frames)
 
-    embeds, lengths = session.run(None, {"input_features": features, "feature_lengths": frames})
-    assert embeds.shape == (len(waves), MAX_AUDIO_TOKENS, model.config.text_config.hidden_size)
-    assert lengths.dtype == np.int64
-    assert lengths.tolist() == counts == audio_token_count(frames).tolist()
-    for clip, n in enumerate(lengths):
-        np.testing.assert_allclose(embeds[clip, :n], expected[clip, :n], atol=1e-5, rtol=0)
+    row_index, cu_seqlens, pool_index = packing(frames)
+    (embeds,) = session.run(None, {"input_features": features, "row_index": row_index, "cu_seqlens": cu_seqlens,
+                                   "pool_index": pool_index})
+    assert counts == audio_token_count(frames).tolist()
+    assert embeds.shape == (sum(counts), model.config.text_config.hidden_size)
+    starts = np.cumsum([0, *counts])
+    for clip, n in enumerate(counts):
+        np.testing.assert_allclose(embeds[starts[clip]:starts[clip] + n], expected[clip, :n], atol=1e-5, rtol=0)
 
     padded = [clip for clip, n in enumerate(frames) if n < features.shape[-1]]
-    if padded:  # the mask matters: without it, the valid rows move far beyond the tolerance
-        unmasked, _ = session.run(None, {"input_features": features,
-                                         "feature_lengths": np.full_like(frames, features.shape[-1])})
+    if padded:  # the padding is left out: attending over all 1,500 rows moves the valid ones far off
+        full = np.full_like(frames, features.shape[-1])
+        row_index, cu_seqlens, _ = packing(full)
+        pool_index = np.concatenate([clip * 1500 + 2 * np.arange(n) for clip, n in enumerate(counts)])
+        (unmasked,) = session.run(None, {"input_features": features, "row_index": row_index, "cu_seqlens": cu_seqlens,
+                                         "pool_index": pool_index})
         for clip in padded:
-            n = lengths[clip]
-            assert np.abs(unmasked[clip, :n] - expected[clip, :n]).max() > 1e-3
+            n = counts[clip]
+            assert np.abs(unmasked[starts[clip]:starts[clip] + n] - expected[clip, :n]).max() > 1e-3
 
 
 # sample counts around the frame (160) and convolution boundaries, a full chunk and past it
