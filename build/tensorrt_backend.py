@@ -9,7 +9,10 @@ the precision (fp32/fp16/bf16) and no precision flags are set; TensorRT-RTX acce
 
 Two optimization profiles: 0 = prefill (up to max_input_len new tokens), 1 = decode and verification
 (up to DECODE_MAX_SEQ new tokens), each over batch 1..max_batch_size and KV capacity
-1..max_kv_cache_capacity. The runtime picks one by the step's number of new tokens.
+1..max_kv_cache_capacity. The runtime picks one by the step's number of new tokens. An
+encoder-decoder's decoder (Whisper) also takes the encoder's keys and values, whose `frames` dim is
+the encoder's output length, one number (1,500 for Whisper) in both profiles. An encoder's plan
+(vision/, audio/) has one profile of its own (encoder_profiles).
 """
 
 from __future__ import annotations
@@ -17,11 +20,10 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import onnx
-
 from trt_llm.runtime.trt_import import import_tensorrt, make_logger
 
 ENGINE_NAME = "model.plan"
@@ -41,8 +43,10 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def profile_shapes(config, decode_max_seq: int = DECODE_MAX_SEQ) -> list[dict[str, tuple[int, int, int]]]:
-    """(min, opt, max) per named dynamic dimension of the graph, one dict per optimization profile."""
+def profile_shapes(config, decode_max_seq: int = DECODE_MAX_SEQ,
+                   frames: int | None = None) -> list[dict[str, tuple[int, int, int]]]:
+    """(min, opt, max) per named dynamic dimension of the graph, one dict per optimization profile.
+    frames: an encoder-decoder's encoder output length (decoder_frames), the cross inputs' L."""
     batch = (1, config.max_batch_size, config.max_batch_size)
     capacity_max = config.max_kv_cache_capacity
     draft = getattr(config, "draft", None)
@@ -61,7 +65,29 @@ def profile_shapes(config, decode_max_seq: int = DECODE_MAX_SEQ) -> list[dict[st
     if lora is not None:  # per-adapter rank dims, named lora_rank_<group> by the exporter
         for shapes in (prefill, decode):
             shapes["lora_rank_*"] = (1, lora.max_rank, lora.max_rank)
+    if frames is not None:  # every clip is encoded to the same length: a range would only cost build time
+        for shapes in (prefill, decode):
+            shapes["frames"] = (frames, frames, frames)
     return [prefill, decode]
+
+
+CONFIG_NAME = "config.json"  # the checkpoint's config, which the bundle writes beside the decoder graph
+
+
+def decoder_frames(graph_path: Path) -> int:
+    """The `frames` of an encoder-decoder's decoder graph: the encoder's output length, which is
+    Whisper's max_source_positions (build/models/whisper.WhisperDims.frames), read from the checkpoint
+    config beside the graph. The decoder graph leaves it dynamic; the runtime binds exactly it."""
+    import json
+
+    path = Path(graph_path).parent / CONFIG_NAME
+    try:
+        frames = json.loads(path.read_text())["max_source_positions"]
+    except (OSError, ValueError, KeyError) as error:
+        raise TensorRTBuildError(f"{Path(graph_path).name}: its cross-attention inputs' 'frames' dimension is the "
+                                 f"encoder's output length, read from {path} (max_source_positions), which could "
+                                 f"not be read: {error}") from None
+    return int(frames)
 
 
 def vision_profile(config, settings_path: Path) -> dict[str, tuple[int, int, int]]:
@@ -76,16 +102,33 @@ def vision_profile(config, settings_path: Path) -> dict[str, tuple[int, int, int
             "image_tokens": (1, min(tokens, 1024), tokens), "segments_plus_one": bounds, "windows_plus_one": bounds}
 
 
-def audio_profile(config) -> dict[str, tuple[int, int, int]]:
+def audio_profile(config, settings_path: Path | None = None) -> dict[str, tuple[int, int, int]]:
     """The audio graph's one profile: 1 to `audio.max_clips` clips a request (Whisper's encoder
-    takes one request's clip a call; its batch is the same dimension)."""
-    clips = config.audio.max_clips
-    return {"clips": (1, 1, clips), "batch": (1, 1, clips)}
+    takes one request's clip a call; its batch is the same dimension). Qwen2-Audio's packed graph
+    (build/models/qwen2_audio.py) also takes the clips' valid rows, their segment bounds and their
+    audio tokens (runtime/audio_tokens.packing): from one clip of min_mel_frames to max_clips clips of
+    the longest the runtime accepts (max_mel_frames, at most the encoder's window_frames from the
+    component's config); opt is one clip of the longest."""
+    import json
+
+    from trt_llm.runtime.audio_tokens import MEL_FRAMES, audio_token_count, conv_length
+
+    audio = config.audio
+    clips = audio.max_clips
+    window = json.loads(Path(settings_path).read_text())["window_frames"] if settings_path else MEL_FRAMES
+    longest = min(audio.max_mel_frames, window)
+    shortest = min(audio.min_mel_frames, longest)
+    rows = (conv_length(shortest), conv_length(longest), clips * conv_length(longest))
+    tokens = (audio_token_count(shortest), audio_token_count(longest), clips * audio_token_count(longest))
+    return {"clips": (1, 1, clips), "batch": (1, 1, clips), "clips_plus_one": (2, 2, clips + 1),
+            "audio_rows": rows, "audio_tokens": tokens}
 
 
 def encoder_profiles(component: str, config, settings_path: Path) -> list[dict[str, tuple[int, int, int]]]:
     """The profiles of an encoder component's plan ("vision" or "audio")."""
-    return [vision_profile(config, settings_path) if component == "vision" else audio_profile(config)]
+    if component == "vision":
+        return [vision_profile(config, settings_path)]
+    return [audio_profile(config, settings_path)]
 
 
 def _graph_inputs(graph_path: Path) -> dict[str, list[int | str]]:
@@ -96,10 +139,18 @@ def _graph_inputs(graph_path: Path) -> dict[str, list[int | str]]:
             for i in model.graph.input if i.name not in initializers}
 
 
-def _add_profiles(trt, builder, config_trt, graph_path: Path, build_config, profiles=None) -> None:
+def input_profiles(graph_path: Path, build_config, profiles=None) -> list[dict[str, tuple[tuple[int, ...], ...]]]:
+    """Each optimization profile as (min, opt, max) shapes per graph input: `profiles` (per named
+    dimension) or the decoder's (profile_shapes, with `frames` when the graph has cross inputs) applied
+    to the graph's inputs. Plain data, so tests check a plan's profiles without a GPU."""
+    graph_path = Path(graph_path)
     inputs = _graph_inputs(graph_path)
-    for shapes in profiles or profile_shapes(build_config):
-        profile = builder.create_optimization_profile()
+    if not profiles:
+        cross = any(dim == "frames" for dims in inputs.values() for dim in dims)
+        profiles = profile_shapes(build_config, frames=decoder_frames(graph_path) if cross else None)
+    shaped = []
+    for shapes in profiles:
+        bounds_of = {}
         for name, dims in inputs.items():
             bounds = []
             for dim in dims:
@@ -113,7 +164,16 @@ def _add_profiles(trt, builder, config_trt, graph_path: Path, build_config, prof
                     bounds.append(shapes[dim])
                 else:
                     bounds.append((dim, dim, dim))
-            profile.set_shape(name, *(tuple(b[k] for b in bounds) for k in range(3)))
+            bounds_of[name] = tuple(tuple(b[k] for b in bounds) for k in range(3))
+        shaped.append(bounds_of)
+    return shaped
+
+
+def _add_profiles(trt, builder, config_trt, graph_path: Path, build_config, profiles=None) -> None:
+    for shapes in input_profiles(graph_path, build_config, profiles):
+        profile = builder.create_optimization_profile()
+        for name, (low, opt, high) in shapes.items():
+            profile.set_shape(name, low, opt, high)
         config_trt.add_optimization_profile(profile)
 
 

@@ -5,12 +5,20 @@ the previous-text prompt (transformers' `prompt_ids`). The decoder's prompt is
 
     [<|startofprev|> " " + text]  <|startoftranscript|>  [<|lang|> <|task|>]  <|notimestamps|>
 
-(the language and task only for a multilingual checkpoint, which here always transcribes English:
-the input format names no language) and the encoder's output reaches the decoder as each layer's
-cross-attention keys and values, computed once per request (runtime/audio_encoder.py). The
-generation config's token rules are a per-sequence constraint: `suppress_tokens` never, and
-`begin_suppress_tokens` (a space, end of text) not as the first token. Clips longer than the
-encoder's 30 s window are refused (no window-by-window long-form transcription yet).
+(the language and task only for a multilingual checkpoint) and the encoder's output reaches the
+decoder as each layer's cross-attention keys and values, computed once per request
+(runtime/audio_encoder.py). The generation config's token rules are a per-sequence constraint:
+`suppress_tokens` never, and `begin_suppress_tokens` (a space, end of text) not as the first token.
+Clips longer than the encoder's 30 s window are refused (no window-by-window long-form
+transcription yet).
+
+The language is always English: a multilingual checkpoint's prompt is transformers' for
+`generate(language="en", task="transcribe")`, token for token (tests/test_whisper_multilingual.py).
+The input format names no language, and transformers' detection (what `generate` does without
+`language=`) is a decoder pass over <|startoftranscript|> alone, before and apart from the prompt
+(previous text included), argmax over the language tokens: to match it an engine would return those
+logits from the encoder graph, beside the clip's keys and values (a graph-spec output and an
+EncodedClip field), not guess the language inside the request's own decode.
 """
 
 from __future__ import annotations

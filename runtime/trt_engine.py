@@ -2,7 +2,10 @@
 
 Same `run(...)` as OrtEngine: numpy inputs in, logits written into a numpy array, the cache updated.
 The small inputs are copied host->device each call, the logits device->host; the KV cache stays on
-the device (DeviceKVCache, the same keep_rows / views / write_prefix / read_prefix as KVCache).
+the device (DeviceKVCache, the same keep_rows / views / write_prefix / read_prefix as KVCache). An
+encoder-decoder's cache (Whisper: DeviceCrossAttentionCache, the cpu CrossAttentionCache's interface)
+also holds each row's cross-attention keys and values on the device, written once when the row is
+admitted and bound as inputs at every step (`bound_inputs`).
 
 The cache is double-buffered: `past_*` is bound to one buffer set and `present_*` to the other, and
 they swap after each step. The graph (function body or plugin) writes every slot of `present`, so
@@ -30,12 +33,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
 from trt_llm.runtime.cuda_graphs import CAPTURE, REPLAY, GraphCache, step_key
 from trt_llm.runtime.step import Step
+from trt_llm.runtime.trt_import import (
+    BackendUnavailable,
+    cuda_device_count,
+    import_cudart,
+    import_tensorrt,
+    make_logger,
+)
 from trt_llm.schemas import graph_spec
-from trt_llm.runtime.trt_import import (BackendUnavailable, cuda_device_count, import_cudart, import_tensorrt,
-                                        make_logger)
 
 GRAPHS_ENV = "TRT_LLM_CUDA_GRAPHS"
 log = logging.getLogger(__name__)
@@ -180,11 +187,11 @@ class DeviceKVCache:
                     _check(self.cudart, self.cudart.cudaMemcpy2DAsync(at + target * slot, pitch, at + source * slot,
                                                                       pitch, slot, self.kv_heads, kind, self.stream))
 
-    def window(self, start: int, stop: int) -> "DeviceKVCache":
+    def window(self, start: int, stop: int) -> DeviceKVCache:
         """Rows start .. stop - 1 as a cache of their own over this one's memory (a step over some rows
         only). The engine writes `present` into the other buffer set and swaps; the window's swap
         copies its rows back into this cache's current set instead, so the other rows stay valid."""
-        part = DeviceKVCache.__new__(DeviceKVCache)
+        part = DeviceKVCache.__new__(type(self))
         part.cudart, part.stream, part.dtype = self.cudart, self.stream, self.dtype
         part.batch, part.capacity, part.kv_heads, part.head_dim = stop - start, self.capacity, self.kv_heads, self.head_dim
         part.row_bytes = self.row_bytes
@@ -211,7 +218,7 @@ class DeviceKVCache:
                         new_base + row * grown.row_bytes, capacity * slot, old_base + row * self.row_bytes,
                         self.capacity * slot, length * slot, self.kv_heads, kind, self.stream))
         _check(self.cudart, self.cudart.cudaStreamSynchronize(self.stream))
-        self.free()
+        self._free_sets()  # only the old KV buffers: a subclass's other buffers stay
         self.sets, self.current, grown.sets = grown.sets, grown.current, []
         self.capacity, self.row_bytes, self.batch_capacity = capacity, grown.row_bytes, rows
 
@@ -234,9 +241,17 @@ class DeviceKVCache:
         layers = len(out) // 2
         return out[:layers], out[layers:]
 
+    def bound_inputs(self) -> dict[str, DeviceView]:
+        """Graph inputs other than the past_* buffers that live with the rows (KVCache.bound_inputs):
+        none here; an encoder-decoder's cross-attention keys and values in DeviceCrossAttentionCache."""
+        return {}
+
     def free(self) -> None:
         if self.parent is not None:  # a window's memory is its parent's
             return
+        self._free_sets()
+
+    def _free_sets(self) -> None:
         for keys, values in self.sets:
             for ptr in (*keys, *values):
                 self.cudart.cudaFree(ptr)
@@ -245,8 +260,110 @@ class DeviceKVCache:
     def __del__(self):
         try:
             self.free()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown
             pass
+
+
+class DeviceCrossAttentionCache(DeviceKVCache):
+    """CrossAttentionCache's interface over device memory (Whisper): DeviceKVCache's self-attention
+    cache, plus per decoder layer a key and a value buffer [rows, H, frames, D] of each row's encoded
+    clip. They are allocated by the first write_cross (the clip's shape is the encoder's), for every
+    row allocated, and single-buffered: the graph only reads them, so they do not swap. Rows lead, so a
+    window's are a contiguous part of its pool's buffers and its write_cross writes into them.
+
+    CUDA graphs: bound_inputs gives the addresses and shapes TrtEngine.run binds, which are part of a
+    step's key (runtime/cuda_graphs.py), so a graph is never replayed over buffers that reserve has
+    replaced, nor over another batch size; what keep_rows and write_cross change is the buffers'
+    contents, which a replay reads as it runs."""
+
+    def __init__(self, cudart, stream, num_layers: int, batch: int, kv_heads: int, capacity: int,
+                 head_dim: int, dtype, cross_names: list[tuple[str, str]]):
+        super().__init__(cudart, stream, num_layers, batch, kv_heads, capacity, head_dim, dtype)
+        self.cross_names = cross_names  # (key input, value input) per layer
+        self.cross: list[int] = []  # device pointers: key, value of layer 0, then of layer 1, ...
+        self.cross_shape: tuple[int, ...] | None = None  # one row's [H, frames, D]
+        self._start = 0  # a window's first row in its parent
+
+    @property
+    def cross_row_bytes(self) -> int:
+        return 0 if self.cross_shape is None else int(np.prod(self.cross_shape)) * self.dtype.itemsize
+
+    def write_cross(self, row: int, pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Row `row`'s clip: (key, value) host arrays [H, frames, D] per decoder layer."""
+        if self.parent is not None:  # a window writes into its pool's memory (allocating it there first)
+            self.parent.write_cross(self._start + row, pairs)
+            self.cross_shape = self.parent.cross_shape
+            self.cross = [ptr + self._start * self.cross_row_bytes for ptr in self.parent.cross]
+            return
+        arrays = [np.ascontiguousarray(array, dtype=self.dtype) for pair in pairs for array in pair]
+        if not self.cross:
+            self.cross_shape = tuple(int(d) for d in arrays[0].shape)
+            self.cross = [self._allocate_cross(self.batch_capacity) for _ in arrays]
+        kind = self.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+        for base, array in zip(self.cross, arrays):
+            if array.nbytes != self.cross_row_bytes:
+                raise ValueError(f"write_cross: a clip of shape {array.shape}, the cache's are {self.cross_shape}")
+            _check(self.cudart, self.cudart.cudaMemcpyAsync(base + row * self.cross_row_bytes, array.ctypes.data,
+                                                            array.nbytes, kind, self.stream))
+        # The host arrays must outlive the asynchronous copies.
+        _check(self.cudart, self.cudart.cudaStreamSynchronize(self.stream))
+
+    def _allocate_cross(self, rows: int) -> int:
+        nbytes = rows * self.cross_row_bytes
+        ptr = _check(self.cudart, self.cudart.cudaMalloc(nbytes))
+        # Zero-filled, as the cpu cache: a row without a clip yet holds finite numbers.
+        _check(self.cudart, self.cudart.cudaMemsetAsync(ptr, 0, nbytes, self.stream))
+        return ptr
+
+    def keep_rows(self, rows: list[int], used: list[int]) -> None:
+        kind = self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+        for target, source in enumerate(rows):
+            if target != source:
+                for base in self.cross:
+                    _check(self.cudart, self.cudart.cudaMemcpyAsync(
+                        base + target * self.cross_row_bytes, base + source * self.cross_row_bytes,
+                        self.cross_row_bytes, kind, self.stream))
+        super().keep_rows(rows, used)
+
+    def window(self, start: int, stop: int) -> DeviceCrossAttentionCache:
+        part = super().window(start, stop)
+        part.cross_names, part.cross_shape, part._start = self.cross_names, self.cross_shape, start
+        part.cross = [ptr + start * self.cross_row_bytes for ptr in self.cross]
+        return part
+
+    def reserve(self, rows: int, capacity: int, used: list[int]) -> None:
+        """DeviceKVCache.reserve, and when the rows grow, new cross buffers with the first len(used)
+        rows' clips copied over."""
+        if self.cross and rows > self.batch_capacity:
+            kind = self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+            grown = []
+            for old in self.cross:
+                new = self._allocate_cross(rows)
+                if used:
+                    _check(self.cudart, self.cudart.cudaMemcpyAsync(new, old, len(used) * self.cross_row_bytes, kind,
+                                                                    self.stream))
+                grown.append(new)
+            _check(self.cudart, self.cudart.cudaStreamSynchronize(self.stream))
+            self._free_cross()
+            self.cross = grown
+        super().reserve(rows, capacity, used)
+
+    def bound_inputs(self) -> dict[str, DeviceView]:
+        """cross_key_i / cross_value_i of the active rows: [batch, H, frames, D] each (none before the
+        first write_cross, as the cpu cache)."""
+        names = [name for pair in self.cross_names for name in pair]
+        shape = (self.batch, *(self.cross_shape or ()))
+        return {name: DeviceView(ptr, shape, self.dtype) for name, ptr in zip(names, self.cross)}
+
+    def _free_cross(self) -> None:
+        for ptr in self.cross:
+            self.cudart.cudaFree(ptr)
+        self.cross = []
+
+    def free(self) -> None:
+        if self.parent is None:
+            self._free_cross()
+        super().free()
 
 
 class CudaTimer:
@@ -332,8 +449,14 @@ class TrtEngine:
         self.last_step_ms = 0.0
 
     def new_cache(self, batch: int, capacity: int) -> DeviceKVCache:
-        return DeviceKVCache(self.cudart, self.stream, self.num_layers, batch, self.kv_heads, capacity,
-                             self.head_dim, self.dtypes[graph_spec.past("key", 0)])
+        """A cache this engine binds: an encoder-decoder's (the plan takes cross-attention inputs) holds
+        each row's encoded clip too."""
+        args = (self.cudart, self.stream, self.num_layers, batch, self.kv_heads, capacity, self.head_dim,
+                self.dtypes[graph_spec.past("key", 0)])
+        if graph_spec.cross("key", 0) in self.dtypes:
+            names = [(graph_spec.cross("key", i), graph_spec.cross("value", i)) for i in range(self.num_layers)]
+            return DeviceCrossAttentionCache(*args, names)
+        return DeviceKVCache(*args)
 
     def _context_index(self, seq: int) -> int:
         """The profile with the smallest range that holds `seq` new tokens per row."""
@@ -370,6 +493,8 @@ class TrtEngine:
                                         ("value", cache.values, cache.next_values)):
                 bindings.append((graph_spec.past(kind, i), cache.shape, past[i]))
                 bindings.append((graph_spec.present(kind, i), None, present[i]))
+        for name, view in cache.bound_inputs().items():  # an encoder-decoder's cross keys and values
+            bindings.append((name, view.shape, view.ptr))
         outputs = step.named_outputs()
         sizes = {}
         for name, host in outputs.items():

@@ -5,8 +5,8 @@ one-line error; an engine that needs a GPU is refused clearly where there is non
 import importlib.util
 import json
 
+import numpy as np
 import pytest
-
 from trt_llm.build.cli import main as build_main
 from trt_llm.runtime.trt_import import cuda_device_count
 
@@ -129,7 +129,6 @@ def test_quantized_plans_build_ahead_of_time(tiny_model, build_engine_for, weigh
 @needs_rtx
 def test_unknown_compute_capability_lists_the_choices():
     import tensorrt_rtx as trt
-
     from trt_llm.build.tensorrt_backend import TensorRTBuildError, compute_capability
 
     assert compute_capability(trt, "sm86") == trt.ComputeCapability.SM86
@@ -161,3 +160,162 @@ def test_a_vision_language_model_builds_its_vision_plan_ahead_of_time(npm_tokeni
     vision = json.loads((engine / "manifest.json").read_text())["components"]["vision"]
     assert vision["engine"] == "vision/model.plan" and (engine / vision["engine"]).stat().st_size > 100_000
     assert (engine / vision["preprocessor"]).is_file()
+
+
+# --- audio engines: Whisper (an encoder-decoder) and Qwen2-Audio (audio rows) -------------------------
+
+
+def _profiles_of(engine, component: str):
+    """The (min, opt, max) shapes per input of each optimization profile the compile gave a component's
+    plan (what _add_profiles set), and the build config they were made from."""
+    from trt_llm.build.tensorrt_backend import encoder_profiles, input_profiles
+    from trt_llm.schemas.build_config import BuildConfig
+
+    manifest = json.loads((engine / "manifest.json").read_text())
+    config, entry = BuildConfig(**manifest["build_config"]), manifest["components"][component]
+    profiles = encoder_profiles(component, config, engine / entry["config"]) if component != "llm" else None
+    return input_profiles(engine / entry["graph"], config, profiles), config
+
+
+def _plan_profiles_match(plan, profiles) -> None:
+    """With a GPU: the plan's own profiles are those (deserializing a plan needs one)."""
+    if cuda_device_count()[0] == 0:
+        return
+    import tensorrt_rtx as trt
+
+    engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(plan.read_bytes())
+    assert engine.num_optimization_profiles == len(profiles)
+    for index, shapes in enumerate(profiles):
+        for name, bounds in shapes.items():
+            assert tuple(tuple(s) for s in engine.get_tensor_profile_shape(name, index)) == bounds, (index, name)
+
+
+def _covers(profile, feeds) -> None:
+    """The profile has a range for every input fed, and each fed shape lies within it."""
+    assert set(feeds) == set(profile)
+    for name, array in feeds.items():
+        low, _, high = profile[name]
+        shape = np.shape(array)
+        assert len(shape) == len(low) and all(a <= d <= b for a, d, b in zip(low, shape, high)), (name, shape, low, high)
+
+
+def _audio_feeds(engine, frames: list[int], outputs) -> tuple[list[dict], list]:
+    """What the runtime's AudioEncoder feeds the audio plan for clips of `frames` valid mel frames,
+    recorded by a session standing in for the plan (which needs a GPU), and the clips it makes of
+    `outputs(feeds)`."""
+    from trt_llm.runtime.audio_encoder import AudioEncoder, PendingClip
+
+    settings = json.loads((engine / "audio" / "config.json").read_text())
+    fed = []
+
+    class Recorder:
+        def input_dtype(self, name):
+            return np.dtype(np.float16)
+
+        def run(self, feeds):
+            fed.append(feeds)
+            return outputs(feeds)
+
+    encoder = AudioEncoder.__new__(AudioEncoder)
+    encoder.settings, encoder.kind, encoder.session = settings, settings["kind"], Recorder()
+    features = np.zeros((settings["num_mel_bins"], settings["window_frames"]), np.float32)
+    clips = encoder._run([PendingClip(f"clip{i}", "clip", features, n, n / 100) for i, n in enumerate(frames)])
+    return fed, clips
+
+
+@pytest.fixture(scope="module")
+def whisper_rtx_engine(build_engine_for):
+    """The real Whisper tiny.en (tests/whisper_assets.py) for tensorrt-rtx in fp16, ahead of time: about
+    15 s to export and 15 s to compile both plans here (a random tiny Whisper would need this tokenizer
+    and generation config anyway, and only the real one has the real 1,500 encoder frames)."""
+    import whisper_assets
+    from assets import AssetUnavailable
+
+    try:
+        folder = whisper_assets.whisper_tiny_en_dir()
+    except AssetUnavailable as error:
+        pytest.skip(f"whisper tiny.en unavailable: {error}")
+    return build_engine_for(folder, backend="tensorrt-rtx", dtype="fp16", max_batch_size=2)
+
+
+@needs_rtx
+def test_whisper_builds_its_decoder_and_encoder_plans_ahead_of_time(whisper_rtx_engine):
+    """Both plans, and profiles that take what the runtime feeds them: the encoder one request's clip at
+    a time, the decoder its batch of rows with each row's clip encoded, whose `frames` is one number in
+    both profiles, the encoder's output length (1,500)."""
+    import onnx
+    from trt_llm.runtime.kv_cache import CrossAttentionCache
+
+    engine = whisper_rtx_engine
+    components = json.loads((engine / "manifest.json").read_text())["components"]
+    for name in ("llm", "audio"):
+        assert components[name]["engine"] == f"{name}/model.plan"
+        assert (engine / components[name]["engine"]).stat().st_size > 1_000_000  # fp16 weights inside
+    encoder = onnx.load(engine / components["audio"]["graph"], load_external_data=False)
+    encoded = {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in encoder.graph.output}
+    assert encoded["cross_key_0"] == ["batch", 6, 1500, 64]
+
+    (audio,), _ = _profiles_of(engine, "audio")
+    fed, clips = _audio_feeds(engine, [3000], lambda feeds: [np.zeros((1, 6, 1500, 64), np.float16)] * len(encoded))
+    _covers(audio, fed[0])
+    _plan_profiles_match(engine / "audio" / "model.plan", [audio])
+
+    profiles, config = _profiles_of(engine, "llm")
+    assert config.max_kv_cache_capacity == 448 and config.max_batch_size == 2  # cut to the decoder's positions
+    cache = CrossAttentionCache(4, config.max_batch_size, 6, 448, 64, np.float16,
+                                [(f"cross_key_{i}", f"cross_value_{i}") for i in range(4)])
+    for row in range(config.max_batch_size):
+        cache.write_cross(row, clips[0].cross)  # what prefill writes, then binds at every step
+    prefill, decode = profiles
+    for batch in (1, config.max_batch_size):
+        cache.batch = batch
+        for shapes in profiles:
+            _covers({name: bounds for name, bounds in shapes.items() if name.startswith("cross_")},
+                    cache.bound_inputs())
+            assert shapes["cross_key_3"][0][2] == shapes["cross_key_3"][2][2] == 1500
+    assert prefill["inputs_embeds"][2] == (2, config.max_input_len, 384) and decode["inputs_embeds"][0] == (1, 1, 384)
+    assert decode["past_key_0"][2] == (2, 6, 448, 64)
+    _plan_profiles_match(engine / "llm" / "model.plan", profiles)
+
+
+@needs_rtx
+def test_qwen2_audio_builds_its_audio_plan_ahead_of_time(npm_tokenizer, build_engine_for, tmp_path):
+    """A tiny Qwen2-Audio for tensorrt-rtx in fp16: the decoder's plan and the audio tower's, whose one
+    profile takes what the runtime feeds it for one clip of min_mel_frames up to max_clips clips of 30 s
+    (the packed graph's clips, valid rows, segments and tokens)."""
+    import audio_llm_assets
+    from trt_llm.runtime.audio_tokens import audio_token_count
+
+    folder = audio_llm_assets.make_tiny_qwen2_audio(tmp_path / "qwen2_audio", tokenizer_dir=npm_tokenizer("qwen3"))
+    engine = build_engine_for(folder, backend="tensorrt-rtx", dtype="fp16", max_batch_size=2, max_input_len=1024,
+                              max_kv_cache_capacity=1100)
+    audio_entry = json.loads((engine / "manifest.json").read_text())["components"]["audio"]
+    assert audio_entry["engine"] == "audio/model.plan" and (engine / audio_entry["engine"]).stat().st_size > 100_000
+    (audio,), config = _profiles_of(engine, "audio")
+
+    def embeds(feeds):
+        return [np.zeros((sum(audio_token_count(n) for n in frames), 64), np.float16)]
+
+    for frames in ([config.audio.min_mel_frames], [3000] * config.audio.max_clips, [100, 3000, 1234]):
+        fed, clips = _audio_feeds(engine, frames, embeds)
+        _covers(audio, fed[0])
+        assert [c.tokens for c in clips] == [audio_token_count(n) for n in frames]
+    _plan_profiles_match(engine / "audio" / "model.plan", [audio])
+    prefill, _ = _profiles_of(engine, "llm")[0]
+    assert prefill["inputs_embeds"][2] == (2, 1024, 64)  # a clip's 750 audio rows fit one prompt
+
+
+def test_decoder_frames_come_from_the_checkpoint_config(tmp_path):
+    """Without the encoder's output length the decoder's profiles cannot be made: one line that says
+    where it is read from."""
+    from trt_llm.build.tensorrt_backend import TensorRTBuildError, decoder_frames, profile_shapes
+    from trt_llm.schemas.build_config import BuildConfig
+
+    graph = tmp_path / "model.onnx"
+    with pytest.raises(TensorRTBuildError, match="max_source_positions"):
+        decoder_frames(graph)
+    (tmp_path / "config.json").write_text(json.dumps({"max_source_positions": 1500}))
+    assert decoder_frames(graph) == 1500
+    config = BuildConfig(model="m", output_dir=str(tmp_path / "out"), max_batch_size=2)
+    assert [p["frames"] for p in profile_shapes(config, frames=1500)] == [(1500, 1500, 1500)] * 2
+    assert "frames" not in profile_shapes(config)[0]
