@@ -4,6 +4,7 @@
     GET  /v1/models              the served model and its LoRA adapters
     POST /v1/chat/completions    chat (the chat template applies), streamed with SSE on request
     POST /v1/completions         a raw prompt
+    POST /v1/audio/transcriptions  speech to text on a Whisper engine (server/transcriptions.py)
     GET  /metrics                Prometheus text format
 
 Every refusal is an OpenAI error object ({"error": {"message", "type", "param", "code"}}) with a 4xx
@@ -226,6 +227,9 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
             if not finished:  # the client went away mid-stream: free its row now
                 engine.abort(job)
 
+    from trt_llm.server.transcriptions import add_transcriptions  # it imports this module's HttpError
+
+    add_transcriptions(app, runner, engine, metrics, config, _next)
     _add_limits(app, config)
     return app
 
