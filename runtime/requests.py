@@ -120,7 +120,7 @@ class RequestPreparer:
         params = SamplingParams(settings.temperature, settings.top_k, settings.top_p, bias or None)
         detokenizer = IncrementalDetokenizer(self.token_bytes, request.stop_list())
         sequence = Sequence(prompt.token_ids, max_new, detokenizer, constraint=rules, media=media)
-        if request.response_format is not None:
+        if request.response_format is not None and rules is None:  # (a transcription's is "text" or refused)
             try:
                 sequence.constraint = self.grammars.constraint(request.response_format.model_dump(by_alias=True))
             except GrammarError as error:

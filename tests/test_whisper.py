@@ -141,3 +141,18 @@ def test_the_profile_reports_audio_seconds_and_the_real_time_factor(engine, clip
     seconds = sum(soundfile.info(str(clip)).duration for clip in clips[:2])
     assert stats.clips == 2 and stats.audio_seconds == pytest.approx(seconds, rel=1e-3)
     assert 0 < stats.real_time_factor < 10 and stats.audio_encoder_ms_per_second > 0
+
+
+def test_response_format_text_keeps_the_token_rules_and_json_is_refused(engine, clips, tmp_path):
+    from trt_llm.runtime.transcription import TokenRules
+    from trt_llm.schemas.input_file import InputSettings, Request
+
+    runner = Runner(EngineDir.open(engine), threads=1)
+    settings = InputSettings.model_validate({"temperature": 0.0})
+    text = Request.model_validate({**transcribe_request(clips[1]), "response_format": {"type": "text"}})
+    prepared = runner.preparer.prepare(0, text, settings, runner.formatter(settings))
+    assert isinstance(prepared.sequence.constraint, TokenRules)  # suppress_tokens still apply
+    assert not prepared.sequence.constraint.allowed()[50256]  # <|endoftext|> is not a first token
+    structured = {**transcribe_request(clips[1]), "response_format": {"type": "json_object"}}
+    (refused,) = run_file(engine, tmp_path, [structured]).responses
+    assert refused.finish_reason == "error" and "requests[0].response_format" in refused.error
