@@ -7,7 +7,8 @@
    present written over past (in place); in fp32, fp16 and bf16. On the CPU always; on the GPU where
    torch sees one, also captured in a CUDA graph and replayed on new data (what TrtEngine's graphs do).
    Needs only torch. The vision attention plugin's kernel (plugins/vision_attention.py) likewise,
-   over ragged image / window segments, on the CPU and the GPU.
+   over ragged image / window segments, and the cross-attention plugin's (plugins/cross_attention.py,
+   Whisper's decoder over 1,500 encoder frames), on the CPU and the GPU.
 2. Where `tensorrt` imports and a GPU is present: a tiny random model (tests/assets.py) built with
    backend tensorrt, an input file run on it with trt-llm-run with CUDA graphs off and on, and the
    output tokens compared with the cpu backend's; with graphs on, TrtEngine's log must show graphs
@@ -240,19 +241,41 @@ def check_vision_kernel(device: str, dtype: str) -> Row:
     return Row(name, status, f"{len(VISION_SEGMENTS)} segments, error {error:.1e} (tolerance {tolerance:g})")
 
 
+def check_cross_kernel(device: str, dtype: str) -> Row:
+    """The cross-attention plugin's kernel (plugins/cross_attention.py: Whisper's decoder over the
+    encoder's keys and values) on `device` against the op's float32 reference on the cpu: a ragged
+    prefill width and a decode step over Whisper's 1,500 frames."""
+    from trt_llm.plugins.cross_attention import cross_attention_kernel
+
+    name = f"cross attention kernel, {device}, {dtype}"
+    generator = torch.Generator().manual_seed(0)
+    worst = 0.0
+    for batch, seq in ((3, 4), (5, 1)):
+        q = torch.randn(batch, seq, 6 * 64, generator=generator).to(DTYPES[dtype])
+        key, value = (torch.randn(batch, 6, 1500, 64, generator=generator).to(DTYPES[dtype]) for _ in range(2))
+        expected = torch.ops.trt_llm.cross_attention(q.float(), key.float(), value.float(), 6, 0.125)
+        got = cross_attention_kernel(q.to(device), key.to(device), value.to(device), 6, 0.125).float().cpu()
+        worst = max(worst, float((got - expected).abs().max()))
+    tolerance = 1e-4 if dtype == "fp32" else 3e-2
+    return Row(name, PASS if worst <= tolerance else FAIL, f"2 shapes, error {worst:.1e} (tolerance {tolerance:g})")
+
+
 def kernel_rows(dtypes=tuple(DTYPES)) -> list[Row]:
     rows = [guarded(f"attention kernel, cpu, {d}", check_kernel, "cpu", d) for d in dtypes]
     rows += [guarded(f"vision attention kernel, cpu, {d}", check_vision_kernel, "cpu", d) for d in dtypes]
+    rows += [guarded(f"cross attention kernel, cpu, {d}", check_cross_kernel, "cpu", d) for d in dtypes]
     if not torch.cuda.is_available():
         why = NO_CUDA if torch.version.cuda else f"{NO_CUDA} (torch {torch.__version__} is a CPU build)"
         rows += [Row(f"attention kernel, cuda, {d}", SKIP, why) for d in dtypes]
         rows += [Row(f"attention kernel in a CUDA graph, cuda, {d}", SKIP, why) for d in dtypes]
         rows += [Row(f"vision attention kernel, cuda, {d}", SKIP, why) for d in dtypes]
+        rows += [Row(f"cross attention kernel, cuda, {d}", SKIP, why) for d in dtypes]
         return rows
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 here
     rows += [guarded(f"attention kernel, cuda, {d}", check_kernel, "cuda", d) for d in dtypes]
     rows += [guarded(f"attention kernel in a CUDA graph, cuda, {d}", check_kernel_in_graph, d) for d in dtypes]
     rows += [guarded(f"vision attention kernel, cuda, {d}", check_vision_kernel, "cuda", d) for d in dtypes]
+    rows += [guarded(f"cross attention kernel, cuda, {d}", check_cross_kernel, "cuda", d) for d in dtypes]
     return rows
 
 

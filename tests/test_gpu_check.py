@@ -59,6 +59,7 @@ def test_cpu_kernel_rows_pass_for_every_dtype(report):
         assert row["status"] == "pass", row
         assert f"{len(gpu_check.CASES)} cases" in row["detail"]
         assert rows[f"vision attention kernel, cpu, {dtype}"]["status"] == "pass"
+        assert rows[f"cross attention kernel, cpu, {dtype}"]["status"] == "pass"
 
 
 @pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU")
@@ -66,7 +67,7 @@ def test_gpu_rows_are_skipped_saying_why(report):
     rows = {row["check"]: row for row in report[1]["rows"]}
     for dtype in ("fp32", "fp16", "bf16"):
         for check in (f"attention kernel, cuda, {dtype}", f"attention kernel in a CUDA graph, cuda, {dtype}",
-                      f"vision attention kernel, cuda, {dtype}"):
+                      f"vision attention kernel, cuda, {dtype}", f"cross attention kernel, cuda, {dtype}"):
             assert rows[check]["status"] == "skip" and "no CUDA device" in rows[check]["detail"]
     for backend in ("tensorrt", "tensorrt-rtx"):
         for check in (f"{backend}: run, CUDA graphs off", f"{backend}: run, CUDA graphs on",
