@@ -28,6 +28,8 @@ from assets import AssetUnavailable
 POCKETSPHINX = "pocketsphinx-testdata"
 POCKETSPHINX_DATA = "usr/share/pocketsphinx/test/data"
 POCKETSPHINX_SETS = {"librivox": "transcription", "cards": "cards.transcription"}
+# The five LibriVox utterances of "Sense and Sensibility" (24.7 s, 71 words), in order.
+LIBRIVOX = [f"sense_and_sensibility_01_austen_64kb-{n:04d}" for n in (870, 880, 890, 920, 930)]
 
 
 class Clip(NamedTuple):

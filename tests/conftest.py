@@ -98,3 +98,26 @@ def build_engine_for(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smollm2_engine(smollm2_dir, build_engine_for) -> Path:
     return build_engine_for(smollm2_dir, max_input_len=1024, max_kv_cache_capacity=2048)
+
+
+@pytest.fixture(scope="session")
+def whisper_tiny_en_dir() -> Path:
+    """The real Whisper tiny.en as a transformers checkpoint (tests/whisper_assets.py), converted once."""
+    import whisper_assets
+
+    try:
+        return whisper_assets.whisper_tiny_en_dir()
+    except assets.AssetUnavailable as exc:
+        pytest.skip(f"whisper tiny.en unavailable: {exc}")
+
+
+@pytest.fixture(scope="session")
+def librivox_clips() -> list:
+    """The five LibriVox clips of Debian's pocketsphinx-testdata (audio_assets.Clip: path, transcript)."""
+    import audio_assets
+
+    try:
+        found = audio_assets.pocketsphinx_clips()
+    except assets.AssetUnavailable as exc:
+        pytest.skip(f"pocketsphinx-testdata unavailable: {exc}")
+    return [found[name] for name in audio_assets.LIBRIVOX]

@@ -12,31 +12,18 @@ import numpy as np
 import pytest
 import torch
 
-import audio_assets
-import whisper_assets
-from assets import AssetUnavailable
 from trt_llm.runtime.engine_dir import EngineDir
 from trt_llm.runtime.runner import Runner
 from trt_llm.schemas.input_file import load_input_file
 
-LIBRIVOX = [f"sense_and_sensibility_01_austen_64kb-{n:04d}" for n in (870, 880, 890, 920, 930)]
+@pytest.fixture(scope="module")
+def whisper_dir(whisper_tiny_en_dir):
+    return whisper_tiny_en_dir
 
 
 @pytest.fixture(scope="module")
-def whisper_dir():
-    try:
-        return whisper_assets.whisper_tiny_en_dir()
-    except AssetUnavailable as error:
-        pytest.skip(f"whisper tiny.en unavailable: {error}")
-
-
-@pytest.fixture(scope="module")
-def clips():
-    try:
-        found = audio_assets.pocketsphinx_clips()
-    except AssetUnavailable as error:
-        pytest.skip(f"pocketsphinx-testdata unavailable: {error}")
-    return [found[name].path for name in LIBRIVOX]
+def clips(librivox_clips):
+    return [clip.path for clip in librivox_clips]
 
 
 @pytest.fixture(scope="module")

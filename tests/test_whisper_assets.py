@@ -7,16 +7,13 @@ Skips without pip and PyPI (the model) or apt (the speech)."""
 import json
 import re
 
-import audio_assets
 import numpy as np
 import pytest
 import torch
 import whisper_assets
-from assets import AssetUnavailable
 from safetensors.numpy import load_file
 from trt_llm.runtime.audio import load_audio
 
-LIBRIVOX = [f"sense_and_sensibility_01_austen_64kb-{n:04d}" for n in (870, 880, 890, 920, 930)]
 # Measured: 3 of the 71 words wrong after Whisper's English normalisation ("ill disposed" heard as
 # "old sposed", the reader's doubled "a" dropped): 4.2 %; 4 of 71 (5.6 %) with only case and punctuation
 # removed, where "Mr." against "mister" counts too. The bounds leave room for a word or two of numerical
@@ -26,21 +23,14 @@ MAX_PLAIN_WER = 0.10
 
 
 @pytest.fixture(scope="module")
-def whisper_dir():
-    try:
-        return whisper_assets.whisper_tiny_en_dir()
-    except AssetUnavailable as error:
-        pytest.skip(f"whisper tiny.en unavailable: {error}")
+def whisper_dir(whisper_tiny_en_dir):
+    return whisper_tiny_en_dir
 
 
 @pytest.fixture(scope="module")
-def librivox():
+def librivox(librivox_clips):
     """[(16 kHz waveform, transcript)] of the five LibriVox clips, decoded by runtime/audio.py."""
-    try:
-        clips = audio_assets.pocketsphinx_clips()
-    except AssetUnavailable as error:
-        pytest.skip(f"pocketsphinx-testdata unavailable: {error}")
-    return [(load_audio(str(clips[name].path)), clips[name].transcript) for name in LIBRIVOX]
+    return [(load_audio(str(clip.path)), clip.transcript) for clip in librivox_clips]
 
 
 @pytest.fixture(scope="module")
