@@ -162,7 +162,12 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
             raise HttpError(error.status, str(error), error.param, error.code) from None
         except (PromptError, ValueError) as error:
             raise HttpError(400, *_preparation_message(str(error))) from None
-        apply_batch_rules([prepared], converted.settings)  # a batch of one: its own K and speculation
+        return _enqueue(prepared, converted.settings)
+
+    def _enqueue(prepared, settings) -> Job:
+        """A prepared request as a job on the serving engine (429 when its queue is full, 503 while it
+        stops); every route submits through here."""
+        apply_batch_rules([prepared], settings)  # a batch of one: its own K and speculation
         job = Job(prepared, asyncio.get_running_loop())
         try:
             engine.submit(job)
@@ -229,7 +234,7 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
 
     from trt_llm.server.transcriptions import add_transcriptions  # it imports this module's HttpError
 
-    add_transcriptions(app, runner, engine, metrics, config, _next)
+    add_transcriptions(app, runner, metrics, config, _enqueue, _next)
     _add_limits(app, config)
     return app
 

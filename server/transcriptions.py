@@ -19,7 +19,6 @@ never ignored, as every unknown one is.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import importlib.util
 
@@ -29,12 +28,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from trt_llm.runtime.media import _shown
 from trt_llm.runtime.prompt import PromptError
-from trt_llm.runtime.requests import apply_batch_rules
 from trt_llm.schemas.input_file import InputSettings
 from trt_llm.schemas.input_file import Request as InputRequest
 from trt_llm.server.app import HttpError
 from trt_llm.server.convert import BadRequest, _validated
-from trt_llm.server.engine import EngineStopped, Job, QueueFull
+from trt_llm.server.engine import Job
 
 ROUTE = "/v1/audio/transcriptions"
 FIELDS = ("file", "model", "prompt", "response_format", "temperature", "language", "stream")
@@ -56,9 +54,10 @@ _OPENAPI = {"requestBody": {"required": True, "content": {"multipart/form-data":
         "language": {"type": "string", "enum": ["en"]}}}}}}}
 
 
-def add_transcriptions(app: FastAPI, runner, engine, metrics, config, next_update) -> None:
-    """Register the route. next_update: app.py's `_next(job, request)`, the job's next update with the
-    server's timeout and disconnect handling."""
+def add_transcriptions(app: FastAPI, runner, metrics, config, enqueue, next_update) -> None:
+    """Register the route. enqueue: app.py's `_enqueue(prepared, settings)`, the job on the serving
+    engine; next_update: its `_next(job, request)`, the job's next update with the server's timeout
+    and disconnect handling."""
     capacity = runner.limits["max_kv_cache_capacity"]
     forms = importlib.util.find_spec("python_multipart") is not None  # what Starlette parses forms with
 
@@ -109,17 +108,7 @@ def add_transcriptions(app: FastAPI, runner, engine, metrics, config, next_updat
             raise HttpError(error.status, str(error), error.param, error.code) from None
         except (PromptError, ValueError) as error:
             raise HttpError(400, *_field_message(str(error), url, filename)) from None
-        apply_batch_rules([prepared], settings)
-        job = Job(prepared, asyncio.get_running_loop())
-        try:
-            engine.submit(job)
-        except QueueFull as error:
-            raise HttpError(429, f"the server is busy: {error}; retry shortly", code="queue_full",
-                            headers={"Retry-After": "1"}) from None
-        except EngineStopped as error:
-            raise HttpError(503, str(error), code="shutting_down") from None
-        metrics.prompt_tokens.inc(len(prepared.sequence.prompt_ids))
-        return job
+        return enqueue(prepared, settings)
 
     async def _collect(job: Job, request: Request) -> str:
         text = ""
