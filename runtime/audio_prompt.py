@@ -11,31 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from trt_llm.runtime.audio_encoder import AudioEncoder, PendingClip
-from trt_llm.runtime.media import MediaError, media_bytes
 from trt_llm.runtime.prompt import PromptError
-from trt_llm.runtime.sequence_media import SequenceMedia, widen_placeholders
-
-
-def audio_parts(messages) -> list[tuple[int, int, object]]:
-    """(message index, part index, part) of every audio part, in prompt order."""
-    return [(m, c, part) for m, message in enumerate(messages) for c, part in enumerate(message.parts())
-            if part.type == "audio"]
+from trt_llm.runtime.sequence_media import SequenceMedia, media_parts, read_parts, widen_placeholders
 
 
 def pending_clips(audio: AudioEncoder, messages, media_dir: Path | None, where: str) -> list[PendingClip]:
     """Every audio part decoded and cut into features; a ValueError names the part and the clip."""
-    parts = audio_parts(messages)
+    parts = media_parts(messages, "audio")
     if len(parts) > audio.max_clips:
         raise ValueError(f"{where}.messages: {len(parts)} audio clips, more than the engine's max_clips "
                          f"{audio.max_clips}")
-    pending = []
-    for m, c, part in parts:
-        try:
-            data, name = media_bytes(part.audio, media_dir, "audio")
-            pending.append(audio.pending(data, name))
-        except MediaError as error:
-            raise ValueError(f"{where}.messages[{m}].content[{c}]: {error}") from None
-    return pending
+    return read_parts(parts, "audio", media_dir, where, audio.pending)
 
 
 def attach_audio(audio: AudioEncoder, messages, token_ids: list[int], media_dir: Path | None,

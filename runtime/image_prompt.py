@@ -11,17 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trt_llm.runtime.media import MediaError, media_bytes
 from trt_llm.runtime.mrope import rope_positions
 from trt_llm.runtime.prompt import PromptError
-from trt_llm.runtime.sequence_media import SequenceMedia, widen_placeholders
+from trt_llm.runtime.sequence_media import SequenceMedia, media_parts, read_parts, widen_placeholders
 from trt_llm.runtime.vision import VisionEncoder
-
-
-def image_parts(messages) -> list[tuple[int, int, object]]:
-    """(message index, part index, part) of every image part, in prompt order."""
-    return [(m, c, part) for m, message in enumerate(messages) for c, part in enumerate(message.parts())
-            if part.type == "image"]
 
 
 def attach_images(vision: VisionEncoder, messages, token_ids: list[int], media_dir: Path | None,
@@ -29,14 +22,8 @@ def attach_images(vision: VisionEncoder, messages, token_ids: list[int], media_d
     """The prompt's token ids with the images' tokens, and its SequenceMedia. Raises ValueError
     (PromptError when the template placed the wrong number of image tokens) before any image is
     encoded, so a request that cannot run costs no encoder time."""
-    parts = image_parts(messages)
-    pending = []
-    for m, c, part in parts:
-        try:
-            data, name = media_bytes(part.image, media_dir, "image")
-            pending.append(vision.pending(data, name))
-        except MediaError as error:
-            raise ValueError(f"{where}.messages[{m}].content[{c}]: {error}") from None
+    parts = media_parts(messages, "image")
+    pending = read_parts(parts, "image", media_dir, where, vision.pending)
     counts = [vision.tokens_of(image) for image in pending]
     if sum(counts) > vision.max_request_tokens:
         raise ValueError(f"{where}.messages: its {len(pending)} image(s) take {sum(counts)} image tokens "

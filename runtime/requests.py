@@ -8,14 +8,15 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
-from trt_llm.runtime.audio_prompt import attach_audio, audio_parts
+from trt_llm.runtime.audio_prompt import attach_audio
 from trt_llm.runtime.detokenizer import IncrementalDetokenizer
 from trt_llm.runtime.grammar import GrammarError, Grammars
-from trt_llm.runtime.image_prompt import attach_images, image_parts
+from trt_llm.runtime.image_prompt import attach_images
 from trt_llm.runtime.lora import LoraAdapter, LoraError, load_adapter
 from trt_llm.runtime.prompt import Prompt, PromptError, PromptFormatter
 from trt_llm.runtime.sampler import SamplingParams
 from trt_llm.runtime.sequence import Sequence
+from trt_llm.runtime.sequence_media import media_parts
 from trt_llm.runtime.token_bytes import TokenBytes
 from trt_llm.runtime.transcription import transcription_prompt
 from trt_llm.schemas.input_file import InputSettings, Request
@@ -93,11 +94,11 @@ class RequestPreparer:
                 prompt = formatter.format(request.messages)
             except PromptError as error:
                 raise PromptError(f"{where}.{error}") from None
-        if self.vision is not None and image_parts(request.messages):
+        if self.vision is not None and media_parts(request.messages, "image"):
             ids, media = attach_images(self.vision, request.messages, prompt.token_ids, formatter.media_dir, where,
                                        self.limits["max_input_len"])
             prompt = dataclasses.replace(prompt, token_ids=ids)
-        if self.audio is not None and self.audio.kind == "rows" and audio_parts(request.messages):
+        if self.audio is not None and self.audio.kind == "rows" and media_parts(request.messages, "audio"):
             ids, media = attach_audio(self.audio, request.messages, prompt.token_ids, formatter.media_dir, where,
                                       self.limits["max_input_len"])
             prompt = dataclasses.replace(prompt, token_ids=ids)

@@ -4,9 +4,13 @@ writes the rows into inputs_embeds at their tokens (model.Model.media_inputs).""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+
+from trt_llm.runtime.media import MediaError, media_bytes
 
 
 @dataclass
@@ -42,3 +46,23 @@ def widen_placeholders(token_ids: list[int], placeholder: int, counts: list[int]
         else:
             widened.append(token)
     return widened, offsets
+
+
+def media_parts(messages, kind: str) -> list[tuple[int, int, object]]:
+    """(message index, part index, part) of every `kind` part ("image", "audio"), in prompt order."""
+    return [(m, c, part) for m, message in enumerate(messages) for c, part in enumerate(message.parts())
+            if part.type == kind]
+
+
+def read_parts(parts: list[tuple[int, int, object]], kind: str, media_dir: Path | None, where: str,
+               decode: Callable[[bytes, str], object]) -> list:
+    """decode(file bytes, name) of each part's source (runtime/media.py: a path relative to
+    `media_dir`, a file:// or data: URL); a MediaError becomes a ValueError naming the part."""
+    decoded = []
+    for m, c, part in parts:
+        try:
+            data, name = media_bytes(getattr(part, kind), media_dir, kind)
+            decoded.append(decode(data, name))
+        except MediaError as error:
+            raise ValueError(f"{where}.messages[{m}].content[{c}]: {error}") from None
+    return decoded

@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from trt_llm.runtime.audio_encoder import AudioEncoder
-from trt_llm.runtime.audio_prompt import audio_parts, pending_clips
+from trt_llm.runtime.audio_prompt import pending_clips
 from trt_llm.runtime.prompt import Prompt, PromptError
-from trt_llm.runtime.sequence_media import SequenceMedia
+from trt_llm.runtime.sequence_media import SequenceMedia, media_parts
 
 
 class TokenRules:
@@ -67,7 +67,7 @@ def transcription_prompt(audio: AudioEncoder, tokenizer, messages, media_dir: Pa
     """The decoder prompt of a transcription request, its clip's cross-attention keys and values,
     and its token rules. Raises ValueError / PromptError naming the field before the clip is encoded."""
     s = audio.settings
-    parts = audio_parts(messages)
+    parts = media_parts(messages, "audio")
     if len(parts) != 1:
         raise PromptError(f"{where}.messages: a Whisper engine transcribes one audio part per request, "
                           f"got {len(parts)}")
