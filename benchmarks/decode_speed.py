@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sidebyside import report  # noqa: E402
 from sidebyside.artifacts import Context  # noqa: E402
-from sidebyside.measure import CLEAN_LOAD, BusyLoad, LoadMeter, log, pin_threads  # noqa: E402
+from sidebyside.measure import CLEAN_LOAD, BusyLoad, LoadMeter, cpu_name, log, pin_threads  # noqa: E402
 from sidebyside.prompts import exact_prompts  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -194,16 +194,6 @@ def versions(engines: list[str]) -> dict:
         except metadata.PackageNotFoundError:
             pass
     return out
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 # --- main ----------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from sidebyside.measure import CLEAN_LOAD, LoadMeter, log, pin_threads  # beside this script
+from sidebyside.measure import CLEAN_LOAD, LoadMeter, cpu_name, log, pin_threads  # beside this script
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # the model and the speech: tests/whisper_assets.py, tests/audio_assets.py
@@ -259,16 +259,6 @@ def summarize(results: dict, load_seconds: dict, clips: list[dict]) -> list[dict
                      **word_error_rates(references, result["texts"], english),
                      "same_text_as": first, "same_texts": same, "texts": result["texts"]})
     return rows
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def versions(engines: list[str]) -> dict:

@@ -4,12 +4,24 @@ timed builds."""
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 CLEAN_LOAD = 0.3  # cores used by other processes below which a timed run counts as undisturbed
+
+
+def cpu_name() -> str:
+    """The CPU's model name, for a report."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def log(msg: str) -> None:
