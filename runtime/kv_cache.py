@@ -40,7 +40,7 @@ class KVCache:
     def window(self, start: int, stop: int) -> "KVCache":
         """Rows start .. stop - 1 as a cache of their own that shares this one's memory: a step over
         some rows only (the prefill of requests admitted while others decode)."""
-        part = KVCache.__new__(KVCache)
+        part = KVCache.__new__(type(self))  # a subclass's window is one of its own kind
         part.keys = [k[start:stop] for k in self.keys]
         part.values = [v[start:stop] for v in self.values]
         part.batch, part.capacity = stop - start, self.capacity
@@ -112,7 +112,6 @@ class CrossAttentionCache(KVCache):
 
     def window(self, start: int, stop: int) -> "CrossAttentionCache":
         part = super().window(start, stop)
-        part.__class__ = CrossAttentionCache
         part.cross_names, part.cross = self.cross_names, [buffer[start:stop] for buffer in self.cross]
         part._pool, part._start = self, start
         return part
