@@ -25,6 +25,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     args = parser.parse_args()
+    # Only an earlier copy of ours (its source.json) is replaced: a mistyped folder is never deleted.
+    if args.out.exists() and not (args.out / "source.json").is_file():
+        raise SystemExit(f"get_whisper_tiny_en: {args.out} exists and is not an earlier copy of the model; "
+                         "give a new folder")
     try:
         source = whisper_assets.whisper_tiny_en_dir()
     except assets.AssetUnavailable as error:

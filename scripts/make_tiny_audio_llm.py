@@ -24,6 +24,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     args = parser.parse_args()
+    if args.out.exists() and not args.out.is_dir():
+        raise SystemExit(f"make_tiny_audio_llm: {args.out} is a file; give a folder")
     try:
         tokenizer = assets.npm_tokenizer_dir("qwen3", Path.home() / ".cache" / "trt-llm")
     except assets.AssetUnavailable as error:
