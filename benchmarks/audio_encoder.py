@@ -52,8 +52,8 @@ def main() -> int:
 
     from trt_llm.build.cpu_backend import compile_cpu
     from trt_llm.build.models.qwen2_audio import AudioTowerGraph, export_audio_tower
-    from trt_llm.runtime.audio_features import WhisperFeatures
-    from trt_llm.runtime.audio_tokens import packing
+    from trt_llm.runtime.media.audio.features import WhisperFeatures
+    from trt_llm.runtime.media.audio.tokens import packing
 
     torch.set_num_threads(args.threads)
     model = random_model(args.layers)

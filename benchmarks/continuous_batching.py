@@ -80,7 +80,7 @@ def main(argv=None) -> int:
         args.rounds, args.requests, args.new_tokens = 1, 8, 12
 
     from trt_llm.runtime.engine_dir import EngineDir
-    from trt_llm.runtime.runner import Runner
+    from trt_llm.runtime.requests.runner import Runner
     from trt_llm.schemas.input_file import parse_input_dict
 
     engine_dir = EngineDir.open(build(args.work_dir, args.smoke, args.batch_size))

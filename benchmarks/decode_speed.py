@@ -277,7 +277,7 @@ def main(argv=None) -> int:
         weight_bytes["fp32"] = measure.onnx_weight_bytes(engine_graph)
     else:
         weight_bytes["fp32"] = measure.checkpoint_weight_bytes(model_dir)
-    for name, artifact in artifacts.items():
+    for artifact in artifacts.values():
         if artifact.precision not in weight_bytes and str(artifact.path).endswith(".gguf"):
             weight_bytes[artifact.precision] = measure.gguf_weight_bytes(artifact.path)
     meter = LoadMeter()

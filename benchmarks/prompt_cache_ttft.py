@@ -54,8 +54,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from trt_llm.runtime.engine_dir import EngineDir
-    from trt_llm.runtime.prefix_cache import PrefixCache
-    from trt_llm.runtime.runner import Runner
+    from trt_llm.runtime.cache.prefix_cache import PrefixCache
+    from trt_llm.runtime.requests.runner import Runner
     from trt_llm.schemas.input_file import parse_input_dict
 
     engine = EngineDir.open(build(args.work_dir))

@@ -113,7 +113,7 @@ def build(name: str, model: Path, quantization: dict | None, work_dir: Path, con
 def evaluate(engine: Path, reference: Path, text: Path, context: int, threads: int, max_tokens: int) -> dict:
     """trt-llm-eval, as a user runs it."""
     script = Path(sys.executable).with_name("trt-llm-eval")
-    command = [str(script)] if script.is_file() else [sys.executable, "-m", "trt_llm.runtime.eval_cli"]
+    command = [str(script)] if script.is_file() else [sys.executable, "-m", "trt_llm.runtime.app.eval_cli"]
     done = subprocess.run([*command, str(text), "--engine-dir", str(engine), "--reference-dir", str(reference),
                            "--context", str(context), "--threads", str(threads), "--max-tokens", str(max_tokens)],
                           capture_output=True, text=True, check=True)

@@ -39,7 +39,7 @@ class Server:
     def __init__(self, engine_dir, rows: int, threads: int):
         import uvicorn
 
-        from trt_llm.runtime.runner import Runner
+        from trt_llm.runtime.requests.runner import Runner
         from trt_llm.server.app import ServerConfig, create_app
 
         with socket.socket() as probe:
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
                "one at a time": Server(engine_dir, 1, args.threads)}
     rows, answers = [], {}
     try:
-        for name, server in servers.items():  # warm-up, untimed
+        for server in servers.values():  # warm-up, untimed
             asyncio.run(load(server.port, work[: args.clients], args.clients))
         for round_number in range(1, args.rounds + 1):
             for name, server in servers.items():

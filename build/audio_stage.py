@@ -2,7 +2,7 @@
 
     audio/model.onnx                 the encoder's graph (the family's module in build/models/)
     audio/config.json                what the runtime needs to feed it: the feature extractor
-                                     (runtime/audio_features.py's keys), the encoder's window, the
+                                     (runtime/media/audio/features.py's keys), the encoder's window, the
                                      clip limits of `audio:` and the family's own entries
     audio/preprocessor_config.json   the checkpoint's feature extractor settings, as transformers has them
 
@@ -32,7 +32,7 @@ def export_audio_component(checkpoint, config, directory: Path, dtype: torch.dty
     """Write the audio component of `checkpoint` into `directory`; returns its manifest entry."""
     from importlib import import_module
 
-    from trt_llm.runtime.audio_features import config_from_preprocessor
+    from trt_llm.runtime.media.audio.features import config_from_preprocessor
 
     directory.mkdir(parents=True, exist_ok=True)
     module = import_module(f"trt_llm.build.models.{checkpoint.family.audio}")

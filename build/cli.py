@@ -16,7 +16,7 @@ from pathlib import Path
 from trt_llm.build.compile import BuildError, CompileOptions, backend_version, check_backend, compile_in_place, engine_config
 from trt_llm.build.progress import Steps
 from trt_llm.build.staging import OutputDirError, staged
-from trt_llm.runtime.cli_args import Interrupted, OneLineParser, signals_interrupt
+from trt_llm.common.cli_args import Interrupted, OneLineParser, signals_interrupt
 from trt_llm.schemas.build_config import BuildConfig, ConfigError, load_build_config
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from trt_llm.build.engine_dir import ENGINE, read_bundle, tool_versions, write_manifest
 from trt_llm.build.progress import Steps
 from trt_llm.build.staging import copy_tree, staged
-from trt_llm.runtime.spec_config import tree_defaults_entry
+from trt_llm.runtime.decoding.spec_config import tree_defaults_entry
 from trt_llm.schemas.build_config import MAX_BATCH_SIZE, BuildConfig, ConfigError, parse_build_config
 
 # TensorRT: the graph is exported in this dtype and built strongly typed, so it is the precision.
@@ -103,7 +103,7 @@ FP8_MIN_SM = 89  # Ada: the first GPUs with fp8 tensor cores
 def _check_fp8_capability(name: str) -> None:
     """TensorRT-RTX builds for one architecture; fp8 weights need one that has fp8."""
     if name.lower() == "auto":
-        from trt_llm.runtime.trt_import import cuda_device_count
+        from trt_llm.common.trt_import import cuda_device_count
 
         if cuda_device_count()[0] > 0:
             return  # the GPU present: its builder says whether it has fp8
@@ -127,7 +127,7 @@ def backend_version(config: BuildConfig) -> str | None:
     unknown compute capability is a one-line error now, before minutes of work."""
     if config.backend not in TENSORRT_BACKENDS:
         return None
-    from trt_llm.runtime.trt_import import BackendUnavailable, import_tensorrt
+    from trt_llm.common.trt_import import BackendUnavailable, import_tensorrt
 
     try:
         trt = import_tensorrt(config.backend)
@@ -191,7 +191,7 @@ def compile_in_place(directory: Path, manifest: dict, config: BuildConfig, steps
                         if name in ("vision", "audio") else None
                     engines[name] = compile_tensorrt(component_graph, component_graph.parent, config,
                                                      rtx=config.backend == "tensorrt-rtx",
-                                                     report=lambda phase: steps.report(f"compiling {name}: {phase}"),
+                                                     report=lambda phase, name=name: steps.report(f"compiling {name}: {phase}"),
                                                      profiles=profiles)
                 if "draft" in components:
                     components["draft"]["quantization"] = "none"
@@ -208,7 +208,7 @@ def compile_in_place(directory: Path, manifest: dict, config: BuildConfig, steps
                 engines["draft"] = compile_cpu(directory / components["draft"]["graph"], quantization)
                 components["draft"]["quantization"] = quantization
         if "draft" in components:
-            # The tree that pays on this backend (runtime/spec_config.py); run flags override it.
+            # The tree that pays on this backend (runtime/decoding/spec_config.py); run flags override it.
             draft = components["draft"]
             draft["tree_defaults"] = tree_defaults_entry(config.backend, draft["max_draft_tree_size"],
                                                          draft["max_verify_tree_size"])

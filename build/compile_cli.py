@@ -13,7 +13,7 @@ import sys
 from trt_llm.build.compile import SUPPORTED_DTYPES, BuildError, CompileOptions, compile_bundle
 from trt_llm.build.engine_dir import BundleError
 from trt_llm.build.staging import OutputDirError
-from trt_llm.runtime.cli_args import Interrupted, OneLineParser, signals_interrupt
+from trt_llm.common.cli_args import Interrupted, OneLineParser, signals_interrupt
 
 PROG = "trt-llm-compile"
 

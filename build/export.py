@@ -92,7 +92,7 @@ def export_draft(graph, hidden_size: int, kv_heads: int, head_dim: int, path: Pa
 def export_vision(graph, path: Path, dtype: torch.dtype) -> Path:
     """The vision tower graph (build/models/qwen_vl_vision.py's VisionGraph): patches, segments and
     windows all dynamic, so one graph takes any number and size of images."""
-    from trt_llm.runtime import vision_grid
+    from trt_llm.runtime.media.vision import grid as vision_grid
 
     config_grid = [[1, 8, 12], [1, 4, 4]]  # 112 patches, 28 tokens, 2 images: distinct example sizes
     visual = graph.patch_embed

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 from trt_llm.build.engine_dir import BUNDLE, ENGINE, MANIFEST
-from trt_llm.runtime.files import user_mode
+from trt_llm.common.files import user_mode
 
 # Weights are hard-linked from a bundle into its engine directory (no second copy of the largest
 # files on a device's small disk); nothing writes these files in place. Everything else is copied.

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import onnx
-from trt_llm.runtime.trt_import import import_tensorrt, make_logger
+from trt_llm.common.trt_import import import_tensorrt, make_logger
 
 ENGINE_NAME = "model.plan"
 DECODE_MAX_SEQ = 64  # new tokens per row in the decode/verify profile (an EAGLE tree of 60 fits)
@@ -111,7 +111,7 @@ def audio_profile(config, settings_path: Path | None = None) -> dict[str, tuple[
     component's config); opt is one clip of the longest."""
     import json
 
-    from trt_llm.runtime.audio_tokens import MEL_FRAMES, audio_token_count, conv_length
+    from trt_llm.runtime.media.audio.tokens import MEL_FRAMES, audio_token_count, conv_length
 
     audio = config.audio
     clips = audio.max_clips
@@ -231,7 +231,7 @@ def compute_capability(trt, name: str | None):
     """The TensorRT-RTX ComputeCapability to build for: `name` (e.g. "SM86"), else the GPU present,
     else DEFAULT_COMPUTE_CAPABILITY."""
     if name is None or name.lower() == "auto":
-        from trt_llm.runtime.trt_import import cuda_device_count
+        from trt_llm.common.trt_import import cuda_device_count
 
         name = "CURRENT" if cuda_device_count()[0] > 0 else DEFAULT_COMPUTE_CAPABILITY
     key = name.upper()
@@ -287,7 +287,7 @@ def _build(trt, logger, graph_path: Path, engine_dir_llm: Path, build_config,
     # Kernel timings need a GPU: an ahead-of-time TensorRT-RTX build without one times nothing, and
     # TensorRT cannot even read a cache then. The file is per tool version; TensorRT keys entries
     # by device itself.
-    from trt_llm.runtime.trt_import import cuda_device_count
+    from trt_llm.common.trt_import import cuda_device_count
 
     timing_cache = None
     cache_path = cache_dir() / f"timing-{backend}-{getattr(trt, '__version__', 'unknown')}.cache"

@@ -95,7 +95,7 @@ def cpu_engine_model(base_dir: str, batch_size: int, max_input_len: int, capacit
     """This project's cpu engine for the base, built in `work_dir`, opened for the decode loop."""
     from trt_llm.build.cli import build_engine
     from trt_llm.runtime.engine_dir import EngineDir
-    from trt_llm.runtime.runner import Runner
+    from trt_llm.runtime.requests.runner import Runner
     from trt_llm.schemas.build_config import MAX_BATCH_SIZE, BuildConfig
 
     config = BuildConfig(model=base_dir, output_dir=str(work_dir / "engine"), max_batch_size=min(batch_size, MAX_BATCH_SIZE),
@@ -119,9 +119,9 @@ def continue_prompts(model, prompt_ids: list[list[int]], gen_tokens: int, batch_
     [{'ids': LongTensor (prompt + generated, ending with the end-of-sequence token when there was one),
     'prompt_len', 'eos_end'}]. Greedy; temperature > 0 samples instead, from the full distribution (no
     top-k or top-p), prompt i with seed `seed + i` whatever the batching."""
-    from trt_llm.runtime.sequence import END_OF_SEQUENCE, Sequence
-    from trt_llm.runtime.generate import generate as engine_generate
-    from trt_llm.runtime.sampler import Sampler, SamplingParams
+    from trt_llm.runtime.engine.sequence import END_OF_SEQUENCE, Sequence
+    from trt_llm.runtime.engine.generate import generate as engine_generate
+    from trt_llm.runtime.sampling.sampler import Sampler, SamplingParams
     from trt_llm.schemas.build_config import MAX_BATCH_SIZE
 
     batch_size = min(batch_size, MAX_BATCH_SIZE)  # as cpu_engine_model built it

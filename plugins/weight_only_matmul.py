@@ -40,7 +40,7 @@ Facets (the fixed names every op file exposes for the registry in plugins/__init
     perplexity on 1,024 tokens of the sonnets went from 58.2 to 97.4 that way, 58.8 with blocks of
     32 on MatMulNBits); everything else becomes the body,
     which ONNX Runtime's own QDQ fusion turns into MatMulNBits at session creation (int8 compute,
-    accuracy level 4, runtime/ort_engine.py). Both read the bundle's initializers as they are, so a
+    accuracy level 4, runtime/backends/ort_engine.py). Both read the bundle's initializers as they are, so a
     quantized engine shares the bundle's weight file.
  4. `register_tensorrt_plugin`: none. TensorRT parses the body, inlined by `lower_for_tensorrt`: a
     DequantizeLinear of a constant INT4 / INT8 / FP8 weight into a MatMul is its weight-only

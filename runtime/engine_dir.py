@@ -18,7 +18,7 @@ def backend_missing(backend: str) -> str | None:
     if backend == "cpu":
         return None
     if backend in ("tensorrt", "tensorrt-rtx"):
-        from trt_llm.runtime.trt_import import runtime_missing
+        from trt_llm.common.trt_import import runtime_missing
 
         return runtime_missing(backend)
     return f"this runtime runs {', '.join(RUNNABLE_BACKENDS)}"
@@ -77,7 +77,7 @@ class EngineDir:
             raise EngineDirError(f"{manifest_path}: backend {backend!r} cannot run here: {why}")
         built_with = typed.components.llm.tensorrt_version
         if built_with is not None:
-            from trt_llm.runtime.trt_import import import_tensorrt
+            from trt_llm.common.trt_import import import_tensorrt
 
             running = import_tensorrt(backend).__version__
             if running != built_with:  # plans are tied to the exact TensorRT version that built them

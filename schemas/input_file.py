@@ -163,7 +163,7 @@ class JsonSchemaFormat(BaseModel):
 
 
 class ResponseFormat(BaseModel):
-    """OpenAI's response_format: free text, any JSON object, or a JSON Schema (runtime/grammar.py)."""
+    """OpenAI's response_format: free text, any JSON object, or a JSON Schema (runtime/sampling/grammar.py)."""
     model_config = _STRICT_IGNORE
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None

@@ -106,7 +106,7 @@ class DraftComponent(BaseModel):
     tensors: RelativePath
     max_draft_tree_size: PositiveInt
     max_verify_tree_size: Annotated[int, Field(ge=2)]
-    tree_defaults: TreeDefaults | None = None  # the backend's default tree (runtime/spec_config.py)
+    tree_defaults: TreeDefaults | None = None  # the backend's default tree (runtime/decoding/spec_config.py)
 
 
 class EncoderComponent(BaseModel):

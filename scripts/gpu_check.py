@@ -283,7 +283,7 @@ def kernel_rows(dtypes=tuple(DTYPES)) -> list[Row]:
 
 GPU_BACKENDS = ("tensorrt", "tensorrt-rtx")
 BUILD = "import sys; from trt_llm.build.cli import main; sys.exit(main())"
-RUN = "import sys; from trt_llm.runtime.cli import main; sys.exit(main())"
+RUN = "import sys; from trt_llm.runtime.app.run_cli import main; sys.exit(main())"
 GRAPH_EVIDENCE = {"tensorrt": "CUDA graph captured", "tensorrt-rtx": "TensorRT-RTX whole-graph capture"}
 GRAPH_FAILURE = "CUDA graph capture failed"
 
@@ -385,7 +385,7 @@ class EngineCheck:
     def backend(self, backend: str, module=None) -> None:
         """Build, run with graphs off and on, compare with the cpu backend. module: the backend's
         Python module (default: import it; its absence skips the rows)."""
-        from trt_llm.runtime.trt_import import BackendUnavailable, import_tensorrt
+        from trt_llm.common.trt_import import BackendUnavailable, import_tensorrt
 
         checks = [f"{backend}: build", f"{backend}: run, CUDA graphs off", f"{backend}: run, CUDA graphs on",
                   f"{backend}: EAGLE3 build", f"{backend}: EAGLE3 run, speculation equals vanilla"]
@@ -445,7 +445,7 @@ def token_difference(expected: dict, got: dict) -> str | None:
 
 
 def engine_rows(work: Path, family: str, dtype: str) -> list[Row]:
-    from trt_llm.runtime.trt_import import cuda_device_count
+    from trt_llm.common.trt_import import cuda_device_count
 
     check = EngineCheck(work, family, dtype, cuda_device_count()[0] > 0)
     for backend in GPU_BACKENDS:
@@ -457,7 +457,7 @@ def engine_rows(work: Path, family: str, dtype: str) -> list[Row]:
 
 
 def environment() -> str:
-    from trt_llm.runtime.trt_import import cuda_device_count
+    from trt_llm.common.trt_import import cuda_device_count
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     count, why = cuda_device_count()

@@ -30,9 +30,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from trt_llm.runtime.prompt import PromptError, PromptFormatter
-from trt_llm.runtime.requests import apply_batch_rules
-from trt_llm.runtime.sequence import MAX_LENGTH
+from trt_llm.runtime.text.prompt import PromptError, PromptFormatter
+from trt_llm.runtime.requests.prepare import apply_batch_rules
+from trt_llm.runtime.engine.sequence import MAX_LENGTH
 from trt_llm.server.convert import BadRequest, convert
 from trt_llm.server.engine import EngineStopped, Job, QueueFull, ServingEngine, Update
 from trt_llm.server.metrics import Metrics
@@ -244,7 +244,7 @@ def _sse(payload: dict) -> str:
 
 
 def _preparation_message(message: str) -> tuple[str, str | None]:
-    """The preparer names the field after "request." (runtime/requests.py): the message without that
+    """The preparer names the field after "request." (runtime/requests/prepare.py): the message without that
     prefix and the field as OpenAI's error.param."""
     message = message.removeprefix("request.").removeprefix("request: ")
     field, sep, _ = message.partition(":")

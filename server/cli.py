@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from trt_llm.runtime.cli_args import OneLineParser, capped_threads, positive_int
+from trt_llm.common.cli_args import OneLineParser, capped_threads, positive_int
 
 PROG = "trt-llm-serve"
 EXIT_UNUSABLE = 2
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_app(engine_dir, config, threads: int, spec_decode: bool = True):
     """The app on a fresh Runner (the model loaded once, its draft when it has one)."""
-    from trt_llm.runtime.runner import Runner
+    from trt_llm.runtime.requests.runner import Runner
     from trt_llm.server.app import create_app
 
     for name, path in config.lora.items():

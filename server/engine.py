@@ -16,9 +16,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from trt_llm.runtime.engine_core import EngineRequest
-from trt_llm.runtime.requests import Prepared
-from trt_llm.runtime.threads import single_threaded_host_math
+from trt_llm.runtime.engine.engine_core import EngineRequest
+from trt_llm.runtime.requests.prepare import Prepared
+from trt_llm.runtime.engine.threads import single_threaded_host_math
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 A body is validated here (pydantic: the OpenAPI schema FastAPI publishes is these models), then
 converted into the same `Request` / `InputSettings` that `trt-llm-run` reads, so a request is
-prepared, limited and sampled exactly as the input file's would be (runtime/requests.py).
+prepared, limited and sampled exactly as the input file's would be (runtime/requests/prepare.py).
 
 Unknown fields are refused (400 naming the field) rather than silently ignored, except a few that
 only describe the caller (`user`, `metadata`, `store`, `service_tier`). A parameter this server
@@ -73,7 +73,7 @@ class JsonSchemaSpec(_Body):
 
 
 class ResponseFormat(_Body):
-    """Structured output (runtime/grammar.py): a keyword the grammar cannot enforce is a 400."""
+    """Structured output (runtime/sampling/grammar.py): a keyword the grammar cannot enforce is a 400."""
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaSpec | None = None
 

@@ -3,7 +3,7 @@ is Whisper's (`runner.audio.kind == "cross_attention"`).
 
 The form (multipart/form-data, as OpenAI's clients send it) becomes the input file's `Request`: one
 user message with the uploaded bytes as an audio part (a data: URL) and the `prompt` as a text part,
-the previous text Whisper continues from (runtime/transcription.py). From there it takes the chat
+the previous text Whisper continues from (runtime/media/audio/transcription.py). From there it takes the chat
 route's path: `RequestPreparer.prepare` (decoding, the clip limits, the encoder) off the event loop,
 then the server's one `ServingEngine`, with its queue, timeout, disconnect and error handling
 (app.py's `_next`). The answer is the transcription's text without the space Whisper's first token
@@ -12,7 +12,7 @@ text (text).
 
 Fields: file and model (required), prompt, response_format (json, text), temperature ([0, 1], plain
 sampling: 0 is greedy, with no fallback to higher temperatures), language ("en" or absent: the
-runtime transcribes English, see runtime/transcription.py). OpenAI's other fields (timestamps,
+runtime transcribes English, see runtime/media/audio/transcription.py). OpenAI's other fields (timestamps,
 verbose_json / srt / vtt, streaming, chunking, include) are refused with a 400 naming the field,
 never ignored, as every unknown one is.
 """
@@ -26,8 +26,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
-from trt_llm.runtime.media import _shown
-from trt_llm.runtime.prompt import PromptError
+from trt_llm.runtime.media.sources import _shown
+from trt_llm.runtime.text.prompt import PromptError
 from trt_llm.schemas.input_file import InputSettings
 from trt_llm.schemas.input_file import Request as InputRequest
 from trt_llm.server.app import HttpError

@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from trt_llm.runtime.engine_dir import EngineDir
-from trt_llm.runtime.runner import Runner
+from trt_llm.runtime.requests.runner import Runner
 from trt_llm.schemas.input_file import parse_input_dict
 
 PROMPTS = [

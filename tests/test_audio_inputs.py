@@ -1,5 +1,5 @@
-"""Audio inputs: runtime/audio.py turns an audio part's source into a 16 kHz mono float32 waveform
-and runtime/audio_features.py into an encoder's log-mel features, both against transformers.
+"""Audio inputs: runtime/media/audio/decode.py turns an audio part's source into a 16 kHz mono float32 waveform
+and runtime/media/audio/features.py into an encoder's log-mel features, both against transformers.
 
 Oracles: for decoding, the samples written (lossless formats, at their own rate) and transformers'
 `audio_utils.load_audio` with its soundfile backend (the same file, bit for bit, at 16 kHz); for the
@@ -25,15 +25,15 @@ from transformers.audio_utils import mel_filter_bank as hf_mel_filter_bank
 
 import audio_assets
 from assets import AssetUnavailable
-from trt_llm.runtime.audio import AudioError, decode_audio, load_audio, resample
-from trt_llm.runtime.audio_features import (
+from trt_llm.runtime.media.audio.decode import AudioError, decode_audio, load_audio, resample
+from trt_llm.runtime.media.audio.features import (
     ParakeetFeatures,
     WhisperFeatures,
     config_from_preprocessor,
     extractor_for,
     mel_filter_bank,
 )
-from trt_llm.runtime.media import MediaError
+from trt_llm.runtime.media.sources import MediaError
 
 TOLERANCE = 1e-4  # transformers computes in float32 (torch): its rounding, not ours
 NUMPY_PATH_TOLERANCE = 1e-6  # WhisperFeatureExtractor without torch computes in float64, as we do
@@ -58,7 +58,7 @@ def pocketsphinx():
 
 @pytest.fixture(scope="module")
 def speech(pocketsphinx):
-    """speech(name) -> the clip at 16 kHz, mono float32, decoded by runtime/audio.py (once)."""
+    """speech(name) -> the clip at 16 kHz, mono float32, decoded by runtime/media/audio/decode.py (once)."""
     decoded = {}
 
     def get(name: str) -> np.ndarray:
@@ -171,7 +171,7 @@ def _file_bytes(samples: np.ndarray, rate: int = 16000, kind: str = "WAV", subty
 
 def test_sources_paths_file_and_data_urls(tmp_path):
     """A relative path (from the input file's folder), a file:// URL and a data: URL of the same
-    clip decode alike (runtime/media.py resolves them)."""
+    clip decode alike (runtime/media/sources.py resolves them)."""
     data = _file_bytes(_tone(), subtype="FLOAT")
     (tmp_path / "clip.wav").write_bytes(data)
     expected = _tone()

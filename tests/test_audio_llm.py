@@ -19,7 +19,7 @@ import audio_assets
 import audio_llm_assets
 from assets import AssetUnavailable
 from trt_llm.runtime.engine_dir import EngineDir
-from trt_llm.runtime.runner import Runner
+from trt_llm.runtime.requests.runner import Runner
 from trt_llm.schemas.input_file import load_input_file
 
 MAX_NEW = 12
@@ -63,7 +63,7 @@ _HF = {}
 def transformers_greedy(folder, request: dict) -> list[int]:
     from transformers import AutoProcessor, Qwen2AudioForConditionalGeneration
 
-    from trt_llm.runtime.audio import load_audio
+    from trt_llm.runtime.media.audio.decode import load_audio
 
     if folder not in _HF:
         _HF[folder] = (Qwen2AudioForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval(),
@@ -125,7 +125,7 @@ def test_clip_limits_are_refused_with_the_limit(qwen2_audio, tmp_path):
 
 
 def test_the_profile_counts_clips_and_audio_seconds(qwen2_audio, clips, tmp_path):
-    from trt_llm.runtime.profiler import Profiler
+    from trt_llm.runtime.engine.profiler import Profiler
 
     _, engine = qwen2_audio
     path = tmp_path / "input.json"

@@ -1,11 +1,11 @@
 """Qwen2-Audio's audio graph (build/models/qwen2_audio.py, exported and lowered for ONNX Runtime)
-against transformers on real speech, and the audio token count (runtime/audio_tokens.py) against
+against transformers on real speech, and the audio token count (runtime/media/audio/tokens.py) against
 transformers' Qwen2AudioProcessor.
 
 Oracle for the embeddings: transformers' own Qwen2AudioModel.forward on the processor's prompt,
 the multi-modal projector's output caught by a hook, so the padding mask it builds from
-feature_attention_mask is transformers' too. Both sides get the same features (runtime/audio_features.py
-from runtime/audio.py's waveform, the settings read from the model's preprocessor_config.json), so
+feature_attention_mask is transformers' too. Both sides get the same features (runtime/media/audio/features.py
+from runtime/media/audio/decode.py's waveform, the settings read from the model's preprocessor_config.json), so
 the comparison is of the graph alone: within 1e-5 on every clip's rows, 1 clip, 2 clips of different
 lengths in one call, and a clip over 30 s (cut to the chunk: no padding at all). The graph runs the
 valid rows only (build/models/qwen2_audio.py); transformers, all 1,500 with a mask.
@@ -25,10 +25,10 @@ import torch
 from assets import AssetUnavailable
 from trt_llm.build.cpu_backend import compile_cpu
 from trt_llm.build.models.qwen2_audio import AudioTowerGraph, export_audio_tower
-from trt_llm.runtime.audio import load_audio
-from trt_llm.runtime.audio_features import config_from_preprocessor, extractor_for
-from trt_llm.runtime.audio_tokens import MAX_AUDIO_TOKENS, audio_token_count, packing
-from trt_llm.runtime.tokenizer import Tokenizer
+from trt_llm.runtime.media.audio.decode import load_audio
+from trt_llm.runtime.media.audio.features import config_from_preprocessor, extractor_for
+from trt_llm.runtime.media.audio.tokens import MAX_AUDIO_TOKENS, audio_token_count, packing
+from trt_llm.runtime.text.tokenizer import Tokenizer
 
 ESPEAK_TEXT = "The quick brown fox jumps over the lazy dog, twice."
 LIBRIVOX = "sense_and_sensibility_01_austen_64kb-"

@@ -14,7 +14,7 @@ from helpers import PROMPTS, chat_request
 from trt_llm.build.cli import build_engine
 from trt_llm.build.cli import main as build_main
 from trt_llm.build.compile_cli import main as compile_main
-from trt_llm.runtime.cli import main as run_main
+from trt_llm.runtime.app.run_cli import main as run_main
 from trt_llm.runtime.engine_dir import EngineDir, EngineDirError
 from trt_llm.schemas.build_config import BuildConfig
 
@@ -91,7 +91,7 @@ def test_run_without_transformers_equals_the_one_go_build(compiled, one_go, tmp_
             "enable_thinking": False, "requests": requests}
     source = tmp_path / "in.json"
     source.write_text(json.dumps(data))
-    result, loaded = without_transformers.run("trt_llm.runtime.cli", source, "--engine-dir", compiled,
+    result, loaded = without_transformers.run("trt_llm.runtime.app.run_cli", source, "--engine-dir", compiled,
                                               "-o", tmp_path / "device.json", "--threads", "1")
     assert result.returncode == 0, result.stderr
     assert loaded == [], f"the run imported {loaded}"
@@ -259,7 +259,7 @@ def test_draft_and_lora_bundle_compiles_and_runs_without_transformers(draft_bund
     outputs = []
     for flags in ([], ["--no-spec-decode"]):
         target = tmp_path / f"out{len(outputs)}.json"
-        result, loaded = without_transformers.run("trt_llm.runtime.cli", source, "--engine-dir", out, "-o", target,
+        result, loaded = without_transformers.run("trt_llm.runtime.app.run_cli", source, "--engine-dir", out, "-o", target,
                                                   "--threads", "1", "--draft-top-k", "4", "--draft-steps", "3",
                                                   "--verify-tree-size", "10", *flags)
         assert result.returncode == 0 and loaded == [], (result.stderr, loaded)

@@ -1,4 +1,4 @@
-"""The step-level engine (runtime/engine_core.py) and `--scheduling continuous`: a request admitted
+"""The step-level engine (runtime/engine/engine_core.py) and `--scheduling continuous`: a request admitted
 while others are mid-decode gives exactly the tokens it gives alone, and a file run continuously
 gives the static run's results, request by request."""
 
@@ -7,10 +7,10 @@ import json
 import pytest
 
 from helpers import PROMPTS, chat_request, make_adapter
-from trt_llm.runtime.engine_core import EngineCore, EngineRequest
+from trt_llm.runtime.engine.engine_core import EngineCore, EngineRequest
 from trt_llm.runtime.engine_dir import EngineDir
-from trt_llm.runtime.prompt import PromptFormatter
-from trt_llm.runtime.runner import Runner
+from trt_llm.runtime.text.prompt import PromptFormatter
+from trt_llm.runtime.requests.runner import Runner
 from trt_llm.schemas.input_file import parse_input_dict
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant who answers in full sentences."}

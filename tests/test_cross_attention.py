@@ -221,7 +221,7 @@ def test_tensorrt_rtx_builds_a_plan_ahead_of_time(tmp_path):
     TensorRT-RTX has no plugins and inlines the body."""
     import tensorrt_rtx as trt
     from trt_llm.build.tensorrt_backend import DEFAULT_COMPUTE_CAPABILITY, compute_capability
-    from trt_llm.runtime.trt_import import make_logger
+    from trt_llm.common.trt_import import make_logger
 
     path = tmp_path / "cross.onnx"
     export_one(torch.float16, path)

@@ -1,4 +1,4 @@
-"""CUDA graphs of the TensorRT runtime, without a GPU: the bookkeeping (runtime/cuda_graphs.py) on its
+"""CUDA graphs of the TensorRT runtime, without a GPU: the bookkeeping (runtime/backends/cuda_graphs.py) on its
 own, and TrtEngine.run driven through the real decode loop on a simulated device.
 
 The simulation (FakeCudart, FakeEngine) keeps device memory as byte arrays; a captured graph keeps
@@ -16,13 +16,13 @@ import logging
 import numpy as np
 import pytest
 
-from trt_llm.runtime import cuda_graphs, trt_engine
-from trt_llm.runtime.cuda_graphs import CAPTURE, PLAIN, REPLAY, GraphCache, step_key
-from trt_llm.runtime.generate import generate
-from trt_llm.runtime.model import Model
-from trt_llm.runtime.sequence import Sequence
-from trt_llm.runtime.sampler import Sampler, SamplingParams
-from trt_llm.runtime.trt_engine import GRAPHS_ENV, TrtEngine, cuda_graphs_requested
+from trt_llm.runtime.backends import cuda_graphs, trt_engine
+from trt_llm.runtime.backends.cuda_graphs import CAPTURE, PLAIN, REPLAY, GraphCache, step_key
+from trt_llm.runtime.engine.generate import generate
+from trt_llm.runtime.engine.model import Model
+from trt_llm.runtime.engine.sequence import Sequence
+from trt_llm.runtime.sampling.sampler import Sampler, SamplingParams
+from trt_llm.runtime.backends.trt_engine import GRAPHS_ENV, TrtEngine, cuda_graphs_requested
 
 # --- the bookkeeping -------------------------------------------------------------------------------
 
@@ -144,7 +144,7 @@ class FakeCudart:
 
     # memory
     def cudaMalloc(self, size):  # noqa: N802
-        for i, (base, freed) in enumerate(self.free_list):
+        for i, (_, freed) in enumerate(self.free_list):
             if freed == size:
                 del self.free_list[i]
                 break

@@ -1,12 +1,12 @@
-"""Tests for trt_llm.runtime.detokenizer: incremental UTF-8 text and stop strings."""
+"""Tests for trt_llm.runtime.text.detokenizer: incremental UTF-8 text and stop strings."""
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from trt_llm.runtime.detokenizer import IncrementalDetokenizer
-from trt_llm.runtime.token_bytes import TokenBytes
+from trt_llm.runtime.text.detokenizer import IncrementalDetokenizer
+from trt_llm.runtime.text.token_bytes import TokenBytes
 
 
 class Pieces:

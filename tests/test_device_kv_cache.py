@@ -7,9 +7,9 @@ graphs included)."""
 import numpy as np
 import pytest
 from test_cuda_graphs import DTYPES, HIDDEN, VOCAB, FakeContext, FakeCudart, FakeEngine, FakeTrt, fake_engine
-from trt_llm.runtime.kv_cache import CrossAttentionCache, KVCache
-from trt_llm.runtime.step import Step
-from trt_llm.runtime.trt_engine import DeviceCrossAttentionCache, DeviceKVCache, DeviceView, TrtEngine
+from trt_llm.runtime.cache.kv_cache import CrossAttentionCache, KVCache
+from trt_llm.runtime.engine.step import Step
+from trt_llm.runtime.backends.trt_engine import DeviceCrossAttentionCache, DeviceKVCache, DeviceView, TrtEngine
 from trt_llm.schemas.graph_spec import cross
 
 LAYERS, ROWS, HEADS, CAPACITY, DIM = 2, 3, 2, 8, 4

@@ -10,10 +10,10 @@ from transformers import AutoModelForCausalLM
 
 from helpers import PROMPTS, chat_request
 from trt_llm.runtime.decoding import eagle
-from trt_llm.runtime.spec_config import SpecConfig
-from trt_llm.runtime.step import Step
+from trt_llm.runtime.decoding.spec_config import SpecConfig
+from trt_llm.runtime.engine.step import Step
 from trt_llm.runtime.engine_dir import EngineDir
-from trt_llm.runtime.runner import Runner
+from trt_llm.runtime.requests.runner import Runner
 from trt_llm.schemas.input_file import parse_input_dict
 
 
@@ -137,7 +137,7 @@ def test_tree_sizes_beyond_the_engine_are_refused(engine):
 
 
 def test_cli_profile_reports_speculation(engine, tmp_path):
-    from trt_llm.runtime.cli import main as run_main
+    from trt_llm.runtime.app.run_cli import main as run_main
 
     data = {"temperature": 0.0, "batch_size": 2, "max_generate_length": 12,
             "requests": [chat_request(p) for p in PROMPTS[:2]]}
@@ -194,7 +194,7 @@ def test_tree_verification_gives_each_path_its_transformers_logits(engine, tiny_
     gives for the prompt followed by that node's root-to-node path alone."""
     from safetensors.numpy import load_file
 
-    from trt_llm.runtime.engines import open_engine
+    from trt_llm.runtime.backends.engines import open_engine
 
     engine_dir = EngineDir.open(engine)
     dims = engine_dir.dims
@@ -212,7 +212,7 @@ def test_tree_verification_gives_each_path_its_transformers_logits(engine, tiny_
                      {"hidden_states": np.empty((1, n, feature_width), np.float32)}), cache)
     mask = np.zeros((1, s, s), bool)
     depth = []
-    for i, (_, parent) in enumerate(tree):
+    for i in range(len(tree)):
         node, d = i, 0
         while node is not None:
             mask[0, i, node] = True
@@ -239,7 +239,7 @@ def _draft_log_probs(engine_dir: EngineDir, hidden: np.ndarray, tokens: np.ndarr
     """The draft engine's log-probabilities after each of `tokens` (one causal pass from an empty cache)."""
     from safetensors.numpy import load_file
 
-    from trt_llm.runtime.engines import open_engine
+    from trt_llm.runtime.backends.engines import open_engine
 
     draft_engine = open_engine(engine_dir, 1, "draft")
     embedding = load_file(str(engine_dir.component_path("llm", "embedding")))["embedding"]
@@ -305,7 +305,7 @@ def test_quantizing_a_draft_needs_fp32_weights(tiny_model, tmp_path):
 
 
 def test_the_build_records_the_backends_tree_and_flags_override_it(engine, monkeypatch):
-    from trt_llm.runtime.spec_config import TREE_DEFAULTS, default_tree, resolve_spec
+    from trt_llm.runtime.decoding.spec_config import TREE_DEFAULTS, default_tree, resolve_spec
 
     manifest = json.loads((engine / "manifest.json").read_text())
     draft = manifest["components"]["draft"]
@@ -386,8 +386,8 @@ def test_continuous_scheduling_under_speculation_equals_static(engine, oracle_dr
 ])
 @pytest.mark.parametrize("mode", list(SETTINGS))
 def test_a_request_admitted_mid_speculation_gives_its_tokens_alone(engine, late, mode):
-    from trt_llm.runtime.engine_core import EngineRequest
-    from trt_llm.runtime.prompt import PromptFormatter
+    from trt_llm.runtime.engine.engine_core import EngineRequest
+    from trt_llm.runtime.text.prompt import PromptFormatter
 
     data = {**SETTINGS[mode], "max_generate_length": 20,
             "requests": [chat_request(PROMPTS[0]), chat_request(PROMPTS[2]), late]}
@@ -427,7 +427,7 @@ def test_eagle_over_an_int4_base_gives_vanilla_tokens(engine, build_engine_for, 
     so its tokens are that base's own vanilla tokens, with float activations. (With int8 ones, ONNX
     Runtime's default accuracy level here, a value rounding to the other int8 step in a verification
     pass can change later tokens: README, Quantized engines.)"""
-    from trt_llm.runtime import ort_engine
+    from trt_llm.runtime.backends import ort_engine
 
     monkeypatch.setattr(ort_engine, "MATMUL_ACCURACY_LEVEL", 1)
     base = tiny_model("llama", num_hidden_layers=4)

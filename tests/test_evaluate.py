@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from helpers import PROMPTS
 from trt_llm.runtime.engine_dir import EngineDir
-from trt_llm.runtime.eval_cli import main as eval_main
-from trt_llm.runtime.evaluate import chunks, evaluate, open_model
+from trt_llm.runtime.app.eval_cli import main as eval_main
+from trt_llm.runtime.app.evaluate import chunks, evaluate, open_model
 
 TEXT = " ".join(PROMPTS * 12)
 CONTEXT = 32

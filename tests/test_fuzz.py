@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from helpers import PROMPTS, chat_request
-from trt_llm.runtime.cli import main as run_main
+from trt_llm.runtime.app.run_cli import main as run_main
 from trt_llm.schemas.input_file import InputFileError, RequestError, load_input_file, parse_input_dict
 
 FUZZ = settings(derandomize=True, deadline=None, suppress_health_check=list(HealthCheck), database=None)

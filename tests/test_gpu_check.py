@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from trt_llm.plugins.attention import attention_kernel
-from trt_llm.runtime.trt_import import cuda_device_count
+from trt_llm.common.trt_import import cuda_device_count
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"

@@ -46,9 +46,9 @@ def prefill_logits(engine_dir, token_ids):
     from safetensors.numpy import load_file
 
     from trt_llm.runtime.engine_dir import EngineDir
-    from trt_llm.runtime.kv_cache import KVCache
-    from trt_llm.runtime.ort_engine import OrtEngine
-    from trt_llm.runtime.step import Step
+    from trt_llm.runtime.cache.kv_cache import KVCache
+    from trt_llm.runtime.backends.ort_engine import OrtEngine
+    from trt_llm.runtime.engine.step import Step
 
     engine = EngineDir.open(engine_dir)
     dims = engine.dims

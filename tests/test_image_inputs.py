@@ -1,5 +1,5 @@
-"""Image inputs of the VLMs: runtime/media.py turns a content part's source into an RGB picture and
-runtime/image_processor.py into the vision tower's inputs, both equal to transformers.
+"""Image inputs of the VLMs: runtime/media/sources.py turns a content part's source into an RGB picture and
+runtime/media/vision/processor.py into the vision tower's inputs, both equal to transformers.
 
 The oracle is transformers' `Qwen2VLImageProcessorPil` (the processor Qwen2.5-VL and Qwen3-VL use,
 without torchvision) given the same file as Pillow opens it: pixel_values within 1e-5 and the grids
@@ -20,8 +20,8 @@ from transformers import Qwen2VLImageProcessorPil
 from transformers.image_utils import load_image as hf_load_image
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as hf_smart_resize
 
-from trt_llm.runtime.image_processor import ImageProcessor, smart_resize
-from trt_llm.runtime.media import MediaError, load_image, media_bytes
+from trt_llm.runtime.media.vision.processor import ImageProcessor, smart_resize
+from trt_llm.runtime.media.sources import MediaError, load_image, media_bytes
 from vlm_assets import PREPROCESSOR, VLM_FAMILIES
 
 TOLERANCE = 1e-5

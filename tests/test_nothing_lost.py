@@ -14,9 +14,9 @@ import pytest
 
 from helpers import PROMPTS, chat_request
 from trt_llm.build.cli import main as build_main
-from trt_llm.runtime.cli import main as run_main
+from trt_llm.runtime.app.run_cli import main as run_main
 
-RUN = [sys.executable, "-c", "import sys; from trt_llm.runtime.cli import main; sys.exit(main())"]
+RUN = [sys.executable, "-c", "import sys; from trt_llm.runtime.app.run_cli import main; sys.exit(main())"]
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +179,7 @@ def test_bad_output_paths_exit_2_before_any_request(engine, tmp_path, caplog, mo
     (tmp_path / "a-file").write_text("x")
     source = good_input(tmp_path)
     ran = []
-    monkeypatch.setattr("trt_llm.runtime.runner.Runner.run", lambda *a, **k: ran.append(1))
+    monkeypatch.setattr("trt_llm.runtime.requests.runner.Runner.run", lambda *a, **k: ran.append(1))
     path = tmp_path / target
     assert run_main([str(source), "--engine-dir", str(engine), flag, str(path)]) == 2
     errors = error_lines(caplog)
@@ -267,7 +267,7 @@ def test_bad_overrides_name_the_flag(engine, tmp_path, caplog, flags, message):
 
 
 def test_threads_above_the_cores_are_capped(engine, tmp_path, caplog, monkeypatch):
-    monkeypatch.setattr("trt_llm.runtime.cli_args.available_cores", lambda: 2)
+    monkeypatch.setattr("trt_llm.common.cli_args.available_cores", lambda: 2)
     out = tmp_path / "out.json"
     assert run_main([str(good_input(tmp_path)), "--engine-dir", str(engine), "-o", str(out), "--threads", "64"]) == 0
     assert "--threads 64 is more than the 2 cores this process can use; using 2" in caplog.text

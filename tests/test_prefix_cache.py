@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from trt_llm.runtime.engine_dir import EngineDir
-from trt_llm.runtime.prefix_cache import Entry, PrefixCache
-from trt_llm.runtime.runner import Runner
+from trt_llm.runtime.cache.prefix_cache import Entry, PrefixCache
+from trt_llm.runtime.requests.runner import Runner
 from trt_llm.schemas.input_file import parse_input_dict
 
 SYSTEM = ("You are a careful assistant for a small shipping company. You answer questions about parcels, "
@@ -132,7 +132,7 @@ def test_persisted_cache_warms_a_second_process(tiny_model, build_engine_for, tm
     outputs = []
     for run_index in range(2):
         out = tmp_path / f"out{run_index}.json"
-        subprocess.run([sys.executable, "-m", "trt_llm.runtime.cli", str(tmp_path / "in.json"), "--engine-dir",
+        subprocess.run([sys.executable, "-m", "trt_llm.runtime.app.run_cli", str(tmp_path / "in.json"), "--engine-dir",
                         str(engine), "-o", str(out), "--threads", "1", "--kv-cache-dir", str(tmp_path / "kv")],
                        check=True, capture_output=True)
         outputs.append(json.loads(out.read_text())["responses"])

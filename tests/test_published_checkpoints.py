@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 from helpers import PROMPTS
 from test_greedy_parity import assert_batch_matches_transformers
 from trt_llm.build.quantize.formats import load_published
-from trt_llm.runtime import ort_engine
+from trt_llm.runtime.backends import ort_engine
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ packs columns 0 2 4 6 1 3 5 7 into a word's nibbles

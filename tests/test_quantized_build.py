@@ -19,7 +19,7 @@ from helpers import PROMPTS
 from test_greedy_parity import assert_batch_matches_transformers
 from trt_llm.build.quantize import QuantSpec
 from trt_llm.build.quantize.rtn import quantize_rtn
-from trt_llm.runtime import ort_engine
+from trt_llm.runtime.backends import ort_engine
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -122,7 +122,7 @@ def test_an_int8_embedding_table_is_q8_0_blocks_and_reads_back_within_half_a_ste
     import numpy as np
 
     from trt_llm.build.quantize.embedding import embedding_tensors
-    from trt_llm.runtime.embedding import EmbeddingTable
+    from trt_llm.runtime.backends.embedding import EmbeddingTable
 
     table = torch.randn(10, 64) * torch.linspace(0.1, 3, 64)  # channels of different sizes
     stored = embedding_tensors(table, "int8")

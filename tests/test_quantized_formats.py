@@ -20,7 +20,7 @@ import assets
 from helpers import PROMPTS
 from test_greedy_parity import assert_batch_matches_transformers
 from trt_llm.build.quantize.gguf_blocks import read_blocks
-from trt_llm.runtime import ort_engine
+from trt_llm.runtime.backends import ort_engine
 
 pytest.importorskip("gguf")
 

@@ -6,7 +6,7 @@ from transformers import AutoTokenizer, LogitsProcessorList
 from transformers.generation.logits_process import SequenceBiasLogitsProcessor
 
 from helpers import PROMPTS, _load, chat_request, hf_greedy, run_input
-from trt_llm.runtime.token_bytes import TokenBytes
+from trt_llm.runtime.text.token_bytes import TokenBytes
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import jsonschema
 import pytest
 
 from helpers import PROMPTS, chat_request, run_input
-from trt_llm.runtime.cli import main as run_main
+from trt_llm.runtime.app.run_cli import main as run_main
 
 SCHEMA = json.loads((Path(__file__).parent.parent / "schemas/json/output_file.schema.json").read_text())
 
@@ -160,7 +160,7 @@ def test_profile_validates_and_agrees_with_output(engine, tmp_path, capsys):
 
 def test_an_engine_failure_costs_only_its_batch(engine, monkeypatch):
     """A batch whose engine call fails gets error responses; the batches around it still run."""
-    from trt_llm.runtime import runner as runner_module
+    from trt_llm.runtime.requests import runner as runner_module
 
     real = runner_module._run_to_completion
     calls = []
@@ -187,10 +187,10 @@ def test_cpu_run_never_imports_tensorrt_or_cuda(engine, tmp_path):
 
     data = {"temperature": 0.0, "max_generate_length": 3, "requests": [chat_request("hi")]}
     script = ("import sys\nimport torch\n"
-              "baseline = set(sys.modules)\nfrom trt_llm.runtime.cli import main\n"
+              "baseline = set(sys.modules)\nfrom trt_llm.runtime.app.run_cli import main\n"
               f"code = main([{str(write(tmp_path / 'in.json', data))!r}, '--engine-dir', {str(engine)!r}, '-o', "
               f"{str(tmp_path / 'out.json')!r}, '--threads', '1'])\n"
-              "ours = ('tensorrt', 'tensorrt_rtx', 'cuda', 'trt_llm.runtime.trt_engine', 'trt_llm.runtime.trt_import')\n"
+              "ours = ('tensorrt', 'tensorrt_rtx', 'cuda', 'trt_llm.runtime.backends.trt_engine', 'trt_llm.common.trt_import')\n"
               "loaded = [m for m in set(sys.modules) - baseline if m.split('.')[0] in ours or m in ours]\n"
               "print('LOADED', loaded)\nsys.exit(code)\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)

@@ -1,4 +1,4 @@
-"""Tests for trt_llm.runtime.sampler.
+"""Tests for trt_llm.runtime.sampling.sampler.
 
 The distribution tests compare against an independent oracle: transformers' own
 logits warpers (the ones generate() uses) followed by softmax.
@@ -14,7 +14,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from trt_llm.runtime.sampler import Sampler, SamplingParams, log_softmax_topn, token_logprob
+from trt_llm.runtime.sampling.sampler import Sampler, SamplingParams, log_softmax_topn, token_logprob
 
 torch.set_num_threads(1)
 

@@ -14,7 +14,7 @@ import pytest
 
 from helpers import PROMPTS, make_adapter
 from trt_llm.runtime.engine_dir import EngineDir
-from trt_llm.runtime.runner import Runner
+from trt_llm.runtime.requests.runner import Runner
 from trt_llm.schemas.input_file import parse_input_dict
 
 openai = pytest.importorskip("openai")

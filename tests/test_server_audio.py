@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from assets import AssetUnavailable
 from trt_llm.runtime.engine_dir import EngineDir
-from trt_llm.runtime.runner import Runner
+from trt_llm.runtime.requests.runner import Runner
 from trt_llm.schemas.input_file import parse_input_dict
 
 openai = pytest.importorskip("openai")

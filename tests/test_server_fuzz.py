@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from schemathesis import GenerationMode  # noqa: E402
 
 from trt_llm.runtime.engine_dir import EngineDir  # noqa: E402
-from trt_llm.runtime.runner import Runner  # noqa: E402
+from trt_llm.runtime.requests.runner import Runner  # noqa: E402
 from trt_llm.server.app import ServerConfig, create_app  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Structured output (response_format, runtime/grammar.py): every answer validates against its
+"""Structured output (response_format, runtime/sampling/grammar.py): every answer validates against its
 schema (checked with `jsonschema`, an independent validator), a keyword the grammar cannot enforce
 fails its request alone and names it, and speculation gives the constrained tokens of vanilla."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from helpers import PROMPTS, chat_request
 from trt_llm.runtime.engine_dir import EngineDir
-from trt_llm.runtime.runner import Runner
+from trt_llm.runtime.requests.runner import Runner
 from trt_llm.schemas.input_file import parse_input_dict
 
 pytest.importorskip("llguidance")
@@ -126,7 +126,7 @@ def test_speculation_gives_the_constrained_tokens_of_vanilla(tiny_model, build_e
     schema = SCHEMAS[10]
     data = {"batch_size": 2, "temperature": 0.7, "seed": 5, "max_generate_length": 80,
             "requests": [schema_request("Go.", schema), schema_request("Book.", schema, num_logprobs=2)]}
-    from trt_llm.runtime.spec_config import SpecConfig
+    from trt_llm.runtime.decoding.spec_config import SpecConfig
 
     spec = run(engine, data, spec=SpecConfig(4, 3, 10))
     vanilla = run(engine, data, spec_decode=False)

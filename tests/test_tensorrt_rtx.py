@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 from trt_llm.build.cli import main as build_main
-from trt_llm.runtime.trt_import import cuda_device_count
+from trt_llm.common.trt_import import cuda_device_count
 
 HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
 needs_rtx = pytest.mark.skipif(not HAS_RTX, reason="TensorRT-RTX is not installed "
@@ -203,7 +203,7 @@ def _audio_feeds(engine, frames: list[int], outputs) -> tuple[list[dict], list]:
     """What the runtime's AudioEncoder feeds the audio plan for clips of `frames` valid mel frames,
     recorded by a session standing in for the plan (which needs a GPU), and the clips it makes of
     `outputs(feeds)`."""
-    from trt_llm.runtime.audio_encoder import AudioEncoder, PendingClip
+    from trt_llm.runtime.media.audio.encoder import AudioEncoder, PendingClip
 
     settings = json.loads((engine / "audio" / "config.json").read_text())
     fed = []
@@ -244,7 +244,7 @@ def test_whisper_builds_its_decoder_and_encoder_plans_ahead_of_time(whisper_rtx_
     a time, the decoder its batch of rows with each row's clip encoded, whose `frames` is one number in
     both profiles, the encoder's output length (1,500)."""
     import onnx
-    from trt_llm.runtime.kv_cache import CrossAttentionCache
+    from trt_llm.runtime.cache.kv_cache import CrossAttentionCache
 
     engine = whisper_rtx_engine
     components = json.loads((engine / "manifest.json").read_text())["components"]
@@ -284,7 +284,7 @@ def test_qwen2_audio_builds_its_audio_plan_ahead_of_time(npm_tokenizer, build_en
     profile takes what the runtime feeds it for one clip of min_mel_frames up to max_clips clips of 30 s
     (the packed graph's clips, valid rows, segments and tokens)."""
     import audio_llm_assets
-    from trt_llm.runtime.audio_tokens import audio_token_count
+    from trt_llm.runtime.media.audio.tokens import audio_token_count
 
     folder = audio_llm_assets.make_tiny_qwen2_audio(tmp_path / "qwen2_audio", tokenizer_dir=npm_tokenizer("qwen3"))
     engine = build_engine_for(folder, backend="tensorrt-rtx", dtype="fp16", max_batch_size=2, max_input_len=1024,

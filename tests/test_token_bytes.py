@@ -1,4 +1,4 @@
-"""Tests for trt_llm.runtime.token_bytes: exact raw bytes per token id."""
+"""Tests for trt_llm.runtime.text.token_bytes: exact raw bytes per token id."""
 
 import time
 
@@ -6,7 +6,7 @@ import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from assets import CORPUS
-from trt_llm.runtime.token_bytes import TokenBytes
+from trt_llm.runtime.text.token_bytes import TokenBytes
 
 # Chat markup, English, CJK and emoji; the rarer characters (not in the tiny tokenizer's
 # corpus) are split into several byte tokens.

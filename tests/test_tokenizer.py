@@ -9,9 +9,9 @@ import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from assets import CORPUS
-from trt_llm.runtime.chat_template import ChatTemplateError
-from trt_llm.runtime.prompt import PromptError, PromptFormatter
-from trt_llm.runtime.tokenizer import Tokenizer, TokenizerError
+from trt_llm.runtime.text.chat_template import ChatTemplateError
+from trt_llm.runtime.text.prompt import PromptError, PromptFormatter
+from trt_llm.runtime.text.tokenizer import Tokenizer, TokenizerError
 from trt_llm.schemas.input_file import Message
 
 TEXTS = [

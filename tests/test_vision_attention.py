@@ -297,7 +297,7 @@ def test_tensorrt_rtx_builds_a_plan_ahead_of_time(tmp_path):
         DEFAULT_COMPUTE_CAPABILITY,
         compute_capability,
     )
-    from trt_llm.runtime.trt_import import make_logger
+    from trt_llm.common.trt_import import make_logger
 
     patches, windows, images = Dim("patches"), Dim("window_bounds"), Dim("image_bounds")
     example = (*make_inputs([3, 4, 5], torch.float16)[:3], cu_of([3, 4, 5]), cu_of([7, 5]))

@@ -4,7 +4,7 @@ full-attention blocks) and Qwen3-VL (learned position table, deepstack features)
 several of different sizes in one request, the smallest image and a large one.
 
 Oracle: `model.model.visual(pixel_values, grid_thw)` of transformers, which computes its own rotary
-ids, windows and segments from the grid: so this also checks runtime/vision_grid.py's inputs."""
+ids, windows and segments from the grid: so this also checks runtime/media/vision/grid.py's inputs."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import vlm_assets
 from trt_llm.build.cpu_backend import compile_cpu
 from trt_llm.build.export import export_vision
 from trt_llm.build.models.qwen_vl_vision import VisionGraph
-from trt_llm.runtime import vision_grid
+from trt_llm.runtime.media.vision import grid as vision_grid
 
 GRIDS = [[[1, 8, 6]], [[1, 8, 6], [1, 16, 20], [1, 4, 4]], [[1, 2, 2]], [[1, 30, 40]]]
 

@@ -20,7 +20,7 @@ from PIL import Image
 
 import vlm_assets
 from trt_llm.runtime.engine_dir import EngineDir
-from trt_llm.runtime.runner import Runner
+from trt_llm.runtime.requests.runner import Runner
 from trt_llm.schemas.input_file import load_input_file
 
 MAX_NEW = 16

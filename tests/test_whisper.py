@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from trt_llm.runtime.engine_dir import EngineDir
-from trt_llm.runtime.runner import Runner
+from trt_llm.runtime.requests.runner import Runner
 from trt_llm.schemas.input_file import load_input_file
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def transformers_tokens(whisper_dir, clip, text: str | None = None) -> list[int]
     """transformers' greedy transcription of one clip: the tokens after its decoder prompt."""
     from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
-    from trt_llm.runtime.audio import load_audio
+    from trt_llm.runtime.media.audio.decode import load_audio
 
     if whisper_dir not in _HF:
         _HF[whisper_dir] = (WhisperForConditionalGeneration.from_pretrained(whisper_dir).eval(),
@@ -120,7 +120,7 @@ def test_bad_whisper_requests_fail_alone_and_say_why(engine, clips, tmp_path):
 def test_the_profile_reports_audio_seconds_and_the_real_time_factor(engine, clips, tmp_path):
     import soundfile
 
-    from trt_llm.runtime.profiler import Profiler
+    from trt_llm.runtime.engine.profiler import Profiler
 
     profiler = Profiler()
     run_file(engine, tmp_path, [transcribe_request(clip) for clip in clips[:2]], runner_options={"profiler": profiler})
@@ -131,7 +131,7 @@ def test_the_profile_reports_audio_seconds_and_the_real_time_factor(engine, clip
 
 
 def test_response_format_text_keeps_the_token_rules_and_json_is_refused(engine, clips, tmp_path):
-    from trt_llm.runtime.transcription import TokenRules
+    from trt_llm.runtime.media.audio.transcription import TokenRules
     from trt_llm.schemas.input_file import InputSettings, Request
 
     runner = Runner(EngineDir.open(engine), threads=1)

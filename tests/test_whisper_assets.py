@@ -12,7 +12,7 @@ import pytest
 import torch
 import whisper_assets
 from safetensors.numpy import load_file
-from trt_llm.runtime.audio import load_audio
+from trt_llm.runtime.media.audio.decode import load_audio
 
 # Measured: 3 of the 71 words wrong after Whisper's English normalisation ("ill disposed" heard as
 # "old sposed", the reader's doubled "a" dropped): 4.2 %; 4 of 71 (5.6 %) with only case and punctuation
@@ -29,7 +29,7 @@ def whisper_dir(whisper_tiny_en_dir):
 
 @pytest.fixture(scope="module")
 def librivox(librivox_clips):
-    """[(16 kHz waveform, transcript)] of the five LibriVox clips, decoded by runtime/audio.py."""
+    """[(16 kHz waveform, transcript)] of the five LibriVox clips, decoded by runtime/media/audio/decode.py."""
     return [(load_audio(str(clip.path)), clip.transcript) for clip in librivox_clips]
 
 

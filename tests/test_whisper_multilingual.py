@@ -15,7 +15,7 @@ openai/whisper-tiny's: is_multilingual, lang_to_id, task_to_id, the prompt token
 suppress_tokens computed by openai-whisper's own rule (its `non_speech_tokens` plus the task and
 prompt tokens; the same rule gives tiny.en's published list exactly, checked below).
 
-The runtime transcribes English (runtime/transcription.py: the input format has no language field),
+The runtime transcribes English (runtime/media/audio/transcription.py: the input format has no language field),
 so the reference is generate with language="en". A random model emits timestamp tokens, which
 transformers' generate takes as segment ends and seeks on in further decoder calls; the real models
 never do after <|notimestamps|>, and an engine request is one decode, so the reference is one call
@@ -38,7 +38,7 @@ import torch
 import whisper_assets
 from assets import AssetUnavailable, make_nontrivial
 from trt_llm.runtime.engine_dir import EngineDir
-from trt_llm.runtime.runner import Runner
+from trt_llm.runtime.requests.runner import Runner
 from trt_llm.schemas.input_file import load_input_file
 
 TOKENIZER_SDIST = "openai-whisper==20230124"  # the last release with the BPE files (later: tiktoken)
@@ -207,7 +207,7 @@ def transformers_tokens(model_dir, clip, text: str | None = None) -> list[int]:
     """transformers' greedy English transcription of one clip, in one decoder call: the tokens after
     its decoder prompt, without the end of text."""
     from transformers import WhisperForConditionalGeneration, WhisperProcessor
-    from trt_llm.runtime.audio import load_audio
+    from trt_llm.runtime.media.audio.decode import load_audio
 
     if model_dir not in _HF:
         _HF[model_dir] = (WhisperForConditionalGeneration.from_pretrained(model_dir).eval(),

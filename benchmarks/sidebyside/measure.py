@@ -60,7 +60,6 @@ def read_bandwidth(threads: int, mbytes: int = 512, repeats: int = 7) -> dict:
             fn()
             best = min(best, time.perf_counter() - t)
         out[name] = x.numel() * 4 / best
-    del x, xn
     return out
 
 

@@ -74,8 +74,8 @@ class DecoderGraph(nn.Module):
         self.dims = ModelDims(hf_model.config)
         self.lora_groups = list(lora_groups)  # packed projections with LoRA inputs, per layer
         self.feature_layers = list(feature_layers) if feature_layers else None
-        self.layers = nn.ModuleList(DecoderLayer(l, self.dims, family.qk_norm, make_linear)
-                                    for l in hf_model.model.layers)
+        self.layers = nn.ModuleList(DecoderLayer(layer, self.dims, family.qk_norm, make_linear)
+                                    for layer in hf_model.model.layers)
         self.final_norm = frozen(hf_model.model.norm.weight)
         self.lm_head = make_linear(hf_model.lm_head)
         # HF's rotary module already resolved the rope type (default, llama3, yarn, ...) into

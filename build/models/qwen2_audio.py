@@ -14,8 +14,8 @@ clip's 250). The convolutions still see the whole padded window, as in transform
 receptive field reaches a frame past the clip). The average pool (kernel 2, stride 2) pairs rows
 2j and 2j + 1 of a clip, both valid for its (conv - 2) // 2 + 1 output rows.
 
-Inputs (computed on the host by runtime/audio_tokens.py from the clips' valid mel frames):
-    input_features  [clips, 128, 3000] float  WhisperFeatureExtractor's log-mel (runtime/audio_features.py)
+Inputs (computed on the host by runtime/media/audio/tokens.py from the clips' valid mel frames):
+    input_features  [clips, 128, 3000] float  WhisperFeatureExtractor's log-mel (runtime/media/audio/features.py)
     row_index       [N] int64                 each valid row's clip * 1500 + row, clip after clip
     cu_seqlens      [clips + 1] int32         the clips' segments of the N packed rows
     pool_index      [M] int64                 the packed row of each output row's first pooled row
@@ -97,7 +97,7 @@ def export_audio_tower(graph: AudioTowerGraph, path: Path, dtype: torch.dtype) -
     """Write the graph to `path` (+ `path.data`) with the clips, rows and tokens dynamic; the mel
     bins and the 3,000 frames are fixed, as the tower requires."""
     from trt_llm.build.export import export_graph
-    from trt_llm.runtime.audio_tokens import packing
+    from trt_llm.runtime.media.audio.tokens import packing
 
     frames = [graph.mel_frames, 1234]  # distinct example sizes
     row_index, cu_seqlens, pool_index = packing(frames, graph.rows)

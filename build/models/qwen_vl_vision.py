@@ -6,7 +6,7 @@ attention splits q/k/v per image with `.tolist()`), so this module calls its sub
 embedding, norms, MLPs, mergers) and writes the attention itself with our vision attention op
 (plugins/vision_attention.py): bidirectional within each image or window, never a mask over all the
 patches of a request. Everything that depends on the images' grid sizes comes in as inputs computed
-by runtime/vision_grid.py, so one graph serves any number and size of images.
+by runtime/media/vision/grid.py, so one graph serves any number and size of images.
 
 Inputs (N patches of a request, M = N / merge^2 image tokens):
     pixel_values    [N, C*T*P*P]  the image processor's patches, in merge-block order

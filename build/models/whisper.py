@@ -254,7 +254,7 @@ def export_llm(hf_model, path: Path, dtype: torch.dtype) -> dict:
 
 def export_audio(hf_model, path: Path, dtype: torch.dtype) -> dict:
     """The encoder graph at `path`; returns the audio config's entries: the encoder's geometry and
-    the generation config's prompt tokens and token rules (runtime/transcription.py)."""
+    the generation config's prompt tokens and token rules (runtime/media/audio/transcription.py)."""
     graph = WhisperEncoderGraph(hf_model, dtype)
     export_whisper_encoder(graph, path, dtype)
     g = hf_model.generation_config

@@ -1,5 +1,5 @@
 """The embedding table as the build stores it (`quantization.embedding`): the graph's dtype, fp16,
-or int8 in Q8_0's blocks of 32 along a row; runtime/embedding.py reads each."""
+or int8 in Q8_0's blocks of 32 along a row; runtime/backends/embedding.py reads each."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ EMBEDDING_BLOCK = 32
 
 
 def embedding_tensors(table: Tensor, storage: str, blocks: QuantizedWeight | None = None) -> dict[str, Tensor]:
-    """The embedding file's tensors, which runtime/embedding.py reads: the table [V, H] in fp32 /
+    """The embedding file's tensors, which runtime/backends/embedding.py reads: the table [V, H] in fp32 /
     fp16 / bf16, or int8 "embedding" [V, H] with "scales" [V, H / 32] (Q8_0: blocks of 32 along a row,
     largest magnitude / 127; a row that 32 does not divide is one block). `blocks`: a GGUF's Q8_0
     table ([H, V] as the op's operands), kept as it is."""

@@ -1,4 +1,4 @@
-"""Decoding strategies: how EngineCore (runtime/engine_core.py) turns a running batch into tokens.
+"""Decoding strategies: how EngineCore (runtime/engine/engine_core.py) turns a running batch into tokens.
 
 A strategy is one object with:
     extra_slots                      KV slots a row needs beyond its prompt and max_new_tokens

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trt_llm.runtime.spec_config import SpecConfig
+from trt_llm.runtime.decoding.spec_config import SpecConfig
 
 
 @dataclass
@@ -38,7 +38,7 @@ def load_draft_engine(engine_dir, threads: int, base_embedding: np.ndarray) -> D
     """The draft side of an engine directory (components.draft in its manifest)."""
     from safetensors.numpy import load_file
 
-    from trt_llm.runtime.engines import open_engine
+    from trt_llm.runtime.backends.engines import open_engine
 
     paths = engine_dir.manifest["components"]["draft"]
     tensors = load_file(str(engine_dir.path / paths["tensors"]))

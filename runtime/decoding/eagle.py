@@ -31,12 +31,12 @@ import torch
 
 from trt_llm.runtime.decoding.draft import Draft, SpecStats
 from trt_llm.runtime.decoding.prefill import prefill
-from trt_llm.runtime.grammar import mask_logits
-from trt_llm.runtime.model import Model
-from trt_llm.runtime.sampler import Sampler
-from trt_llm.runtime.sequence import Sequence, append_token, record_step
-from trt_llm.runtime.spec_config import SpecConfig
-from trt_llm.runtime.step import Step
+from trt_llm.runtime.sampling.grammar import mask_logits
+from trt_llm.runtime.engine.model import Model
+from trt_llm.runtime.sampling.sampler import Sampler
+from trt_llm.runtime.engine.sequence import Sequence, append_token, record_step
+from trt_llm.runtime.decoding.spec_config import SpecConfig
+from trt_llm.runtime.engine.step import Step
 from trt_llm.schemas.graph_spec import DRAFT_HIDDEN, DRAFT_HIDDEN_OUT, FEATURES, TREE_MASK
 
 
@@ -284,7 +284,7 @@ def _accept(model: Model, request, r: _Row, nodes: list[int], logits: np.ndarray
     """Walk the verified tree from the root; returns (emitted tokens, accepted nodes, finished)."""
     s, row, num_logprobs = request.sequence, request.row, request.num_logprobs
     children: dict[int, dict[int, int]] = {}
-    for j, n in enumerate(nodes):
+    for n in nodes:
         children.setdefault(r.tree[n].parent, {})[r.tree[n].token] = n
     position = {n: j + 1 for j, n in enumerate(nodes)}
     emitted, path, node = [], [], -1

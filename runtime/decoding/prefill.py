@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trt_llm.runtime.model import Model
-from trt_llm.runtime.sequence import Sequence
-from trt_llm.runtime.step import Step
+from trt_llm.runtime.engine.model import Model
+from trt_llm.runtime.engine.sequence import Sequence
+from trt_llm.runtime.engine.step import Step
 from trt_llm.schemas.graph_spec import FEATURES
 
 
@@ -81,7 +81,7 @@ def _restore(cache, row: int, entry) -> int:
 
 
 def _snapshot(cache, row: int, token_ids: list[int]):
-    from trt_llm.runtime.prefix_cache import Entry
+    from trt_llm.runtime.cache.prefix_cache import Entry
 
     keys, values = cache.read_prefix(row, len(token_ids))
     return Entry(tuple(token_ids), keys, values)

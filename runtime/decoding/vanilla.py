@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from trt_llm.runtime.decoding.prefill import prefill
-from trt_llm.runtime.step import Step
+from trt_llm.runtime.engine.step import Step
 
 
 class Vanilla:

@@ -1,5 +1,5 @@
 """trt-llm: our engine directory (cpu backend, fp32), built with `trt-llm-build`, run through the real
-runtime (runtime/generate.py: one static batch on the engine core, greedy Sampler)."""
+runtime (runtime/engine/generate.py: one static batch on the engine core, greedy Sampler)."""
 
 from __future__ import annotations
 
@@ -60,17 +60,17 @@ class Runner:
         from safetensors.numpy import load_file
 
         from trt_llm.runtime.engine_dir import EngineDir
-        from trt_llm.runtime.ort_engine import OrtEngine
+        from trt_llm.runtime.backends.ort_engine import OrtEngine
 
         try:
-            from trt_llm.runtime.model import Model
+            from trt_llm.runtime.engine.model import Model
         except ImportError:  # a trt-llm before issue 16 (peers/ours_ref.py runs one)
-            from trt_llm.runtime.generate import Model
+            from trt_llm.runtime.engine.generate import Model
 
         ed = EngineDir.open(path)
         dims = ed.dims
         try:  # a quantized engine stores its embedding in fp16 or int8 blocks
-            from trt_llm.runtime.embedding import load_embedding
+            from trt_llm.runtime.backends.embedding import load_embedding
 
             embedding = load_embedding(ed.component_path("llm", "embedding"), ed.manifest["model"]["dtype"], dims)
         except ImportError:  # a trt-llm before issue 17 (peers/ours_ref.py runs one)
@@ -79,13 +79,13 @@ class Runner:
         self.model = Model(engine, embedding, dims, [])  # no EOS: every row makes exactly n tokens
 
     def run(self, prompts: list[list[int]], n: int) -> dict:
-        from trt_llm.runtime.generate import generate
-        from trt_llm.runtime.sampler import Sampler, SamplingParams
+        from trt_llm.runtime.engine.generate import generate
+        from trt_llm.runtime.sampling.sampler import Sampler, SamplingParams
 
         try:
-            from trt_llm.runtime.sequence import Sequence
+            from trt_llm.runtime.engine.sequence import Sequence
         except ImportError:  # before issue 16
-            from trt_llm.runtime.generate import Sequence
+            from trt_llm.runtime.engine.generate import Sequence
 
         t0 = time.perf_counter()
         sequences = [Sequence(list(p), n) for p in prompts]

@@ -1,0 +1,190 @@
+"""`trt-llm-run INPUT.json --engine-dir DIR [-o OUTPUT.json]`.
+
+Exit status: 0 all requests succeeded; 1 some request failed (its response says why); 2 the input
+file, the engine directory, a flag or an output path is unusable (checked before any request runs,
+nothing is written); 130 / 143 interrupted by SIGINT / SIGTERM (the output holds every finished
+response, the others fail as "interrupted").
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trt_llm.common.cli_args import (FlagError, Interrupted, OneLineParser, capped_threads, positive_int,
+                                      signals_interrupt)
+from trt_llm.common.files import OutputPathError, prepare_output_dir, prepare_output_file, write_atomically
+
+EXIT_OK, EXIT_REQUEST_FAILED, EXIT_UNUSABLE = 0, 1, 2
+PROG = "trt-llm-run"
+OVERRIDES = ("batch_size", "max_generate_length", "seed")  # flags that override the file's settings
+
+
+def parse_args(argv: list[str] | None):
+    parser = OneLineParser(prog=PROG, description="Run the requests of an input file on an engine.")
+    parser.add_argument("input", help="input JSON file")
+    parser.add_argument("--engine-dir", required=True, help="engine directory from trt-llm-build")
+    parser.add_argument("-o", "--output", help="output JSON file (default: standard output); its folder is made")
+    parser.add_argument("--batch-size", type=positive_int, help="overrides the file's batch_size")
+    parser.add_argument("--max-generate-length", type=positive_int, help="overrides the file's max_generate_length")
+    parser.add_argument("--seed", type=int, help="overrides the file's seed")
+    parser.add_argument("--scheduling", choices=("static", "continuous"), default="static",
+                        help="static: batches of batch_size in file order (the reference's); continuous: up to "
+                             "batch_size requests in flight, the next admitted as soon as a row frees "
+                             "(same results, request by request)")
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="CPU threads (default: all physical cores; at most the cores this process may use)")
+    parser.add_argument("--prompt-cache-budget-mb", type=positive_int, default=1024,
+                        help="memory for saved system-prompt KV (least recently used out first)")
+    parser.add_argument("--kv-cache-dir", help="also keep saved system-prompt KV here, across runs")
+    parser.add_argument("--no-spec-decode", action="store_true",
+                        help="vanilla decoding even when the engine has an EAGLE draft")
+    parser.add_argument("--draft-top-k", type=positive_int,
+                        help="children kept per drafted node (default: the engine's, 3 on cpu, 10 on TensorRT)")
+    parser.add_argument("--draft-steps", type=positive_int,
+                        help="tree depth drafted per round (default: the engine's, 2 on cpu, 6 on TensorRT)")
+    parser.add_argument("--verify-tree-size", type=positive_int,
+                        help="tokens per verification pass, root included (default: the engine's, 4 on cpu, "
+                             "60 on TensorRT)")
+    parser.add_argument("--profile-output", help="write the run's profile (JSON) here; its folder is made")
+    parser.add_argument("--dump-profile", action="store_true", help="print a profile summary to stderr")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log the engine, each batch and the totals")
+    return parser.parse_args(argv)
+
+
+def check_output_paths(args) -> tuple[Path | None, Path | None]:
+    """Every path the run writes, checked (folders made) before any work: a run must not compute
+    for an hour and then fail to write."""
+    output = prepare_output_file(args.output, "-o") if args.output else None
+    if output is not None and output == Path(os.path.abspath(args.input)):
+        raise OutputPathError(f"-o {str(output)!r}: is the input file; write the output elsewhere")
+    profile = prepare_output_file(args.profile_output, "--profile-output") if args.profile_output else None
+    if args.kv_cache_dir:
+        prepare_output_dir(args.kv_cache_dir, "--kv-cache-dir")
+    return output, profile
+
+
+def resolve_settings(loaded, args):
+    """The file's settings with the flags' overrides; a bad override is one line naming the flag."""
+    from pydantic import ValidationError
+
+    from trt_llm.schemas._errors import describe
+    from trt_llm.schemas.input_file import RANGES, InputSettings
+
+    overrides = {key: getattr(args, key) for key in OVERRIDES if getattr(args, key) is not None}
+    try:
+        return InputSettings.model_validate({**loaded.settings.model_dump(), **overrides})
+    except ValidationError as error:
+        # The file's own settings were valid when loaded: what fails here is an override.
+        first = error.errors(include_url=False)[0]
+        flag = "--" + str(first["loc"][0]).replace("_", "-")
+        raise FlagError(f"{flag}: {describe(first, RANGES)}") from None
+
+
+@dataclass
+class _Progress:
+    """What a run has got so far, for the output of an interrupted one."""
+    loaded: object = None
+    settings: object = None
+    output_path: Path | None = None
+    finished: list = field(default_factory=list)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format=f"{PROG}: %(levelname)s: %(message)s")
+    log = logging.getLogger(PROG)
+    progress = _Progress()
+    with signals_interrupt() as ignore_signals:
+        try:
+            return _run(args, log, progress)
+        except Interrupted as interrupt:
+            ignore_signals()  # a second signal while the finished responses are written must not lose them
+            return _write_interrupted(log, progress, interrupt)
+
+
+def _run(args, log, progress: _Progress) -> int:
+    from trt_llm.runtime.decoding.spec_config import resolve_spec
+    from trt_llm.runtime.engine_dir import EngineDir, EngineDirError
+    from trt_llm.runtime.cache.prefix_cache import PrefixCache
+    from trt_llm.runtime.engine.profiler import Profiler, format_summary
+    from trt_llm.runtime.requests.runner import Runner, RunError
+    from trt_llm.schemas.input_file import InputFileError, load_input_file
+
+    try:
+        output_path, profile_path = check_output_paths(args)
+        loaded = load_input_file(args.input)
+        settings = resolve_settings(loaded, args)
+        for warning in loaded.warnings:
+            log.warning("%s", warning)
+        threads = capped_threads(args.threads)
+        engine_dir = EngineDir.open(args.engine_dir)
+        prefix_cache = PrefixCache(engine_dir.identity, args.prompt_cache_budget_mb << 20, args.kv_cache_dir)
+        profiler = Profiler() if (args.profile_output or args.dump_profile) else None
+        draft = engine_dir.manifest["components"].get("draft")
+        spec = resolve_spec(draft, engine_dir.manifest["backend"], args.draft_top_k, args.draft_steps,
+                            args.verify_tree_size) if draft else None
+        progress.loaded, progress.settings, progress.output_path = loaded, settings, output_path
+        runner = Runner(engine_dir, threads=threads or 0, prefix_cache=prefix_cache, profiler=profiler,
+                        spec=spec, spec_decode=not args.no_spec_decode, scheduling=args.scheduling)
+        log.info("engine %s: %s backend, %s threads, %d requests in batches of %d (%s scheduling)",
+                 engine_dir.path, engine_dir.manifest["backend"], threads or "default", len(loaded.requests),
+                 settings.batch_size, args.scheduling)
+        output = runner.run(loaded, settings, progress.finished)
+    except (InputFileError, EngineDirError, RunError, OutputPathError, FlagError, ValueError) as error:
+        # ValueError: speculation settings the engine cannot take (check_spec); the others name
+        # the input file, the engine directory, the run's settings, an output path or a flag.
+        log.error("%s", error)
+        return EXIT_UNUSABLE
+    _write_output(output_path, output)
+    if profiler:
+        profile = profiler.summary()
+        if profile_path:
+            write_atomically(profile_path, profile.model_dump_json(indent=2) + "\n")
+        if args.dump_profile:
+            print(format_summary(profile), file=sys.stderr)
+    stats = runner.prefix_stats
+    if stats["saved"] or stats["hits"]:
+        print(f"{PROG}: system-prompt KV cache: {len(prefix_cache)} entries, "
+              f"{prefix_cache.size_bytes / 2**20:.1f} MB of {args.prompt_cache_budget_mb} MB, "
+              f"{stats['hits']} reused, {stats['saved']} saved, {prefix_cache.evictions} evicted, "
+              f"{stats['fallbacks']} full-prefill fallbacks", file=sys.stderr)
+    failed = sum(r.finish_reason == "error" for r in output.responses)
+    log.info("%d requests, %d failed, %d tokens generated", len(output.responses), failed,
+             sum(r.generated_tokens for r in output.responses))
+    if failed:
+        log.error("%d of %d requests failed", failed, len(output.responses))
+        return EXIT_REQUEST_FAILED
+    return EXIT_OK
+
+
+def _write_output(path: Path | None, output) -> None:
+    text = output.to_json()
+    if path is not None:
+        write_atomically(path, text)
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def _write_interrupted(log, progress: _Progress, interrupt: Interrupted) -> int:
+    from trt_llm.runtime.requests.runner import interrupted_output
+
+    if progress.loaded is None:  # before the first request could run: there is nothing to keep
+        log.error("interrupted (%s) before any request ran; nothing written", interrupt.name)
+        return interrupt.exit_status
+    output = interrupted_output(progress.loaded, progress.settings, progress.finished,
+                                f"interrupted ({interrupt.name}) before this request finished")
+    _write_output(progress.output_path, output)
+    where = f" to {progress.output_path}" if progress.output_path else ""
+    log.error("interrupted (%s): wrote %d finished responses%s, %d marked interrupted", interrupt.name,
+              len(progress.finished), where, len(output.responses) - len(progress.finished))
+    return interrupt.exit_status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

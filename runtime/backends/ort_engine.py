@@ -1,0 +1,101 @@
+"""OrtEngine: the decoder graph on ONNX Runtime, as a named-tensor function with an in-place cache."""
+
+from __future__ import annotations
+
+import weakref
+from pathlib import Path
+
+import numpy as np
+
+from trt_llm.runtime.cache.kv_cache import CrossAttentionCache, KVCache
+from trt_llm.runtime.engine.step import Step
+from trt_llm.schemas.graph_spec import cross, past, present
+
+
+# How long an idle intra-op thread spins for more work before it sleeps (ONNX Runtime's
+# session.intra_op.spin_duration_us). Its default spins for tens of milliseconds: measured after a run
+# on these 2 cores, an idle pool burns about 40 ms of CPU. That is the fastest on a quiet machine, but
+# a thread that never sleeps is, to the kernel, a busy process like any other: with other processes
+# busy on the same cores it waits out their time slices at every one of the ~150 parallel sections of
+# a decode step, and decoding collapses (SmolLM2-135M fp32, 2 threads, batch 1, beside one busy
+# process: 28 tok/s spinning, against 56 quiet). Never spinning holds up best under load (40 tok/s
+# there) but pays a wake-up per parallel section when quiet: 48 against 56 tok/s, below ONNX Runtime
+# GenAI (52, spinning). A short spin keeps the threads awake across the gaps inside one run (a norm
+# or an activation between two matmuls, a few to ~25 us) and asleep across anything longer (host work
+# between runs, a time slice lost to another process): 54 tok/s quiet, 31 beside one busy process and
+# 32 beside two (spinning: 28, 25; GenAI: 26, 24). Interleaved runs, benchmarks/README.md.
+SPIN_US = 20
+# A quantized engine's weight-only matmuls become ONNX Runtime's MatMulNBits (plugins/
+# weight_only_matmul.py); its accuracy level 4 multiplies int8 activations (quantized per block of
+# the weights, as llama.cpp's Q8 activations) with the int4 / int8 weights, 2-5x faster than level 1
+# (float32 activations), which is slower than the float matmul. Tests set 1 to compare with
+# transformers on the dequantized weights exactly.
+MATMUL_ACCURACY_LEVEL = 4
+
+
+class OrtEngine:
+    def __init__(self, engine_path: Path, num_layers: int, threads: int = 0, spinning: bool = True):
+        """spinning: ONNX Runtime's idle intra-op threads spin SPIN_US for more work before they sleep
+        (see SPIN_US). False: they never spin, for two sessions that alternate with host work in between
+        (EAGLE's base and draft), where one pool's spinning would take the cores from the other."""
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        if spinning:
+            options.add_session_config_entry("session.intra_op.spin_duration_us", str(SPIN_US))
+        else:
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(MATMUL_ACCURACY_LEVEL))
+        options.log_severity_level = 3
+        options.intra_op_num_threads = threads  # 0 = ONNX Runtime's choice (all physical cores)
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        self._ort = ort
+        self.session = ort.InferenceSession(str(engine_path), options, providers=["CPUExecutionProvider"])
+        self.num_layers = num_layers
+        self._binding = self.session.io_binding()
+        self._bound = None  # what the cache/extra bindings point at now: (cache ref, batch, capacity, extra)
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        """A cache this engine can bind: [batch, Hkv, capacity, D] per layer, in the graph's dtype."""
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        cache = inputs[past("key", 0)]
+        dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[cache.type]
+        if cross("key", 0) in inputs:  # an encoder-decoder (Whisper): the clip's keys and values live with the rows
+            names = [(cross("key", i), cross("value", i)) for i in range(self.num_layers)]
+            return CrossAttentionCache(self.num_layers, batch, cache.shape[1], capacity, cache.shape[3], dtype, names)
+        return KVCache(self.num_layers, batch, cache.shape[1], capacity, cache.shape[3], dtype)
+
+    def run(self, step: Step, cache: KVCache, lora: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """One forward pass (runtime/engine/step.py); writes the new tokens into `cache`, the logits into
+        step.logits and the step's other outputs into their arrays. lora: the LoRA inputs, which stay
+        the same while the batch does and are bound with the cache."""
+        extra = lora or {}
+        binding = self._binding
+        for name, array in step.named_inputs():
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        # The outputs are bound every call (the logits' width changes with each EAGLE verification);
+        # the cache bindings only when the batch does: re-binding 2 x layers buffers every step would
+        # cost more than the small inputs above (about 1.5 ms a verification pass on 30 layers).
+        for name, array in step.named_outputs().items():
+            binding.bind_output(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
+        # The cache is recognised by identity (a weak reference: a new cache at a recycled id() must not
+        # pass for the old one); its buffers are allocated once and never replaced. Reading 60 buffer
+        # addresses through .ctypes every step instead cost 60-100 us a step (cProfile), the largest
+        # host-side cost of a batch-1 step.
+        bound = self._bound
+        extra = {**cache.bound_inputs(), **extra}  # an encoder-decoder's cross-attention inputs live with the rows
+        extra_key = tuple((n, a.__array_interface__["data"][0], a.shape) for n, a in extra.items())
+        if (bound is None or bound[0]() is not cache or bound[1:] != (cache.batch, cache.capacity, extra_key)):
+            for i, (key_buffer, value_buffer) in enumerate(cache.views()):
+                # The same memory as past input and present output: the op updates it in place.
+                for kind, buffer in (("key", key_buffer), ("value", value_buffer)):
+                    binding.bind_input(past(kind, i), "cpu", 0, buffer.dtype, buffer.shape,
+                                       buffer.ctypes.data)
+                    binding.bind_output(present(kind, i), "cpu", 0, buffer.dtype, buffer.shape,
+                                        buffer.ctypes.data)
+            for name, array in extra.items():
+                binding.bind_input(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
+            self._bound = (weakref.ref(cache), cache.batch, cache.capacity, extra_key)
+        self.session.run_with_iobinding(binding)
+        return step.logits

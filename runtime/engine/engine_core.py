@@ -1,0 +1,212 @@
+"""The step-level engine: requests join and leave a running batch between steps.
+
+    core = EngineCore(model, max_rows=4)                   # vanilla decoding; or strategy=Eagle(...)
+    core.add_request(EngineRequest(...))                   # waits until a row of the KV pool is free
+    while core.has_unfinished():
+        for done in core.step():                           # one pass: a prefill of newly admitted
+            ...                                            # requests, or a decode step of every running row
+
+The KV pool is one cache of `max_rows` rows, allocated once (it grows only when a request needs more
+slots than any before it). Running requests hold the rows 0 .. n-1: a finished row leaves and the
+rows behind it move up, a new request takes the next free row. A step is either a prefill of the
+requests just admitted (run on their rows alone, so their batch-mates' decoding is not padded to a
+prompt's width) or a decode step of every running row, which the decoding strategy
+(runtime/decoding/) defines: each row computes exactly what it computes in a static batch, so its
+tokens do not depend on who joins or leaves around it.
+
+Admission (`Scheduler`): "continuous" admits the next waiting request as soon as a row frees;
+"static" admits a whole group of requests only when the pool is empty, which is the reference's
+batches of `batch_size` in file order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from trt_llm.runtime.sampling.grammar import mask_logits
+from trt_llm.runtime.engine.model import Model
+from trt_llm.runtime.sampling.sampler import Sampler, SamplingParams
+from trt_llm.runtime.engine.sequence import ABORTED, Sequence, append_token, record_logprobs
+
+
+@dataclass(eq=False)
+class EngineRequest:
+    """One request as the engine runs it: its token state and how to sample it."""
+    id: object
+    sequence: Sequence
+    params: SamplingParams
+    seed: int | None = None
+    num_logprobs: int = 0
+    adapter: object | None = None  # a runtime.lora.LoraAdapter, or None for the base model
+    group: int = 0  # static scheduling: requests of one group are admitted together
+    speculate: bool = True  # under EAGLE: False verifies the root alone (vanilla's tokens, one per step)
+    row: int = -1  # the sampler's row of this request (add_request sets it)
+
+
+class Scheduler:
+    """Waiting and running requests, and who may take a free row of the pool."""
+
+    def __init__(self, max_rows: int, policy: str = "continuous"):
+        if policy not in ("continuous", "static"):
+            raise ValueError(f"scheduling: {policy!r} is not a policy; choose continuous or static")
+        self.max_rows, self.policy = max_rows, policy
+        self.waiting: deque[EngineRequest] = deque()
+        self.running: list[EngineRequest] = []
+
+    def admit(self) -> list[EngineRequest]:
+        """The waiting requests that start now, in arrival order (moved to running)."""
+        if self.policy == "static":
+            if self.running or not self.waiting:
+                return []
+            group = self.waiting[0].group
+            admitted = []
+            while self.waiting and self.waiting[0].group == group and len(admitted) < self.max_rows:
+                admitted.append(self.waiting.popleft())
+        else:
+            admitted = [self.waiting.popleft() for _ in range(min(len(self.waiting), self.max_rows - len(self.running)))]
+        self.running += admitted
+        return admitted
+
+
+class EngineCore:
+    def __init__(self, model: Model, max_rows: int, policy: str = "continuous", lora_layout: dict | None = None,
+                 profiler=None, strategy=None, sampler: Sampler | None = None):
+        """strategy: a runtime.decoding strategy (Vanilla() by default, Eagle(...) with a draft).
+        sampler: one whose rows the requests already hold (EngineRequest.row), or None for a new one."""
+        from trt_llm.runtime.decoding.vanilla import Vanilla
+
+        self.model = model
+        self.scheduler = Scheduler(max_rows, policy)
+        self.strategy = strategy if strategy is not None else Vanilla()
+        self.sampler = sampler if sampler is not None else Sampler([])
+        self.lora_layout = lora_layout
+        self.profiler = profiler
+        self.cache = None  # the KV pool, made at the first admission
+        self._own_rows: set[int] = set()  # sampler rows add_request made, released when their request leaves
+        self.lora_inputs: dict[str, np.ndarray] = {}  # the running rows' LoRA inputs, row by row
+        self._lora_rows: list = []  # the adapters the LoRA inputs were built for
+
+    # -- the API ----------------------------------------------------------------------------------
+
+    def add_request(self, request: EngineRequest) -> None:
+        if request.row < 0:
+            request.row = self.sampler.add(request.params, request.seed)
+            self._own_rows.add(request.row)
+        self.scheduler.waiting.append(request)
+
+    def _release(self, request: EngineRequest) -> None:
+        if request.row in self._own_rows:
+            self._own_rows.discard(request.row)
+            self.sampler.release(request.row)
+
+    def abort(self, request_id) -> EngineRequest | None:
+        """Stop a request, waiting or running; it finishes with finish_reason "aborted"."""
+        for request in self.scheduler.waiting:
+            if request.id == request_id:
+                self.scheduler.waiting.remove(request)
+                request.sequence.finish_reason = ABORTED
+                self._release(request)
+                return request
+        for index, request in enumerate(self.scheduler.running):
+            if request.id == request_id:
+                request.sequence.finish_reason = ABORTED
+                self._leave([index])
+                return request
+        return None
+
+    def has_unfinished(self) -> bool:
+        return bool(self.scheduler.waiting or self.scheduler.running)
+
+    def step(self) -> list[EngineRequest]:
+        """One model pass; returns the requests that finished in it.
+
+        Run the loop of steps inside runtime.threads.single_threaded_host_math() (once: it costs about
+        a millisecond to enter), so that the host's small math leaves the cores to the engine."""
+        admitted = self.scheduler.admit()
+        if admitted:
+            start = len(self.scheduler.running) - len(admitted)
+            self._reserve(admitted)
+            self._update_lora()
+            finished = self.strategy.prefill(self, admitted, start)
+        elif self.scheduler.running:
+            finished = self.strategy.step(self)
+        else:
+            return []
+        done = [self.scheduler.running[i] for i in finished]
+        if finished:
+            self._leave(finished)
+        return done
+
+    def run_to_completion(self) -> None:
+        while self.has_unfinished():
+            self.step()
+
+    # -- what strategies use ----------------------------------------------------------------------
+
+    def stage(self, name: str):
+        return self.profiler.stage(name) if self.profiler else nullcontext()
+
+    def lora_window(self, start: int) -> dict[str, np.ndarray]:
+        """The LoRA inputs of running rows start .. end."""
+        return {name: array[start:] for name, array in self.lora_inputs.items()} if start else self.lora_inputs
+
+    def sample(self, requests: list[EngineRequest], logits: np.ndarray, first: int) -> list[int]:
+        """Sample one token for each of `requests` (the running rows first, first + 1, ...) from
+        logits [n, V] and append it; returns the running indexes of the ones that finished."""
+        with self.stage("sample"):
+            step_logits = torch.from_numpy(logits)
+            allowed = mask_logits(step_logits, [r.sequence.constraint for r in requests])  # structured output
+            sampled = self.sampler.sample(allowed, [r.row for r in requests])
+            tokens = sampled.tolist()
+            with_logprobs = [i for i, r in enumerate(requests) if r.num_logprobs]
+            # Each request's own K: a batch-uniform K is the caller's rule to set.
+            for k in sorted({requests[i].num_logprobs for i in with_logprobs}):
+                picked = [i for i in with_logprobs if requests[i].num_logprobs == k]
+                index = torch.tensor(picked)
+                record_logprobs([requests[i].sequence for i in picked], step_logits[index], sampled[index], k)
+        now = time.perf_counter()
+        return [first + i for i, (r, token) in enumerate(zip(requests, tokens))
+                if append_token(self.model.eos, r.sequence, token, now)]
+
+    # -- the pool ---------------------------------------------------------------------------------
+
+    def _reserve(self, admitted: list[EngineRequest]) -> None:
+        running = self.scheduler.running
+        need = max(len(r.sequence.prompt_ids) + r.sequence.max_new_tokens for r in admitted)
+        need += self.strategy.extra_slots
+        if self.cache is None:
+            self.cache = self.model.new_cache(self.scheduler.max_rows, need)
+        else:
+            self.cache.reserve(self.scheduler.max_rows, need, [r.sequence.length - 1 for r in running[: -len(admitted)]])
+        self.cache.batch = len(running)
+        self.strategy.reserve(self, need)
+
+    def _leave(self, indexes: list[int]) -> None:
+        """Running rows `indexes` leave; the rows behind them move up."""
+        running = self.scheduler.running
+        gone = set(indexes)
+        keep = [i for i in range(len(running)) if i not in gone]
+        # A row's used slots: its prompt and generated tokens but the last (not yet in the cache).
+        self.cache.keep_rows(keep, [running[i].sequence.length - 1 for i in keep])
+        self.strategy.leave(keep)
+        for i in indexes:
+            self._release(running[i])
+        self.scheduler.running = [running[i] for i in keep]
+        self._update_lora()
+
+    def _update_lora(self) -> None:
+        if not self.lora_layout:
+            return
+        adapters = [r.adapter for r in self.scheduler.running]
+        if adapters == self._lora_rows:
+            return
+        from trt_llm.runtime.requests.lora import batch_inputs
+
+        self._lora_rows = adapters
+        self.lora_inputs = batch_inputs(adapters, self.lora_layout, self.model.embedding.dtype) if adapters else {}

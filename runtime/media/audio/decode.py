@@ -1,0 +1,112 @@
+"""Audio sources of an input file: an `{"type": "audio", "audio": SOURCE}` part turned into the 16 kHz
+mono float32 waveform an audio model's feature extractor expects.
+
+The source is resolved by runtime/media/sources.py (a local path, a `file://` or `data:audio/...` URL; never
+the network). Decoding repeats what transformers' `audio_utils.load_audio` does with its soundfile
+backend -- itself `librosa.load`'s steps -- so the samples are the ones the model's processor would
+have seen: soundfile (libsndfile) reads the clip as float32 (integer PCM scaled by 1 / 2^(bits-1)),
+the channels are averaged with equal weights, *then* the mono signal is resampled with soxr at its
+"HQ" quality (librosa's and transformers' `soxr_hq`) and padded or cut to ceil(n * rate / source
+rate) samples. Averaging before resampling is also the order of transformers' ASR pipeline; the two
+orders differ only by rounding, as resampling is linear, but one resampling is half the work.
+
+Only common containers are decoded (WAV and its 64-bit variants, AIFF, FLAC, Ogg Vorbis / Opus,
+MP3): libsndfile knows a score of legacy formats that no client sends and that would only widen what
+a request can reach. `AudioError` is a `MediaError`, so a caller that catches the source errors of
+`media_bytes` (missing file, bad data URL) catches the decoding ones too; each is one line naming
+the source.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import numpy as np
+import soundfile
+import soxr
+
+from trt_llm.runtime.media.sources import MediaError, media_bytes
+
+# libsndfile's major-format ids, as `soundfile.SoundFile.format` names them.
+AUDIO_FORMATS = ("WAV", "WAVEX", "RF64", "W64", "AIFF", "FLAC", "OGG", "MP3")
+SAMPLING_RATE = 16000  # every Whisper-family and Parakeet extractor's rate
+RESAMPLE_QUALITY = "HQ"  # soxr's default, what librosa and transformers call "soxr_hq"
+
+
+class AudioError(MediaError):
+    pass
+
+
+def _one_line(error: BaseException) -> str:
+    # libsndfile's own message: str() of its error names the BytesIO object, not the source
+    text = error.error_string if isinstance(error, soundfile.LibsndfileError) else str(error)
+    return " ".join(text.split()) or type(error).__name__
+
+
+def _check_rate(sampling_rate) -> int:
+    if isinstance(sampling_rate, bool) or not isinstance(sampling_rate, int) or sampling_rate < 1:
+        raise ValueError(f"audio: sampling_rate must be a positive integer, got {sampling_rate!r}")
+    return sampling_rate
+
+
+def _check_max_seconds(max_seconds) -> float | None:
+    if max_seconds is None:
+        return None
+    if isinstance(max_seconds, bool) or not isinstance(max_seconds, (int, float)) or not max_seconds > 0:
+        raise ValueError(f"audio: max_seconds must be a positive number or None, got {max_seconds!r}")
+    return float(max_seconds)
+
+
+def resample(waveform: np.ndarray, source_rate: int, sampling_rate: int) -> np.ndarray:
+    """A mono float32 waveform at `sampling_rate`, of ceil(n * sampling_rate / source_rate) samples
+    (soxr's own length can be a sample off; librosa and transformers fix it to this)."""
+    if source_rate == sampling_rate:
+        return np.ascontiguousarray(waveform, dtype=np.float32)
+    length = math.ceil(len(waveform) * sampling_rate / source_rate)
+    out = soxr.resample(waveform, source_rate, sampling_rate, quality=RESAMPLE_QUALITY)
+    out = np.pad(out, (0, max(0, length - len(out))))[:length]
+    return np.ascontiguousarray(out, dtype=np.float32)
+
+
+def decode_audio(data: bytes, name: str, sampling_rate: int = SAMPLING_RATE,
+                 max_seconds: float | None = None) -> np.ndarray:
+    """A clip's file bytes as a mono float32 waveform at `sampling_rate`; `name` is what an
+    AudioError calls the source. `max_seconds` refuses longer clips before their samples are decoded."""
+    sampling_rate = _check_rate(sampling_rate)
+    max_seconds = _check_max_seconds(max_seconds)
+    supported = ", ".join(AUDIO_FORMATS)
+    try:
+        clip = soundfile.SoundFile(io.BytesIO(data))
+    except Exception as error:  # noqa: BLE001 -- LibsndfileError for bytes that are no audio it knows
+        raise AudioError(f"audio {name}: not audio in a supported format ({supported}): {_one_line(error)}") from None
+    with clip:
+        if clip.format not in AUDIO_FORMATS:
+            raise AudioError(f"audio {name}: {clip.format_info} ({clip.format}) is not a supported format "
+                             f"({supported})")
+        source_rate, frames = clip.samplerate, clip.frames
+        if frames == 0:
+            raise AudioError(f"audio {name}: the clip is empty (no samples)")
+        if max_seconds is not None and frames > max_seconds * source_rate:
+            raise AudioError(f"audio {name}: {frames / source_rate:.2f} s long, over the limit of {max_seconds:g} s")
+        try:
+            samples = clip.read(dtype="float32", always_2d=True)  # [frames, channels]
+        except Exception as error:  # noqa: BLE001 -- a damaged stream: LibsndfileError, RuntimeError, MemoryError...
+            raise AudioError(f"audio {name}: cannot decode it ({type(error).__name__}: {_one_line(error)})") from None
+    if samples.shape[0] == 0:  # the header promised samples that the stream does not hold
+        raise AudioError(f"audio {name}: the clip is empty (no samples could be decoded)")
+    if not np.isfinite(samples).all():  # float WAVs can hold them, and soxr would smear them over the clip
+        raise AudioError(f"audio {name}: holds NaN or infinite samples")
+    # transformers' expression, [channels, frames] averaged over axis 0, for the same float32 rounding
+    channels = samples.T
+    mono = channels.mean(axis=0) if channels.shape[0] > 1 else channels[0]
+    return resample(mono, source_rate, sampling_rate)
+
+
+def load_audio(source: str, base_dir: Path | None = None, sampling_rate: int = SAMPLING_RATE,
+               max_seconds: float | None = None) -> np.ndarray:
+    """The mono float32 waveform at `sampling_rate` of an `"audio"` content part's source
+    (`base_dir`: the input file's folder). Raises MediaError (AudioError for the clip itself)."""
+    data, name = media_bytes(source, base_dir, "audio")
+    return decode_audio(data, name, sampling_rate, max_seconds)

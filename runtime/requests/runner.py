@@ -1,0 +1,214 @@
+"""Run a loaded input file on an engine directory: batches in file order, one response per request.
+
+A request that cannot run fails alone, with finish_reason "error" and its reason; its batch-mates
+and the other batches still run. Each batch runs on an EngineCore (runtime/engine/engine_core.py) with the
+static policy; `--scheduling continuous` feeds one EngineCore the whole file (runtime/requests/continuous.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+from trt_llm.runtime.decoding.draft import SpecStats, check_spec, load_draft_engine
+from trt_llm.runtime.decoding.eagle import Eagle
+from trt_llm.runtime.decoding.vanilla import Vanilla
+from trt_llm.runtime.backends.embedding import load_embedding
+from trt_llm.runtime.engine.engine_core import EngineCore, EngineRequest
+from trt_llm.runtime.engine_dir import EngineDir, loading
+from trt_llm.runtime.engine.model import model_of
+from trt_llm.runtime.cache.prefix_cache import PrefixCache
+from trt_llm.runtime.engine.profiler import Profiler
+from trt_llm.runtime.text.prompt import PromptError, PromptFormatter
+from trt_llm.runtime.requests.prepare import Prepared, RequestPreparer, apply_batch_rules
+from trt_llm.runtime.requests.responses import ResponseBuilder, interrupted_output, logged_error
+from trt_llm.runtime.decoding.spec_config import SpecConfig, resolve_spec
+from trt_llm.runtime.engine.threads import leaves_cores_to_the_engine
+from trt_llm.runtime.text.token_bytes import TokenBytes
+from trt_llm.runtime.text.tokenizer import Tokenizer
+from trt_llm.schemas.input_file import InputSettings, LoadedInput, Request, RequestError
+from trt_llm.schemas.output_file import OutputFile, Response
+
+__all__ = ["Runner", "RunError", "apply_batch_rules", "interrupted_output"]
+
+log = logging.getLogger(__name__)
+
+
+class RunError(ValueError):
+    """The run as a whole cannot go on (settings the engine cannot serve)."""
+
+
+class Runner:
+    def __init__(self, engine_dir: EngineDir, threads: int = 0, prefix_cache: PrefixCache | None = None,
+                 profiler: Profiler | None = None, spec: SpecConfig | None = None, spec_decode: bool = True,
+                 scheduling: str = "static"):
+        from trt_llm.runtime.backends.engines import open_engine
+
+        self.engine_dir = engine_dir
+        dims = engine_dir.dims
+        embedding_path = engine_dir.component_path("llm", "embedding")
+        with loading("embedding", embedding_path):
+            embedding = load_embedding(embedding_path, engine_dir.manifest["model"]["dtype"], dims)
+        eagle = engine_dir.manifest["model"].get("eagle") or {}
+        # Under speculation the base and the draft sessions alternate: neither may spin (measured on
+        # 2 cores: EAGLE3 0.53x -> 1.07x vanilla). Vanilla decoding spins briefly (OrtEngine.SPIN_US).
+        with loading("engine", engine_dir.component_path("llm", "engine")):
+            engine = open_engine(engine_dir, threads, spinning=not (eagle and spec_decode))
+        self.model = model_of(engine_dir, engine, embedding)
+        self.draft = None
+        if eagle and spec_decode:
+            with loading("EAGLE draft", engine_dir.path / "draft"):
+                self.draft = load_draft_engine(engine_dir, threads, embedding)
+        if self.draft is not None and spec is None:  # the tree the engine's build recorded for its backend
+            spec = resolve_spec(engine_dir.manifest["components"]["draft"], engine_dir.manifest["backend"])
+        self.spec = check_spec(spec, engine_dir) if self.draft else None
+        self.spec_stats = SpecStats()
+        with loading("tokenizer", engine_dir.tokenizer_dir):
+            self.tokenizer = Tokenizer.from_dir(engine_dir.tokenizer_dir)
+        self.token_bytes = TokenBytes(self.tokenizer, vocab_size=dims["vocab_size"])
+        self.limits = engine_dir.limits
+        self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(engine_dir.identity)
+        self.prefix_stats = {"hits": 0, "saved": 0, "fallbacks": 0}
+        self.profiler = profiler
+        self.scheduling = scheduling
+        self.lora_layout = engine_dir.manifest.get("lora")
+        self.vision = None
+        if "vision" in engine_dir.manifest["components"]:
+            from trt_llm.runtime.media.vision.encoder import VisionEncoder
+
+            with loading("vision encoder", engine_dir.path / "vision"):
+                self.vision = VisionEncoder(engine_dir, threads)
+            self.vision.profiler = profiler
+        self.audio = None
+        if "audio" in engine_dir.manifest["components"]:
+            from trt_llm.runtime.media.audio.encoder import AudioEncoder
+
+            with loading("audio encoder", engine_dir.path / "audio"):
+                self.audio = AudioEncoder(engine_dir, threads)
+            self.audio.profiler = profiler
+        self.preparer = RequestPreparer(self.tokenizer, self.token_bytes, self.limits, dims["vocab_size"],
+                                        self.lora_layout, embedding.dtype, self.prefix_stats,
+                                        engine_dir.eos_token_ids, self.vision, self.audio)
+        self.responses = ResponseBuilder(self.token_bytes)
+
+    def run(self, loaded: LoadedInput, settings: InputSettings,
+            finished: list[Response] | None = None) -> OutputFile:
+        """The output file of `loaded`. `finished`, when given, receives each batch's responses as
+        the batch completes, so an interrupted run can still write them (interrupted_output)."""
+        if settings.batch_size > self.limits["max_batch_size"]:
+            raise RunError(f"batch_size {settings.batch_size} exceeds the engine's max_batch_size "
+                           f"{self.limits['max_batch_size']}")
+        formatter = self.formatter(settings, loaded.source)
+        responses = [] if finished is None else finished
+        if self.scheduling == "continuous":
+            from trt_llm.runtime.requests.continuous import run_continuous
+
+            run_continuous(self, loaded, settings, formatter, responses)
+            return OutputFile(input_file=loaded.source, responses=sorted(responses, key=lambda r: r.request_idx))
+        slots = loaded.requests
+        batches = range(0, len(slots), settings.batch_size)
+        for number, batch_start in enumerate(batches, 1):
+            batch = slots[batch_start: batch_start + settings.batch_size]
+            started = time.perf_counter()
+            done = self._run_batch(batch, batch_start, loaded, settings, formatter)
+            responses += done
+            log.info("batch %d of %d: requests %d-%d, %d tokens generated in %.2f s%s", number, len(batches),
+                     batch_start, batch_start + len(batch) - 1, sum(r.generated_tokens for r in done),
+                     time.perf_counter() - started,
+                     f", {sum(r.finish_reason == 'error' for r in done)} failed"
+                     if any(r.finish_reason == "error" for r in done) else "")
+        return OutputFile(input_file=loaded.source, responses=responses)
+
+    def _run_batch(self, batch, batch_start, loaded, settings, formatter) -> list[Response]:
+        started = time.perf_counter()
+        results: dict[int, Response] = {}
+        prepared: list[Prepared] = []
+        with (self.profiler.stage("prepare") if self.profiler else nullcontext()):
+            for batch_idx, slot in enumerate(batch):
+                index = batch_start + batch_idx
+                if isinstance(slot, RequestError):
+                    results[index] = self.error(index, batch_idx, slot.message, slot.raw_messages())
+                    continue
+                try:
+                    prepared.append(self.prepare(index, slot, settings, formatter))
+                except (PromptError, ValueError) as error:
+                    results[index] = self.error(index, batch_idx, str(error), loaded.messages(index))
+
+        if prepared:
+            apply_batch_rules(prepared, settings)
+            for p in prepared:
+                self.attach_prefix(p)
+            try:
+                # Batch-wide, like the reference: one request asking for vanilla decoding gets it
+                # for its whole batch.
+                core = self.engine_core(len(prepared), "static", speculate=prepared[0].speculate)
+                for p in prepared:
+                    core.add_request(self.engine_request(p))
+                _run_to_completion(core)
+            except Exception as error:  # the engine failed: this batch's requests fail, the run goes on
+                # One line; the traceback only with -v (it is for us, the message is for the user).
+                log.error("batch starting at request %d failed: %s", batch_start, error)
+                log.info("the batch's traceback:", exc_info=True)
+                for p in prepared:
+                    results[p.index] = self.error(p.index, p.index - batch_start, f"batch failed: {error}",
+                                                  loaded.messages(p.index))
+            else:
+                for p in prepared:
+                    results[p.index] = self.finish(p, p.index - batch_start, started, loaded.messages(p.index))
+        return [results[i] for i in sorted(results)]
+
+    def engine_core(self, max_rows: int, policy: str, speculate: bool = True) -> EngineCore:
+        """An EngineCore on this runner's model, with EAGLE when the engine has a draft (and
+        `speculate`), else vanilla decoding."""
+        strategy = Eagle(self.draft, self.spec, self.spec_stats) if self.draft is not None and speculate else Vanilla()
+        return EngineCore(self.model, max_rows, policy, self.lora_layout, self.profiler, strategy)
+
+    def formatter(self, settings: InputSettings, source: str | None = None) -> PromptFormatter:
+        """The prompt formatter of a run: images and audio when the engine reads them, their relative
+        paths from the input file's folder (source: its path)."""
+        media_dir = Path(source).resolve().parent if source and Path(source).is_file() else None
+        return PromptFormatter(self.tokenizer, settings.apply_chat_template, settings.add_generation_prompt,
+                               settings.enable_thinking, images=self.vision is not None, media_dir=media_dir,
+                               audio=self.audio is not None)
+
+    @staticmethod
+    def engine_request(p: Prepared) -> EngineRequest:
+        return EngineRequest(p.index, p.sequence, p.params, p.seed, p.num_logprobs, p.adapter,
+                             speculate=p.speculate)
+
+    def prepare(self, index: int, request: Request, settings: InputSettings,
+                formatter: PromptFormatter) -> Prepared:
+        """A validated request -> what the engine runs (runtime/requests/prepare.py)."""
+        return self.preparer.prepare(index, request, settings, formatter)
+
+    def error(self, index: int, batch_idx: int, message: str, messages) -> Response:
+        return logged_error(index, batch_idx, message, messages)
+
+    def finish(self, p: Prepared, batch_idx: int, started: float, messages) -> Response:
+        """The response of a finished request (its saved system prompt goes into the cache)."""
+        if p.sequence.saved is not None:
+            self.prefix_cache.put(p.request.lora_name, p.sequence.saved)
+            self.prefix_stats["saved"] += 1
+        response = self.responses.response(p, batch_idx, started, messages)
+        if self.profiler:
+            self.profiler.ttft_ms[p.index] = response.time_to_first_token_ms
+        return response
+
+    def attach_prefix(self, p: Prepared) -> None:
+        """Reuse a saved system prompt for `p`, or save its own when its batch asks (p.save_group)."""
+        # At least one prompt token must be prefilled: it gives the first logits.
+        if not p.system_ids or len(p.system_ids) >= len(p.sequence.prompt_ids):
+            return
+        entry = self.prefix_cache.get(p.request.lora_name, p.system_ids)
+        if entry is not None:
+            p.sequence.reused = entry
+            self.prefix_stats["hits"] += 1
+        elif p.save_group:
+            p.sequence.save_prefix = len(p.system_ids)
+
+
+@leaves_cores_to_the_engine
+def _run_to_completion(core: EngineCore) -> None:
+    core.run_to_completion()
