@@ -144,7 +144,7 @@ class FakeCudart:
 
     # memory
     def cudaMalloc(self, size):  # noqa: N802
-        for i, (_, freed) in enumerate(self.free_list):
+        for i, (base, freed) in enumerate(self.free_list):  # noqa: B007 - base is the block reused after the break
             if freed == size:
                 del self.free_list[i]
                 break
