@@ -14,11 +14,18 @@ Inputs (shapes):
     sin_cache      [P, D/2] float            row position_ids[b, s] (rotate-half layout)
     tree_mask      [B, S, S] bool, optional  which new tokens each new token sees (EAGLE tree
                                              verification); without it the new tokens are causal
-Attributes: num_heads, kv_num_heads, scale.
+Attributes: num_heads, kv_num_heads, scale; window (0 = none), softcap (0.0 = none).
 Outputs: attention output [B, S, Hq * D] (zeros at padded positions), present_key, present_value
 (the caches with the new tokens written at past_lengths .. past_lengths + query_lengths - 1).
 Every new token sees all cached slots before past_lengths, and the new tokens that tree_mask allows
 (itself and its ancestors, which the runtime orders before it).
+
+Sliding window (window W > 0): the new token in cache slot q = past_lengths[b] + s sees a key slot k
+it would see otherwise only when q - k < W, so itself and at most the W - 1 slots before it
+(transformers' sliding_window, `kv_idx > q_idx - sliding_window`, in slot coordinates). Slots, not rotary positions: the runtime
+keeps a row's tokens in consecutive slots and may keep only its last ones, so nothing but the rotary
+rows is ever read from position_ids. Soft-capping (softcap c > 0): scores = c * tanh(scores / c),
+after the softmax scale and before masking (Gemma 2's attn_logit_softcapping).
 
 The rotary contract: a text model passes its position tables (row p = cos(p * inv_freq) * scale,
 build/models/layers.rotary_tables) and the token positions; mRoPE (Qwen2.5-VL, Qwen3-VL: positions
@@ -33,7 +40,8 @@ Facets (the fixed names every op file exposes for the registry in plugins/__init
  1. `attention` (`TORCH_OPS`): a torch custom op with an eager reference implementation (the ground truth).
  2. `onnx_translation` + `FUNCTION_BODY`: a node `trt::AttentionPlugin` carrying a `plugin_namespace`
     attribute, and a model-local ONNX function of standard ops with the same name, so any runtime
-    without our plugin (ONNX Runtime, TensorRT-RTX) can run it.
+    without our plugin (ONNX Runtime, TensorRT-RTX) can run it. `finish_export` then fixes the
+    soft-cap's branch of the attached bodies for the model (TensorRT-RTX cannot build that If).
  3. `lower_for_onnxruntime`: rewrites the node to `com.microsoft.GroupQueryAttention`, whose CPU kernel
     does rotary, the in-place cache write and the ragged causal attention in one call (a computed
     rotation table is padded to the capacity rows GQA wants).
@@ -84,6 +92,9 @@ def _register_schemas() -> None:
                 Attr("num_heads", AttrType.INT, "query heads"),
                 Attr("kv_num_heads", AttrType.INT, "key/value heads"),
                 Attr("scale", AttrType.FLOAT, "softmax scale"),
+                # Optional, so graphs made before they existed stay valid.
+                Attr("window", helper.make_attribute("window", 0), "sliding window in slots (0: none)"),
+                Attr("softcap", helper.make_attribute("softcap", 0.0), "attention logit soft-cap (0: none)"),
                 Attr("plugin_namespace", AttrType.STRING, "TensorRT plugin namespace"),
             ],
         ))
@@ -138,6 +149,8 @@ def attention(
     num_heads: int,
     kv_num_heads: int,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     batch, seq, _ = qkv.shape
     _, _, capacity, head_dim = past_key.shape
@@ -164,10 +177,16 @@ def attention(
     # Key slot j: cached (j < past) is always visible; new token j - past when the tree allows.
     allowed = torch.gather(tree_mask, 2, offset.clamp(0, seq - 1)[:, None, :].expand(batch, seq, capacity))
     visible = (offset < 0)[:, None, :] | (written[:, None, :] & allowed)  # [B, S, L]
+    if window > 0:
+        # New token s sits in slot past + s, so its distance to slot j is s - offset[j].
+        lag = torch.arange(seq)[None, :, None] - offset[:, None, :]
+        visible = visible & (lag < window)
     group = num_heads // kv_num_heads
     keys = present_key.repeat_interleave(group, dim=1)
     values = present_value.repeat_interleave(group, dim=1)
     scores = (q.transpose(1, 2) @ keys.transpose(-1, -2)) * scale  # [B, Hq, S, L]
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
     scores = scores.masked_fill(~visible[:, None], float("-inf"))
     # A padded query may see nothing at all: its softmax is NaN, and it is zeroed below anyway.
     probs = torch.nan_to_num(scores.softmax(-1), nan=0.0)
@@ -178,7 +197,7 @@ def attention(
 
 @attention.register_fake
 def _attention_fake(qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos_cache,
-                    sin_cache, tree_mask, num_heads, kv_num_heads, scale):
+                    sin_cache, tree_mask, num_heads, kv_num_heads, scale, window=0, softcap=0.0):
     batch, seq, _ = qkv.shape
     head_dim = past_key.shape[-1]
     return (
@@ -200,12 +219,12 @@ TORCH_OPS = (torch.ops.trt_llm.attention.default,)
 
 def onnx_translation(
     qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos_cache, sin_cache,
-    tree_mask, num_heads: int, kv_num_heads: int, scale: float,
+    tree_mask, num_heads: int, kv_num_heads: int, scale: float, window: int = 0, softcap: float = 0.0,
 ) -> tuple[onnxscript.onnx_types.FLOAT, onnxscript.onnx_types.FLOAT, onnxscript.onnx_types.FLOAT]:
     # The return annotation matters: without it the exporter infers zero outputs.
     inputs = [qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos_cache, sin_cache]
-    attributes = dict(num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale,
-                      plugin_namespace=PLUGIN_NAMESPACE, _outputs=3)
+    attributes = dict(num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale, window=window,
+                      softcap=softcap, plugin_namespace=PLUGIN_NAMESPACE, _outputs=3)
     if tree_mask is None:
         return _TRT.AttentionPlugin(*inputs, **attributes)
     return _TRT.TreeAttentionPlugin(*inputs, tree_mask, **attributes)
@@ -214,7 +233,7 @@ def onnx_translation(
 @onnxscript.script(_TRT, default_opset=op)
 def TreeAttentionPlugin(  # noqa: N802 - the function's name is the node's op type
     qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos_cache, sin_cache, tree_mask,
-    num_heads: int, kv_num_heads: int, scale: float, plugin_namespace: str,
+    num_heads: int, kv_num_heads: int, scale: float, plugin_namespace: str, window: int = 0, softcap: float = 0.0,
 ):
     zero = op.Constant(value_ints=[0])
     one = op.Constant(value_ints=[1])
@@ -262,6 +281,15 @@ def TreeAttentionPlugin(  # noqa: N802 - the function's name is the node's op ty
     allowed = op.GatherElements(tree_mask, op.Expand(op.Unsqueeze(source, one), mask_shape), axis=2)
     cached = op.Less(offset, op.Constant(value_int=0))
     visible = op.Or(op.Unsqueeze(cached, one), op.And(op.Unsqueeze(written, one), allowed))  # [B, S, L]
+    # The sliding window and the soft-cap sit behind an If on their attribute, a constant ONNX Runtime
+    # folds (so does TensorRT-RTX's builder the window's; the soft-cap's finish_export resolves): a
+    # graph without them runs no node of theirs.
+    window_slots = op.Constant(value_int=window)
+    windowed = op.Greater(window_slots, op.Constant(value_int=0))
+    if windowed:
+        # New token s sits in slot past + s, so its distance to slot j is s - offset[j].
+        lag = op.Sub(op.Unsqueeze(seq_range, op.Constant(value_ints=[0, 2])), op.Unsqueeze(offset, one))
+        visible = op.And(visible, op.Less(lag, window_slots))
     group = op.Div(q_heads, kv_heads)
     rep_shape = op.Concat(batch, kv_heads, group, capacity, head_dim, axis=0)
     flat_shape = op.Concat(batch, q_heads, capacity, head_dim, axis=0)
@@ -269,6 +297,11 @@ def TreeAttentionPlugin(  # noqa: N802 - the function's name is the node's op ty
     values = op.Reshape(op.Expand(op.Unsqueeze(present_value, two), rep_shape), flat_shape)
     q_t = op.Transpose(q, perm=[0, 2, 1, 3])  # [B, Hq, S, D]
     scores = op.Mul(op.MatMul(q_t, op.Transpose(keys, perm=[0, 1, 3, 2])), op.CastLike(op.Constant(value_float=scale), q_t))
+    cap = op.Constant(value_float=softcap)
+    capped = op.Greater(cap, op.Constant(value_float=0.0))  # resolved at export (finish_export)
+    if capped:
+        cap_like = op.CastLike(cap, scores)
+        scores = op.Mul(op.Tanh(op.Div(scores, cap_like)), cap_like)
     neg_inf = op.CastLike(op.Constant(value_float=float("-inf")), scores)
     scores = op.Where(op.Unsqueeze(visible, one), scores, neg_inf)
     probs = op.Softmax(scores, axis=-1)
@@ -329,14 +362,61 @@ def function_protos() -> list[onnx.FunctionProto]:
     return [TreeAttentionPlugin.to_function_proto(), _causal_function_proto()]
 
 
+def finish_export(model: onnx.ModelProto) -> None:
+    """After the bodies are attached, in place: the soft-cap's If becomes the branch the model's nodes
+    take. TensorRT-RTX's builder fails on an If whose condition comes from a float constant (Myelin
+    "CHECK(def_tactic_desc) failed"), as the soft-cap's does; the window's, of integers, it folds.
+    A model soft-caps every attention layer or none (Gemma 2 caps all), so one branch serves all its
+    nodes; a model that mixes keeps the If, which ONNX Runtime folds per node."""
+    nodes = [n for n in model.graph.node if n.domain == DOMAIN and n.op_type in OP_NAMES]
+    capped = {_attr(n, "softcap", 0.0) > 0 for n in nodes}
+    if len(capped) != 1:
+        return
+    taken = "then_branch" if capped.pop() else "else_branch"
+    for function in model.functions:
+        if function.domain == DOMAIN and function.name in OP_NAMES:
+            _inline_branch(function, "capped", taken)
+
+
+def _inline_branch(function: onnx.FunctionProto, condition: str, taken: str) -> None:
+    """Replace the If on `condition` by the nodes of its branch `taken`, then drop what fed only the If."""
+    nodes = []
+    for node in function.node:
+        if node.op_type != "If" or node.input[0] != condition:
+            nodes.append(node)
+            continue
+        branch = next(a.g for a in node.attribute if a.name == taken)
+        nodes.extend(branch.node)
+        nodes.append(helper.make_node("Identity", [branch.output[0].name], [node.output[0]]))
+    needed, kept = set(function.output), []
+    for node in reversed(nodes):
+        if needed.intersection(node.output):
+            kept.append(node)
+            needed |= _names_read(node)
+    del function.node[:]
+    function.node.extend(reversed(kept))
+
+
+def _names_read(node: onnx.NodeProto) -> set[str]:
+    """The values a node reads, those its subgraphs read from the outer scope included."""
+    names = set(node.input)
+    for attribute in node.attribute:
+        if attribute.type == onnx.AttributeProto.GRAPH:
+            for inner in attribute.g.node:
+                names |= _names_read(inner)
+    return names
+
+
 # ---------------------------------------------------------------------------------------------------
 # Facet 3: the ONNX Runtime CPU lowering.
 
 
-def _attr(node: onnx.NodeProto, name: str):
+def _attr(node: onnx.NodeProto, name: str, default=None):
     for attribute in node.attribute:
         if attribute.name == name:
             return helper.get_attribute_value(attribute)
+    if default is not None:  # an optional attribute, which graphs made before it lack
+        return default
     raise KeyError(f"{node.op_type} node {node.name!r} has no attribute {name!r}")
 
 
@@ -387,6 +467,7 @@ def lower_for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
         qkv, past_k, past_v, _, _, _, cos_cache, sin_cache = node.input[:8]
         cos_cache, sin_cache = (f"{p}/{name}/rows" if name in tables else name for name in (cos_cache, sin_cache))
         bias = f"{p}/attention_bias" if node.op_type == TREE_OP_NAME else ""
+        window = _attr(node, "window", 0)
         new_nodes.append(helper.make_node(
             "GroupQueryAttention",
             [qkv, "", "", past_k, past_v, f"{p}/seqlens_k", f"{p}/total_sequence_length",
@@ -397,6 +478,10 @@ def lower_for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
             num_heads=_attr(node, "num_heads"),
             kv_num_heads=_attr(node, "kv_num_heads"),
             scale=_attr(node, "scale"),
+            # ONNX Runtime 1.32's CPU kernel counts the query itself: local_window_size W keeps the W
+            # slots up to its own, our window W (tests/test_attention_plugin.py compares the two).
+            local_window_size=window if window > 0 else -1,
+            softcap=_attr(node, "softcap", 0.0),
             do_rotary=1,
             rotary_interleaved=0,
         ))
@@ -490,7 +575,8 @@ _tensorrt_registered = False
 def attention_kernel(
     qkv: Tensor, past_key: Tensor, past_value: Tensor, past_lengths: Tensor, query_lengths: Tensor,
     position_ids: Tensor, cos_cache: Tensor, sin_cache: Tensor, tree_mask: Tensor | None,
-    num_heads: int, kv_num_heads: int, scale: float, out: list[Tensor] | None = None,
+    num_heads: int, kv_num_heads: int, scale: float, window: int = 0, softcap: float = 0.0,
+    out: list[Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The plugin's kernel: the op of facet 1 on tensors of any one device, in plain torch.
 
@@ -520,17 +606,22 @@ def attention_kernel(
     present_key = torch.where(write, torch.gather(k.transpose(1, 2), 2, index), past_key)
     present_value = torch.where(write, torch.gather(v.transpose(1, 2), 2, index), past_value)
 
-    # Visibility [B, S, L]: cached slots always; a new token's slot where the tree (or causality) allows.
+    # Visibility [B, S, L]: cached slots always; a new token's slot where the tree (or causality) allows;
+    # with a window, only slots less than `window` before the token's own (slot past + s).
+    steps = torch.arange(seq, device=device)
     if tree_mask is None:
-        steps = torch.arange(seq, device=device)
         allowed = source[:, None, :] <= steps[None, :, None]
     else:
         allowed = torch.gather(tree_mask, 2, source[:, None, :].expand(batch, seq, capacity))
     visible = (offset < 0)[:, None, :] | (written[:, None, :] & allowed)
+    if window > 0:
+        visible = visible & (steps[None, :, None] - offset[:, None, :] < window)
 
     # Query head h reads kv head h // group: queries as [B, Hkv, group * S, D] against [B, Hkv, L, D].
     queries = q.transpose(1, 2).reshape(batch, kv_num_heads, group * seq, head_dim)
     scores = (queries @ present_key.transpose(-1, -2)).float() * scale  # [B, Hkv, group * S, L]
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.view(batch, kv_num_heads, group, seq, capacity)
     scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
     # A padded query may see nothing at all: its NaN row is zeroed here and below.
@@ -538,7 +629,7 @@ def attention_kernel(
     context = probs.view(batch, kv_num_heads, group * seq, capacity) @ present_value  # [B, Hkv, group*S, D]
     output = context.view(batch, kv_num_heads * group, seq, head_dim).transpose(1, 2)
     output = output.reshape(batch, seq, num_heads * head_dim)
-    valid_query = torch.arange(seq, device=device)[None, :] < query_lengths.long()[:, None]
+    valid_query = steps[None, :] < query_lengths.long()[:, None]
     output = output * valid_query[:, :, None].to(output.dtype)
     if out is None:
         return output, present_key, present_value
@@ -582,40 +673,44 @@ def register_tensorrt_plugin() -> tuple[str, ...]:
     return TENSORRT_PLUGIN_IDS
 
 
+# The node's attributes the plugin takes, in attention_kernel's order of its parameters.
+PLUGIN_ATTRIBUTES = {"num_heads": int, "kv_num_heads": int, "scale": float, "window": int, "softcap": float}
+
+
 def _register_one(trtp, plugin_id: str, input_names: list[str]) -> None:
     count = len(input_names)
 
-    def describe(*args):
-        qkv, past_key, past_value = args[:3]
-        num_heads = args[count]
+    def describe(*tensors, **attributes):
+        # tensorrt.plugin passes the tensor descriptors by position and the attributes by name.
+        qkv, past_key, past_value = tensors[:3]
         output = qkv.like()  # [B, S, Hq * D], the activation dtype
-        output.shape_expr[2] = past_key.shape_expr[3] * num_heads
+        output.shape_expr[2] = past_key.shape_expr[3] * attributes["num_heads"]
         return output, past_key.like(), past_value.like()
 
-    def run(*args):
-        # attention_kernel on the plugin's device buffers, on TensorRT's stream (the views are made
-        # inside the stream context, so nothing waits on another stream, also under graph capture).
-        tensors, (num_heads, kv_num_heads, scale, outputs, stream) = args[:count], args[count:]
+    def run(*args, stream):
+        # tensorrt.plugin passes the tensors, the attributes (in PLUGIN_ATTRIBUTES' order) and the
+        # outputs by position, the stream by name. attention_kernel runs on the plugin's device buffers,
+        # on TensorRT's stream (the views are made inside the stream context, so nothing waits on
+        # another stream, also under graph capture).
+        tensors, attributes, outputs = args[:count], args[count:-1], args[-1]
         with torch.cuda.stream(torch.cuda.ExternalStream(stream)), torch.no_grad():
             inputs = [_tensorrt_as_torch(t) for t in tensors]
             targets = [_tensorrt_as_torch(t) for t in outputs]
-            attention_kernel(*inputs[:8], inputs[8] if count == 9 else None, num_heads, kv_num_heads, scale,
-                             out=targets)
+            attention_kernel(*inputs[:8], inputs[8] if count == 9 else None, *attributes, out=targets)
 
-    # tensorrt.plugin reads the parameter names and real annotation objects of these functions.
+    # tensorrt.plugin reads the names and annotations of these functions' parameters from their signatures.
     import inspect
 
-    tensor_params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in input_names]
-    attr_params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-                   for n in ("num_heads", "kv_num_heads", "scale")]
-    describe.__signature__ = inspect.Signature(tensor_params + attr_params)
-    run.__signature__ = inspect.Signature(tensor_params + attr_params + [
-        inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ("outputs", "stream")])
-    describe.__annotations__ = {**{name: trtp.TensorDesc for name in input_names}, "num_heads": int,
-                                "kv_num_heads": int, "scale": float,
-                                "return": tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc]}
-    run.__annotations__ = {**{name: trtp.Tensor for name in input_names}, "num_heads": int,
-                           "kv_num_heads": int, "scale": float, "outputs": tuple[trtp.Tensor],
-                           "stream": int}
+    def parameters(annotated):
+        return [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotation)
+                for name, annotation in annotated]
+
+    attributes = list(PLUGIN_ATTRIBUTES.items())
+    describe.__signature__ = inspect.Signature(
+        parameters([(name, trtp.TensorDesc) for name in input_names] + attributes),
+        return_annotation=tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc])
+    run.__signature__ = inspect.Signature(parameters(
+        [(name, trtp.Tensor) for name in input_names] + attributes
+        + [("outputs", tuple[trtp.Tensor]), ("stream", int)]))
     trtp.register(plugin_id)(describe)
     trtp.impl(plugin_id)(run)

@@ -4,7 +4,7 @@
 1. The attention plugin's kernel (plugins/attention.py facet 4, `attention_kernel`, the code the
    TensorRT plugin runs) against the torch reference op on the CPU, case by case: ragged prefill,
    ragged decode, several new tokens on a non-empty cache, idle rows, a full cache, a tree mask,
-   present written over past (in place); in fp32, fp16 and bf16. On the CPU always; on the GPU where
+   present written over past (in place), a sliding window with soft-capping; in fp32, fp16 and bf16. On the CPU always; on the GPU where
    torch sees one, also captured in a CUDA graph and replayed on new data (what TrtEngine's graphs do).
    Needs only torch. The vision attention plugin's kernel (plugins/vision_attention.py) likewise,
    over ragged image / window segments, and the cross-attention plugin's (plugins/cross_attention.py,
@@ -71,7 +71,10 @@ CASES = {
     "full cache": ([CAPACITY - 3, 1], [3, 2], 3),
     "tree mask": ([6, 2, 4], [5, 3, 0], 5),
     "in place": ([5, 1, 8], [1, 1, 1], 1),
+    "window and soft-cap": ([6, 3, 0], [4, 2, 5], 5),
 }
+# (window, softcap) of the cases that have them (a window shorter than most rows); the rest have neither.
+WINDOWED = {"window and soft-cap": (3, 2.0)}
 # The tree case: row 0 a tree (parents first), row 1 a chain, row 2 idle.
 TREE_PARENTS = {0: [None, 0, 0, 1, 2], 1: [None, 0, 1]}
 
@@ -147,18 +150,17 @@ def check_kernel(device: str, dtype: str, kernel=attention_kernel, seeds=(0, 1))
     for case in CASES:
         for seed in seeds:
             inputs, mask = case_inputs(case, seed)
+            attributes = (HEADS, KV_HEADS, SCALE, *WINDOWED.get(case, (0, 0.0)))
             rounded = _rounded(inputs, DTYPES[dtype])
-            expected = attention(*[t.float() if t.is_floating_point() else t for t in rounded], mask,
-                                 HEADS, KV_HEADS, SCALE)
+            expected = attention(*[t.float() if t.is_floating_point() else t for t in rounded], mask, *attributes)
             on_device = [t.to(device, copy=True) for t in rounded]  # `rounded` stays as it was
             with torch.no_grad():
                 if case == "in place":  # present written over past's own memory, as TensorRT may bind it
                     output = torch.empty(on_device[0].shape[0], on_device[0].shape[1], HEADS * HEAD_DIM,
                                          dtype=DTYPES[dtype], device=device)
-                    got = kernel(*on_device, None, HEADS, KV_HEADS, SCALE,
-                                 out=[output, on_device[1], on_device[2]])
+                    got = kernel(*on_device, None, *attributes, out=[output, on_device[1], on_device[2]])
                 else:
-                    got = kernel(*on_device, None if mask is None else mask.to(device), HEADS, KV_HEADS, SCALE)
+                    got = kernel(*on_device, None if mask is None else mask.to(device), *attributes)
             problem, error = compare(case, dtype, rounded, expected, got)
             worst = max(worst, error)
             if problem:

@@ -104,6 +104,10 @@ def _ignoring_the_tree(*args, **kwargs):
     return attention_kernel(*args, **kwargs)
 
 
+def _ignoring_window_and_softcap(*args, **kwargs):
+    return attention_kernel(*args[:12], **kwargs)  # qkv .. scale: the defaults, neither
+
+
 def _clobbering_the_next_slot(*args, **kwargs):
     out, key, value = attention_kernel(*args, **kwargs)
     for row, end in enumerate((args[3] + args[4]).tolist()):
@@ -115,6 +119,7 @@ def _clobbering_the_next_slot(*args, **kwargs):
 @pytest.mark.parametrize("broken, expected", [
     (_without_rotary_on_keys, "present_key"),
     (_ignoring_the_tree, "tree mask"),
+    (_ignoring_window_and_softcap, "window and soft-cap"),
     (_clobbering_the_next_slot, "changed slots it must keep"),
 ])
 def test_kernel_check_fails_a_broken_kernel(broken, expected):
