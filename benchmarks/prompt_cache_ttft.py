@@ -54,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from trt_llm.runtime.engine_dir import EngineDir
-    from trt_llm.runtime.cache.prefix_cache import PrefixCache
+    from trt_llm.runtime.cache.context_cache import ContextCache
     from trt_llm.runtime.requests.runner import Runner
     from trt_llm.schemas.input_file import parse_input_dict
 
@@ -63,7 +63,7 @@ def main() -> None:
     system = system_prompt(runner.tokenizer, 1000)
     user = "Can I put the blue glazed bowls in the dishwasher, and how long does delivery take?"
 
-    def ttft(cache: PrefixCache, save: bool) -> tuple[float, int, int]:
+    def ttft(cache: ContextCache, save: bool) -> tuple[float, int, int]:
         runner.prefix_cache = cache
         data = {"temperature": 0.0, "max_generate_length": 1, "requests": [
             {"messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
@@ -72,11 +72,11 @@ def main() -> None:
         response = runner.run(loaded, loaded.settings).responses[0]
         return response.time_to_first_token_ms, response.prompt_tokens, response.reused_tokens
 
-    warm_cache = PrefixCache(engine.identity)
+    warm_cache = ContextCache(engine.identity)
     ttft(warm_cache, save=True)  # fills the cache (and warms ONNX Runtime up)
     cold, warm = [], []
     for _ in range(args.rounds):
-        t, prompt_tokens, reused = ttft(PrefixCache(engine.identity), save=False)
+        t, prompt_tokens, reused = ttft(ContextCache(engine.identity), save=False)
         assert reused == 0
         cold.append(t)
         t, _, reused = ttft(warm_cache, save=False)

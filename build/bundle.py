@@ -87,7 +87,7 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
         graphs = checkpoint.family.load()  # build/models/<module>.py builds its graph
         lora_layout, draft, graph_deepstack = None, None, 0
         if checkpoint.family.encoder_decoder:  # Whisper: the module exports its own decoder
-            dims = graphs.export_llm(checkpoint.model, directory / "llm" / "model.onnx", dtype)
+            dims, layers = graphs.export_llm(checkpoint.model, directory / "llm" / "model.onnx", dtype)
         else:
             hf_config = graphs.text_decoder(checkpoint.model).config
             if config.lora:
@@ -98,7 +98,7 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
                                         [g["name"] for g in lora_layout["groups"]] if lora_layout else [],
                                         feature_layers=draft.aux_layer_ids if draft is not None else None,
                                         make_linear=make_linear)
-            dims, graph_deepstack = graph.dims.to_dict(), graph.deepstack_layers
+            dims, graph_deepstack, layers = graph.dims.to_dict(), graph.deepstack_layers, graph.layer_specs
             export_decoder(graph, directory / "llm" / "model.onnx", dtype, lora_layout)
             del graph
         components = {"llm": {"graph": "llm/model.onnx", "embedding": "llm/embedding.safetensors",
@@ -133,6 +133,7 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
             "eagle": eagle,
             "mrope": checkpoint.family.mrope,
             "deepstack_layers": graph_deepstack,
+            "layers": [spec.model_dump() for spec in layers],
             "quantization": make_linear.summary(config.quantization, storage)
             if config.quantization.weights != "none" else None,
         },

@@ -13,6 +13,7 @@ from torch.export import Dim
 
 from trt_llm.build.models.llama import DecoderGraph
 from trt_llm.schemas.graph_spec import decoder_spec, draft_spec
+from trt_llm.schemas.layer_spec import window_of
 from trt_llm import plugins
 
 ONNX_OPSET = 18
@@ -29,13 +30,18 @@ def _example_inputs(graph: DecoderGraph, dtype: torch.dtype, lora_layout: dict |
     # Distinct sizes per dimension, so the tracer cannot mistake one dynamic dimension for another.
     d = graph.dims
     batch, seq, kept, capacity = 2, 5, 3, 16
+    # A sliding group's slots: distinct too (13, 14, ...), and its lengths input.
+    slots = {0: capacity, **{w: 13 + i for i, w in enumerate(graph.windows)}}
     # One tensor object per cache: the tracer would merge inputs that are the same object.
-    caches = [torch.zeros(batch, d.kv_heads, capacity, d.head_dim, dtype=dtype) for _ in range(2 * d.num_layers)]
+    caches = [torch.zeros(batch, spec.kv_heads, slots[window_of(spec)], spec.head_dim, dtype=dtype)
+              for spec in graph.layer_specs for _ in ("key", "value")]
     for _ in range(d.num_layers if lora_layout else 0):
         for group in lora_layout["groups"]:
             rank = _EXAMPLE_RANKS[group["name"]]
             caches += [torch.zeros(batch, rank, group["in_features"], dtype=dtype),
                        torch.zeros(batch, group["out_features"], rank, dtype=dtype)]
+    for _ in reversed(graph.windows):
+        caches.insert(0, torch.zeros(batch, dtype=torch.int32))
     if graph.feature_layers is not None:
         caches.insert(0, torch.ones(seq, seq, dtype=torch.bool).tril().repeat(batch, 1, 1))
     if graph.deepstack_layers:
@@ -68,14 +74,14 @@ def _dynamic_shapes(spec) -> tuple:
 
 def export_decoder(graph: DecoderGraph, path: Path, dtype: torch.dtype, lora_layout: dict | None = None) -> Path:
     """Write `path` (+ `path.data` external weights); returns the path."""
-    spec = decoder_spec(graph.dims.num_layers, graph.feature_layers is not None, lora_layout,
+    spec = decoder_spec(graph.layer_specs, graph.feature_layers is not None, lora_layout,
                         graph.mrope_streams is not None, graph.deepstack_layers)
     return export_graph(graph, _example_inputs(graph, dtype, lora_layout), spec.input_names, spec.output_names,
                         _dynamic_shapes(spec), path)
 
 
 def export_draft(graph, hidden_size: int, kv_heads: int, head_dim: int, path: Path, dtype: torch.dtype) -> Path:
-    """The EAGLE3 draft graph (build/eagle/graph.py's DraftGraph): one layer, its own cache."""
+    """The EAGLE3 draft graph (build/eagle/graph.py's DraftGraph): one layer (graph.layer_spec), its own cache."""
     batch, seq, kept, capacity = 2, 5, 3, 16  # distinct example sizes, as for the decoder
     example = (
         torch.zeros(batch, seq, hidden_size, dtype=dtype), torch.zeros(batch, seq, hidden_size, dtype=dtype),
@@ -85,7 +91,7 @@ def export_draft(graph, hidden_size: int, kv_heads: int, head_dim: int, path: Pa
         torch.zeros(batch, kv_heads, capacity, head_dim, dtype=dtype),
         torch.zeros(batch, kv_heads, capacity, head_dim, dtype=dtype),
     )
-    spec = draft_spec()
+    spec = draft_spec(graph.layer_spec)
     return export_graph(graph, example, spec.input_names, spec.output_names, tuple(_dynamic_axes(spec.inputs)), path)
 
 

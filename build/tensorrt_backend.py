@@ -25,6 +25,7 @@ from pathlib import Path
 
 import onnx
 from trt_llm.common.trt_import import import_tensorrt, make_logger
+from trt_llm.schemas.graph_spec import window_capacity
 
 ENGINE_NAME = "model.plan"
 DECODE_MAX_SEQ = 64  # new tokens per row in the decode/verify profile (an EAGLE tree of 60 fits)
@@ -43,10 +44,12 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def profile_shapes(config, decode_max_seq: int = DECODE_MAX_SEQ,
-                   frames: int | None = None) -> list[dict[str, tuple[int, int, int]]]:
+def profile_shapes(config, decode_max_seq: int = DECODE_MAX_SEQ, frames: int | None = None,
+                   windows: tuple[int, ...] = ()) -> list[dict[str, tuple[int, int, int]]]:
     """(min, opt, max) per named dynamic dimension of the graph, one dict per optimization profile.
-    frames: an encoder-decoder's encoder output length (decoder_frames), the cross inputs' L."""
+    frames: an encoder-decoder's encoder output length (decoder_frames), the cross inputs' L;
+    windows: the sliding windows of the graph's layers, whose caches hold at most window - 1 slots
+    plus the widest step (capacity_w<W>, runtime/cache/)."""
     batch = (1, config.max_batch_size, config.max_batch_size)
     capacity_max = config.max_kv_cache_capacity
     draft = getattr(config, "draft", None)
@@ -65,6 +68,10 @@ def profile_shapes(config, decode_max_seq: int = DECODE_MAX_SEQ,
     if lora is not None:  # per-adapter rank dims, named lora_rank_<group> by the exporter
         for shapes in (prefill, decode):
             shapes["lora_rank_*"] = (1, lora.max_rank, lora.max_rank)
+    for window in windows:
+        widest = min(window - 1 + max(seq_max, step_max), capacity_max)
+        for shapes in (prefill, decode):
+            shapes[window_capacity(window)] = (1, min(widest, 1024), widest)
     if frames is not None:  # every clip is encoded to the same length: a range would only cost build time
         for shapes in (prefill, decode):
             shapes["frames"] = (frames, frames, frames)
@@ -146,8 +153,10 @@ def input_profiles(graph_path: Path, build_config, profiles=None) -> list[dict[s
     graph_path = Path(graph_path)
     inputs = _graph_inputs(graph_path)
     if not profiles:
-        cross = any(dim == "frames" for dims in inputs.values() for dim in dims)
-        profiles = profile_shapes(build_config, frames=decoder_frames(graph_path) if cross else None)
+        named = {dim for dims in inputs.values() for dim in dims if isinstance(dim, str)}
+        windows = tuple(sorted(int(dim.removeprefix("capacity_w")) for dim in named if dim.startswith("capacity_w")))
+        profiles = profile_shapes(build_config, frames=decoder_frames(graph_path) if "frames" in named else None,
+                                  windows=windows)
     shaped = []
     for shapes in profiles:
         bounds_of = {}

@@ -67,6 +67,9 @@ class EngineDir:
             raise EngineDirError(
                 f"{manifest_path}: engine format version {version!r}, this runtime reads version "
                 f"{FORMAT_VERSION}; rebuild the engine with this version of trt-llm-build")
+        if isinstance(manifest, dict) and isinstance(manifest.get("model"), dict) and "layers" not in manifest["model"]:
+            raise EngineDirError(f"{manifest_path}: built by an earlier trt-llm-build, before layer specs "
+                                 "(model.layers); rebuild the engine with this version of trt-llm-build")
         try:
             typed = validate_manifest(manifest, str(manifest_path))
         except ManifestError as error:
@@ -113,6 +116,14 @@ class EngineDir:
 
     def component_path(self, component: str, key: str) -> Path:
         return self.path / self.manifest["components"][component][key]
+
+    def layers(self, component: str = "llm") -> list:
+        """The typed layer specs (schemas/layer_spec.py) of the base model or the draft."""
+        from trt_llm.schemas.layer_spec import parse_layers
+
+        if component == "llm":
+            return parse_layers(self.manifest["model"]["layers"])
+        return parse_layers(self.manifest["components"][component]["layers"])
 
     @property
     def dims(self) -> dict:

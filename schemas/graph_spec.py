@@ -1,26 +1,31 @@
 """The graphs' I/O contract: every input and output of the decoder and the EAGLE3 draft graph, in
-order, with its dtype and its dimensions (a name for a dynamic one). The exporter, the TensorRT
-profile builder and both engines read the names here; nobody else spells them.
+order, with its dtype and its dimensions (a name for a dynamic one). The per-layer ones are derived
+from the layers' specs (schemas/layer_spec.py). The exporter, the TensorRT profile builder and both
+engines read the names here; nobody else spells them.
 
     decoder inputs   inputs_embeds [batch, seq, H], position_ids [batch, seq] (mRoPE: [3, batch, seq]),
                      past_lengths [batch], query_lengths [batch], logits_indices [batch, kept],
                      (Qwen3-VL: deepstack_embeds [k, batch, seq, H]), (an EAGLE base: tree_mask
-                     [batch, seq, seq]), past_key_i / past_value_i [batch, Hkv, capacity, D] per layer,
-                     then the LoRA pairs lora_<group>_a_<layer> [batch, rank, in], _b_ [batch, out, rank]
-    decoder outputs  logits [batch, kept, V] float32, (hidden_states [batch, seq, F]), present_key_i /
-                     present_value_i
+                     [batch, seq, seq]), (per sliding window W: past_lengths_w<W> [batch], the slots its
+                     layers hold), then per layer its cache: past_key_i / past_value_i [batch, Hkv,
+                     capacity (a sliding layer: capacity_w<W>), D], or a recurrent layer's
+                     past_<state>_i [batch, *shape]; (an encoder-decoder: cross_key_i / cross_value_i
+                     [batch, H, frames, D] per cross layer); then the LoRA pairs
+                     lora_<group>_a_<layer> [batch, rank, in], _b_ [batch, out, rank]
+    decoder outputs  logits [batch, kept, V] float32, (hidden_states [batch, seq, F]), the caches'
+                     present_* in the same order
     draft inputs     inputs_embeds, hidden [batch, seq, H], position_ids, past_lengths, query_lengths,
                      tree_mask, logits_indices, past_key_0, past_value_0
     draft outputs    logits, hidden_out [batch, seq, H], present_key_0, present_value_0
     Whisper encoder  input_features [batch, mel bins, 2 * frames] -> cross_key_i / cross_value_i
                      [batch, H, frames, D] per decoder layer (build/models/whisper.py)
-    Whisper decoder  the decoder's step inputs and caches, then cross_key_i / cross_value_i per layer;
-                     outputs logits, present_key_i / present_value_i
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from trt_llm.schemas.layer_spec import window_of
 
 # The small per-step inputs every graph takes first, in this order.
 STEP_INPUTS = ("inputs_embeds", "position_ids", "past_lengths", "query_lengths", "logits_indices")
@@ -81,9 +86,46 @@ def _step_inputs() -> list[TensorSpec]:
             TensorSpec("logits_indices", "int32", ("batch", "kept"))]
 
 
-def _caches(layers: int, direction) -> list[TensorSpec]:
-    return [TensorSpec(direction(kind, i), MODEL_DTYPE, ("batch", None, "capacity", None))
-            for i in range(layers) for kind in ("key", "value")]
+def window_lengths(window: int) -> str:
+    """past_lengths_w<window>: the slots a sliding group holds per row (its cache keeps only the last
+    tokens, so its write offset is not the row's length)."""
+    return f"past_lengths_w{window}"
+
+
+def window_capacity(window: int) -> str:
+    """capacity_w<window>: the slots dimension of a sliding group's caches."""
+    return f"capacity_w{window}"
+
+
+def _capacity_dim(layer) -> str:
+    window = window_of(layer)
+    return window_capacity(window) if window else "capacity"
+
+
+def _cache_tensors(layers, direction) -> list[TensorSpec]:
+    """Every layer's cache tensors, layer by layer: key and value of an attention layer (its slots
+    dimension: `capacity`, or a sliding group's own), the states of a recurrent one."""
+    specs = []
+    for i, layer in enumerate(layers):
+        if layer.kind == "recurrent":
+            specs += [TensorSpec(direction(state.name, i), MODEL_DTYPE if state.dtype == "model" else state.dtype,
+                                 ("batch", *[None] * len(state.shape))) for state in layer.states]
+        else:
+            specs += [TensorSpec(direction(kind, i), MODEL_DTYPE, ("batch", None, _capacity_dim(layer), None))
+                      for kind in ("key", "value")]
+    return specs
+
+
+def _cross_tensors(layers) -> list[TensorSpec]:
+    # frames: the encoder's output length, fixed by the model (1,500) but a name here, so the decoder
+    # takes any (a tiny test model's fewer)
+    return [TensorSpec(cross(kind, i), MODEL_DTYPE, ("batch", None, "frames", None))
+            for i, layer in enumerate(layers) if layer.kind == "cross" for kind in ("key", "value")]
+
+
+def _window_inputs(layers) -> list[TensorSpec]:
+    windows = sorted({window_of(layer) for layer in layers} - {0})
+    return [TensorSpec(window_lengths(w), "int32", ("batch",)) for w in windows]
 
 
 def lora_inputs(lora_layout: dict | None) -> list[TensorSpec]:
@@ -102,10 +144,13 @@ def lora_inputs(lora_layout: dict | None) -> list[TensorSpec]:
 DEEPSTACK = "deepstack_embeds"  # Qwen3-VL's [k, batch, seq, H]: vision features added after layer i < k
 
 
-def decoder_spec(num_layers: int, eagle: bool = False, lora_layout: dict | None = None, mrope: bool = False,
+def decoder_spec(layers, eagle: bool = False, lora_layout: dict | None = None, mrope: bool = False,
                  deepstack: int = 0) -> GraphSpec:
-    """mrope: position_ids is [3, batch, seq] (time, row, column); deepstack: how many early layers
-    take the vision tower's features (a deepstack_embeds input after logits_indices)."""
+    """The decoder graph of `layers` (schemas/layer_spec.py, one per decoder layer). mrope:
+    position_ids is [3, batch, seq] (time, row, column); deepstack: how many early layers take the
+    vision tower's features (a deepstack_embeds input after logits_indices). Inputs: the step's,
+    [deepstack_embeds], [tree_mask], a sliding group's lengths, every layer's cache tensors, an
+    encoder-decoder's cross keys and values, the LoRA pairs."""
     inputs = _step_inputs()
     if mrope:
         inputs[1] = TensorSpec("position_ids", "int32", (None, "batch", "seq"))
@@ -113,45 +158,32 @@ def decoder_spec(num_layers: int, eagle: bool = False, lora_layout: dict | None 
         inputs.append(TensorSpec(DEEPSTACK, MODEL_DTYPE, (None, "batch", "seq", None)))
     if eagle:
         inputs.append(TensorSpec(TREE_MASK, "bool", ("batch", "seq", "seq")))
-    inputs += _caches(num_layers, past) + lora_inputs(lora_layout)
+    inputs += _window_inputs(layers) + _cache_tensors(layers, past) + _cross_tensors(layers) + lora_inputs(lora_layout)
     outputs = [TensorSpec(LOGITS, "float32", ("batch", "kept", None))]
     if eagle:
         outputs.append(TensorSpec(FEATURES, MODEL_DTYPE, ("batch", "seq", None)))
-    outputs += _caches(num_layers, present)
+    outputs += _cache_tensors(layers, present)
     return GraphSpec(tuple(inputs), tuple(outputs))
 
 
-def draft_spec() -> GraphSpec:
+def draft_spec(layer) -> GraphSpec:
+    """The EAGLE3 draft's one-layer graph (`layer`: its spec, a full attention layer)."""
     step = _step_inputs()
     inputs = [step[0], TensorSpec(DRAFT_HIDDEN, MODEL_DTYPE, ("batch", "seq", None)), *step[1:4],
-              TensorSpec(TREE_MASK, "bool", ("batch", "seq", "seq")), step[4], *_caches(1, past)]
+              TensorSpec(TREE_MASK, "bool", ("batch", "seq", "seq")), step[4], *_cache_tensors([layer], past)]
     outputs = [TensorSpec(LOGITS, "float32", ("batch", "kept", None)),
-               TensorSpec(DRAFT_HIDDEN_OUT, MODEL_DTYPE, ("batch", "seq", None)), *_caches(1, present)]
+               TensorSpec(DRAFT_HIDDEN_OUT, MODEL_DTYPE, ("batch", "seq", None)), *_cache_tensors([layer], present)]
     return GraphSpec(tuple(inputs), tuple(outputs))
 
 
 INPUT_FEATURES = "input_features"  # the Whisper encoder's log-mel features
 
 
-def _cross(layers: int) -> list[TensorSpec]:
-    # frames: the encoder's output length, fixed by the model (1,500) but a name here, so the decoder
-    # takes any (a tiny test model's fewer)
-    return [TensorSpec(cross(kind, i), MODEL_DTYPE, ("batch", None, "frames", None))
-            for i in range(layers) for kind in ("key", "value")]
-
-
-def whisper_encoder_spec(num_layers: int) -> GraphSpec:
-    """num_layers: the decoder's (one cross key / value pair per decoder layer). The mel axis is fixed
+def whisper_encoder_spec(layers) -> GraphSpec:
+    """layers: the decoder's specs (one cross key / value pair per cross layer). The mel axis is fixed
     by the model (2 * frames)."""
     inputs = [TensorSpec(INPUT_FEATURES, MODEL_DTYPE, ("batch", None, None))]
-    return GraphSpec(tuple(inputs), tuple(_cross(num_layers)))
-
-
-def whisper_decoder_spec(num_layers: int) -> GraphSpec:
-    """The decoder graph (decoder_spec's inputs and outputs) with the cross keys / values after the caches."""
-    inputs = [*_step_inputs(), *_caches(num_layers, past), *_cross(num_layers)]
-    outputs = [TensorSpec(LOGITS, "float32", ("batch", "kept", None)), *_caches(num_layers, present)]
-    return GraphSpec(tuple(inputs), tuple(outputs))
+    return GraphSpec(tuple(inputs), tuple(_cross_tensors(layers)))
 
 
 __all__ = [
@@ -172,6 +204,7 @@ __all__ = [
     "lora_inputs",
     "past",
     "present",
-    "whisper_decoder_spec",
+    "window_capacity",
+    "window_lengths",
     "whisper_encoder_spec",
 ]

@@ -177,6 +177,10 @@ class ResponseFormat(BaseModel):
 
 # --- requests and the file ---------------------------------------------------------------------
 
+LookupPolicy = Literal["use_cache", "bypass"]
+CommitPolicy = Literal["including_generated_tokens", "prefill_state_only"]
+
+
 class Request(BaseModel):
     model_config = _STRICT_IGNORE
     messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
@@ -188,6 +192,10 @@ class Request(BaseModel):
     stop: Stop | None = Field(None, description="String(s) that end generation; excluded from the output.")
     response_format: ResponseFormat | None = Field(
         None, description="Structured output: {type: json_object} or {type: json_schema, json_schema: {schema: ...}}.")
+    context_cache_lookup_policy: LookupPolicy | None = Field(
+        None, description="Overrides the top-level context_cache_lookup_policy.")
+    context_cache_commit_policy: CommitPolicy | None = Field(
+        None, description="Overrides the top-level context_cache_commit_policy.")
 
     def resolved_logit_bias(self, settings: InputSettings) -> dict[int, float]:
         """The request's map if it has one (even an empty one), else the file's default."""
@@ -197,6 +205,11 @@ class Request(BaseModel):
 
     def resolved_num_logprobs(self, settings: InputSettings) -> int:
         return settings.num_logprobs if self.num_logprobs is None else self.num_logprobs
+
+    def resolved_context_policies(self, settings: InputSettings) -> tuple[str, str]:
+        """(lookup, commit): the request's own, else the file's."""
+        return (self.context_cache_lookup_policy or settings.context_cache_lookup_policy,
+                self.context_cache_commit_policy or settings.context_cache_commit_policy)
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -220,6 +233,12 @@ class InputSettings(BaseModel):
     available_lora_weights: dict[str, NonEmptyStr] = Field(
         default_factory=dict, description="LoRA adapter name -> file path.")
     seed: int | None = Field(None, ge=0, le=2**64 - 1, description="Sampling seed; none = random.")
+    context_cache_lookup_policy: LookupPolicy = Field(
+        "use_cache", description="With context reuse on: use_cache restores a request's longest cached prefix, "
+        "bypass computes it whole and commits nothing.")
+    context_cache_commit_policy: CommitPolicy = Field(
+        "including_generated_tokens", description="With context reuse on: what a request leaves in the cache, "
+        "its prompt and generated tokens, or its prompt only (prefill_state_only).")
 
 
 class InputFile(InputSettings):

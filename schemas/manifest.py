@@ -15,6 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic_core import PydanticCustomError
 
 from ._errors import format_errors, json_type
+from .layer_spec import LayerSpec
 
 # The one format version: the build writes it and both the runtime and trt-llm-compile read only it.
 FORMAT_VERSION = 1
@@ -74,6 +75,7 @@ class ModelSection(BaseModel):
     quantization: Quantization | None = None
     mrope: str | None = None  # a vision-language decoder's multimodal rotary: "sections" or "interleaved"
     deepstack_layers: int = Field(0, ge=0)  # Qwen3-VL: early layers that take deepstack_embeds
+    layers: list[LayerSpec] = Field(min_length=1)  # one per decoder layer, what its cache holds
 
 
 class Limits(BaseModel):
@@ -107,6 +109,7 @@ class DraftComponent(BaseModel):
     max_draft_tree_size: PositiveInt
     max_verify_tree_size: Annotated[int, Field(ge=2)]
     tree_defaults: TreeDefaults | None = None  # the backend's default tree (runtime/decoding/spec_config.py)
+    layers: list[LayerSpec] = Field(min_length=1, max_length=1)  # the draft's one layer
 
 
 class EncoderComponent(BaseModel):

@@ -54,7 +54,8 @@ class ServerConfig:
     request_timeout_s: float | None = None
     media_root: Path | None = None  # --allowed-local-media-path
     cors_origins: tuple[str, ...] = ()
-    save_prefixes: bool = True
+    save_prefixes: bool = True  # reuse: each conversation's earlier turns (context reuse) and system prompts
+    kv_cache_budget: int = 1 << 30  # bytes of reused keys and values
 
 
 class HttpError(Exception):
@@ -322,7 +323,7 @@ class _Answer:
 
     def _usage(self) -> dict:
         s = self.sequence
-        reused = len(s.reused.token_ids) if s.reused is not None else 0
+        reused = s.reused_tokens
         prompt, completion = len(s.prompt_ids), len(s.generated)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
                 "prompt_tokens_details": {"cached_tokens": reused}}

@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from trt_llm.common.cli_args import OneLineParser, capped_threads, positive_int
+from trt_llm.common.cli_args import OneLineParser, byte_size, capped_threads, positive_int
 
 PROG = "trt-llm-serve"
 EXIT_UNUSABLE = 2
@@ -32,7 +32,10 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--request-timeout", type=float, default=None, help="seconds before a request is aborted (504)")
     p.add_argument("--allowed-local-media-path", type=Path, help="folder local image/audio paths may come from")
     p.add_argument("--cors-origin", action="append", default=[], help="allow browser calls from this origin")
-    p.add_argument("--no-prefix-cache", action="store_true", help="do not keep system prompts' KV across requests")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="compute every prompt whole: no reuse of earlier turns' or system prompts' keys and values")
+    p.add_argument("--kv-cache-budget", type=byte_size, default=1 << 30, metavar="SIZE",
+                   help="memory for reused keys and values, e.g. 512M or 2G (default 1G)")
     p.add_argument("--no-spec-decode", action="store_true", help="vanilla decoding even with an EAGLE draft")
     p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all physical cores)")
     p.add_argument("--ray-replicas", type=positive_int, default=None,
@@ -66,7 +69,8 @@ def server_config(args, engine_dir):
     return ServerConfig(model_name=args.model_name or engine_dir.path.name, lora=lora, api_keys=tuple(keys),
                         max_body_bytes=args.max_body_bytes, max_rows=rows, max_waiting=args.max_queue,
                         request_timeout_s=args.request_timeout, media_root=media,
-                        cors_origins=tuple(args.cors_origin), save_prefixes=not args.no_prefix_cache)
+                        cors_origins=tuple(args.cors_origin), save_prefixes=not args.no_prefix_cache,
+                        kv_cache_budget=args.kv_cache_budget)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,13 +114,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_app(engine_dir, config, threads: int, spec_decode: bool = True):
     """The app on a fresh Runner (the model loaded once, its draft when it has one)."""
+    from trt_llm.runtime.cache.context_cache import ContextCache
     from trt_llm.runtime.requests.runner import Runner
     from trt_llm.server.app import create_app
 
     for name, path in config.lora.items():
         if not os.path.isdir(path):
             raise ValueError(f"--lora {name}={path}: no such folder")
-    runner = Runner(engine_dir, threads=threads, spec_decode=spec_decode, scheduling="continuous")
+    context = ContextCache(engine_dir.identity, config.kv_cache_budget)
+    runner = Runner(engine_dir, threads=threads, prefix_cache=context, spec_decode=spec_decode,
+                    scheduling="continuous", context_reuse=config.save_prefixes)
     return create_app(runner, config)
 
 

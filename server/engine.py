@@ -60,8 +60,9 @@ class Job:
 
 class ServingEngine:
     def __init__(self, runner, max_rows: int, max_waiting: int, metrics, save_prefixes: bool = True):
-        """runner: a runtime.runner.Runner (the model, its draft, the preparer, the prefix cache);
-        save_prefixes: a request's system prompt is kept for the next one that starts with it."""
+        """runner: a runtime.requests.runner.Runner (the model, its draft, the preparer, the context
+        cache, whose context_reuse makes each conversation's next turn restore the turns before it);
+        save_prefixes: a request's system prompt is also kept for the next one that starts with it."""
         self.runner, self.max_rows, self.max_waiting = runner, max_rows, max_waiting
         self.metrics = metrics
         self.save_prefixes = save_prefixes
@@ -161,7 +162,7 @@ class ServingEngine:
             if action == "add":
                 p = job.prepared
                 p.save_group = self.save_prefixes  # the server's policy, not a batch's
-                self.runner.attach_prefix(p)
+                self.runner.plan_context(p)
                 self._jobs[job.id] = job
                 request = self.runner.engine_request(p)
                 request.id = job.id
@@ -191,7 +192,5 @@ class ServingEngine:
         self.metrics.generation_tokens.inc(len(new))
         if finished:
             s.detokenizer.finish()
-            if s.saved is not None:  # its system prompt, for the next request that starts with it
-                self.runner.prefix_cache.put(job.prepared.request.lora_name, s.saved)
             del self._jobs[request.id]
         job.send(Update(list(new), s.detokenizer.delta(), finished=finished))

@@ -1,16 +1,19 @@
 """DeviceKVCache (the TensorRT backends' KV cache) against KVCache (the cpu backend's), operation by
 operation, on the simulated device of test_cuda_graphs: the EAGLE compaction (move_slots) and the
 step-level engine's pool (window, reserve) keep exactly the cpu cache's contents; an encoder-decoder's
-DeviceCrossAttentionCache keeps the cpu CrossAttentionCache's clips, and TrtEngine binds them (CUDA
-graphs included)."""
+cross inputs (its cache set's DeviceCrossCache) keep the cpu cache set's clips, and TrtEngine binds
+them (CUDA graphs included)."""
 
 import numpy as np
 import pytest
 from test_cuda_graphs import DTYPES, HIDDEN, VOCAB, FakeContext, FakeCudart, FakeEngine, FakeTrt, fake_engine
-from trt_llm.runtime.cache.kv_cache import CrossAttentionCache, KVCache
+from trt_llm.runtime.backends.trt_engine import TrtEngine
+from trt_llm.runtime.cache.cache_set import cache_set
+from trt_llm.runtime.cache.device import DeviceCrossCache, DeviceKVCache, DeviceView, device_cache_set
+from trt_llm.runtime.cache.kv_cache import KVCache
 from trt_llm.runtime.engine.step import Step
-from trt_llm.runtime.backends.trt_engine import DeviceCrossAttentionCache, DeviceKVCache, DeviceView, TrtEngine
 from trt_llm.schemas.graph_spec import cross
+from trt_llm.schemas.layer_spec import CrossAttention
 
 LAYERS, ROWS, HEADS, CAPACITY, DIM = 2, 3, 2, 8, 4
 
@@ -100,11 +103,12 @@ def test_window_rows_are_the_parents(rows):
 
 
 # --- an encoder-decoder's cross-attention keys and values (Whisper) ---------------------------------
-# DeviceCrossAttentionCache against the cpu CrossAttentionCache: same clips per row after every
-# operation the step-level engine makes (write_cross, keep_rows, window, window of a window, reserve).
+# The device cache set of cross layers against the cpu one: same clips per row after every operation
+# the step-level engine makes (write_row, keep_rows, window, window of a window, reserve).
 
 FRAMES = 5
-CROSS_NAMES = [(cross("key", i), cross("value", i)) for i in range(LAYERS)]
+CROSS_LAYERS = [CrossAttention(kv_heads=HEADS, head_dim=DIM, scale=DIM ** -0.5, cross_heads=HEADS, cross_head_dim=DIM)
+                for _ in range(LAYERS)]
 
 
 def clip(seed, layers=LAYERS, heads=HEADS, dim=DIM):
@@ -115,9 +119,18 @@ def clip(seed, layers=LAYERS, heads=HEADS, dim=DIM):
 
 
 def cross_caches(rows=ROWS):
-    host = CrossAttentionCache(LAYERS, rows, HEADS, CAPACITY, DIM, np.float32, CROSS_NAMES)
-    device = DeviceCrossAttentionCache(FakeCudart(), 7, LAYERS, rows, HEADS, CAPACITY, DIM, np.float32, CROSS_NAMES)
+    host = cache_set(CROSS_LAYERS, rows, CAPACITY, np.float32)
+    device = device_cache_set(FakeCudart(), 7, CROSS_LAYERS, rows, CAPACITY, np.float32)
     return host, device
+
+
+def bound_inputs(cache) -> dict:
+    """The inputs a cache set binds besides the past_* buffers: its cross keys and values (an array
+    on the host, a DeviceView on the device)."""
+    if hasattr(cache, "device_bindings"):
+        return {name: DeviceView(ptr, shape, np.dtype("f4")) for name, shape, ptr in cache.device_bindings()
+                if name.startswith("cross_")}
+    return {name: array for name, output, array in cache.tensors() if output is None}
 
 
 def read_view(cudart, view: DeviceView) -> np.ndarray:
@@ -127,7 +140,7 @@ def read_view(cudart, view: DeviceView) -> np.ndarray:
 
 def assert_same_cross(host, device):
     """The inputs each cache binds: the same names, in order, and the same rows' clips."""
-    want, got = host.bound_inputs(), device.bound_inputs()
+    want, got = bound_inputs(host), bound_inputs(device)
     assert list(got) == list(want)
     for name, array in want.items():
         assert got[name].shape == array.shape
@@ -138,26 +151,26 @@ def test_write_cross_binds_each_rows_clip():
     """Nothing is bound before the first clip (its shape is the encoder's); then every layer's key and
     value, [batch, H, frames, D], with a row not written yet zero."""
     host, device = cross_caches()
-    assert device.bound_inputs() == host.bound_inputs() == {}
+    assert bound_inputs(device) == bound_inputs(host) == {}
     for cache in (host, device):
-        cache.write_cross(0, clip(0))
-        cache.write_cross(2, clip(2))
+        cache.write_row(0, clip(0))
+        cache.write_row(2, clip(2))
     assert_same_cross(host, device)
-    assert list(device.bound_inputs()) == ["cross_key_0", "cross_value_0", "cross_key_1", "cross_value_1"]
-    assert device.bound_inputs()["cross_key_1"].shape == (ROWS, HEADS, FRAMES, DIM)
-    with pytest.raises(ValueError, match="write_cross"):
-        device.write_cross(1, [tuple(a[:, :2] for a in pair) for pair in clip(1)])  # another clip length
+    assert list(bound_inputs(device)) == ["cross_key_0", "cross_value_0", "cross_key_1", "cross_value_1"]
+    assert bound_inputs(device)["cross_key_1"].shape == (ROWS, HEADS, FRAMES, DIM)
+    with pytest.raises(ValueError, match="write_row"):
+        device.write_row(1, [tuple(a[:, :2] for a in pair) for pair in clip(1)])  # another clip length
 
 
 def test_keep_rows_moves_each_rows_clip_with_its_cache():
     host, device = cross_caches()
     for cache in (host, device):
         for row in range(ROWS):
-            cache.write_cross(row, clip(row))
+            cache.write_row(row, clip(row))
         cache.keep_rows([1, 2], [3, 4])
     assert device.batch == 2
     assert_same_cross(host, device)
-    np.testing.assert_array_equal(read_view(device.cudart, device.bound_inputs()["cross_value_1"])[0], clip(1)[1][1])
+    np.testing.assert_array_equal(read_view(device.cudart, bound_inputs(device)["cross_value_1"])[0], clip(1)[1][1])
 
 
 def test_a_window_writes_into_its_pools_memory():
@@ -166,15 +179,15 @@ def test_a_window_writes_into_its_pools_memory():
     host, device = cross_caches()
     host_window, device_window = host.window(1, 3), device.window(1, 3)
     for window in (host_window, device_window):  # the pool's first clip: allocated through the window
-        window.write_cross(0, clip(1))
+        window.write_row(0, clip(1))
     assert_same_cross(host, device)
     assert_same_cross(host_window, device_window)
     host_inner, device_inner = host_window.window(1, 2), device_window.window(1, 2)
     for inner in (host_inner, device_inner):
-        inner.write_cross(0, clip(2))
+        inner.write_row(0, clip(2))
     for pair in ((host, device), (host_window, device_window), (host_inner, device_inner)):
         assert_same_cross(*pair)
-    np.testing.assert_array_equal(read_view(device.cudart, device.bound_inputs()["cross_key_0"])[2], clip(2)[0][0])
+    np.testing.assert_array_equal(read_view(device.cudart, bound_inputs(device)["cross_key_0"])[2], clip(2)[0][0])
     held = dict(device.cudart.memory)
     del device_window, device_inner  # a window frees nothing: the memory is its pool's
     assert device.cudart.memory.keys() == held.keys()
@@ -186,17 +199,17 @@ def test_reserve_grows_the_rows_and_keeps_the_clips():
     host, device = cross_caches()
     for cache in (host, device):
         for row in range(ROWS):
-            cache.write_cross(row, clip(row))
-    before = {name: view.ptr for name, view in device.bound_inputs().items()}
+            cache.write_row(row, clip(row))
+    before = {name: view.ptr for name, view in bound_inputs(device).items()}
     for cache in (host, device):
         cache.reserve(ROWS, CAPACITY * 2, [2, 2, 2])  # more slots only
-    assert {name: view.ptr for name, view in device.bound_inputs().items()} == before
+    assert {name: view.ptr for name, view in bound_inputs(device).items()} == before
     for cache in (host, device):
         cache.reserve(ROWS + 2, CAPACITY * 2, [3, 1])  # two active rows
         cache.batch = ROWS + 2
-        cache.write_cross(4, clip(4))
+        cache.write_row(4, clip(4))
     assert_same_cross(host, device)
-    assert not {view.ptr for view in device.bound_inputs().values()} & set(before.values())
+    assert not {view.ptr for view in bound_inputs(device).values()} & set(before.values())
     for row, n in enumerate([3, 1]):  # the self-attention cache moved as before
         for got, want in zip(device.read_prefix(row, n)[0], host.read_prefix(row, n)[0]):
             np.testing.assert_array_equal(got, want)
@@ -204,9 +217,9 @@ def test_reserve_grows_the_rows_and_keeps_the_clips():
 
 def test_free_releases_the_cross_buffers():
     _, device = cross_caches()
-    device.write_cross(0, clip(0))
+    device.write_row(0, clip(0))
     device.free()
-    assert device.cudart.memory == {} and device.bound_inputs() == {}
+    assert device.cudart.memory == {} and bound_inputs(device) == {}
 
 
 # --- TrtEngine binds them: a toy engine whose logits read the cross inputs ---------------------------
@@ -250,7 +263,8 @@ class CrossEngine(FakeEngine):
 def cross_engine(graphs: bool) -> TrtEngine:
     engine = TrtEngine.__new__(TrtEngine)
     cudart = FakeCudart()
-    engine._setup(FakeTrt, cudart, CrossEngine(cudart), 1, "tensorrt", graphs)
+    layer = CrossAttention(kv_heads=1, head_dim=HIDDEN, scale=HIDDEN ** -0.5, cross_heads=1, cross_head_dim=HIDDEN)
+    engine._setup(FakeTrt, cudart, CrossEngine(cudart), [layer], "tensorrt", graphs)
     return engine
 
 
@@ -266,7 +280,7 @@ def serve(engine) -> list[np.ndarray]:
         cache.batch = stop
         window = cache.window(start, stop)
         for row, c in enumerate(clips):
-            window.write_cross(row, c)
+            window.write_row(row, c)
         batch = stop - start
         step = Step(rng.normal(size=(batch, 2, HIDDEN)).astype(np.float32), np.tile(np.arange(2, dtype=np.int32),
                     (batch, 1)), np.zeros(batch, np.int32), np.full(batch, 2, np.int32), np.ones((batch, 1), np.int32),
@@ -305,8 +319,8 @@ def test_trt_engine_binds_the_clips_and_cuda_graphs_replay_them_correctly():
     decode steps replayed as CUDA graphs (after keep_rows, a new clip in a row, a growth) give the plain
     run's logits: the cross buffers' addresses and shapes are part of each graph's key."""
     engine = cross_engine(graphs=True)
-    assert isinstance(engine.new_cache(1, 4), DeviceCrossAttentionCache)
-    assert type(fake_engine(graphs=False).new_cache(1, 4)) is DeviceKVCache
+    assert [type(group) for group in engine.new_cache(1, 4).groups] == [DeviceKVCache, DeviceCrossCache]
+    assert [type(group) for group in fake_engine(graphs=False).new_cache(1, 4).groups] == [DeviceKVCache]
     got, want = serve(engine), serve(cross_engine(graphs=False))
     for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(a, b)

@@ -277,7 +277,7 @@ def test_draft_graph_on_onnxruntime_matches_eager(setup, tmp_path):
         eager = run_graph(graph, embeds, hidden, positions, past, lengths, mask, cache, picks)
         feeds = [embeds, hidden, positions.int(), torch.tensor(past, dtype=torch.int32),
                  torch.tensor(lengths, dtype=torch.int32), mask, picks.int(), *cache]
-        logits, hidden_out, key, value = session.run(None, {n: t.numpy() for n, t in zip(draft_spec().input_names, feeds)})
+        logits, hidden_out, key, value = session.run(None, {n: t.numpy() for n, t in zip(draft_spec(graph.layer_spec).input_names, feeds)})
         for row, n in enumerate(lengths):
             torch.testing.assert_close(torch.from_numpy(hidden_out[row, :n]), eager[1][row, :n], rtol=1e-4, atol=1e-4)
             end = past[row] + n

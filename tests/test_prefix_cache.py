@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from trt_llm.runtime.engine_dir import EngineDir
-from trt_llm.runtime.cache.prefix_cache import Entry, PrefixCache
+from trt_llm.runtime.cache.context_cache import ContextCache, Entry
 from trt_llm.runtime.requests.runner import Runner
 from trt_llm.schemas.input_file import parse_input_dict
 
@@ -99,7 +99,7 @@ def entry(n, value, layers=2):
 
 def test_budget_evicts_least_recently_used():
     one = entry(8, 1)
-    cache = PrefixCache("engine", budget_bytes=2 * one.nbytes)
+    cache = ContextCache("engine", budget_bytes=2 * one.nbytes)
     cache.put(None, one)
     cache.put(None, entry(8, 2))
     assert cache.get(None, one.token_ids) is not None  # 1 is now the most recently used
@@ -113,14 +113,14 @@ def test_budget_evicts_least_recently_used():
 
 def test_disk_entries_reload_and_reject_corrupt_or_foreign(tmp_path, caplog):
     saved = entry(5, 7)
-    PrefixCache("engine-a", directory=tmp_path).put(None, saved)
-    loaded = PrefixCache("engine-a", directory=tmp_path).get(None, saved.token_ids)
+    ContextCache("engine-a", directory=tmp_path).put(None, saved)
+    loaded = ContextCache("engine-a", directory=tmp_path).get(None, saved.token_ids)
     assert loaded is not None and np.array_equal(loaded.keys[1], saved.keys[1])
-    assert PrefixCache("engine-b", directory=tmp_path).get(None, saved.token_ids) is None
+    assert ContextCache("engine-b", directory=tmp_path).get(None, saved.token_ids) is None
     assert "another engine" in caplog.text
     for path in tmp_path.glob("*.safetensors"):
         path.write_bytes(path.read_bytes()[:100])
-    assert PrefixCache("engine-a", directory=tmp_path).get(None, saved.token_ids) is None
+    assert ContextCache("engine-a", directory=tmp_path).get(None, saved.token_ids) is None
     assert "unreadable" in caplog.text
 
 

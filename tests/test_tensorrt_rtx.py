@@ -244,7 +244,8 @@ def test_whisper_builds_its_decoder_and_encoder_plans_ahead_of_time(whisper_rtx_
     a time, the decoder its batch of rows with each row's clip encoded, whose `frames` is one number in
     both profiles, the encoder's output length (1,500)."""
     import onnx
-    from trt_llm.runtime.cache.kv_cache import CrossAttentionCache
+    from trt_llm.runtime.cache.cache_set import cache_set
+    from trt_llm.runtime.engine_dir import EngineDir
 
     engine = whisper_rtx_engine
     components = json.loads((engine / "manifest.json").read_text())["components"]
@@ -262,16 +263,15 @@ def test_whisper_builds_its_decoder_and_encoder_plans_ahead_of_time(whisper_rtx_
 
     profiles, config = _profiles_of(engine, "llm")
     assert config.max_kv_cache_capacity == 448 and config.max_batch_size == 2  # cut to the decoder's positions
-    cache = CrossAttentionCache(4, config.max_batch_size, 6, 448, 64, np.float16,
-                                [(f"cross_key_{i}", f"cross_value_{i}") for i in range(4)])
+    cache = cache_set(EngineDir.open(engine).layers(), config.max_batch_size, 448, np.float16)
     for row in range(config.max_batch_size):
-        cache.write_cross(row, clips[0].cross)  # what prefill writes, then binds at every step
+        cache.write_row(row, clips[0].cross)  # what prefill writes, then binds at every step
     prefill, decode = profiles
     for batch in (1, config.max_batch_size):
         cache.batch = batch
         for shapes in profiles:
             _covers({name: bounds for name, bounds in shapes.items() if name.startswith("cross_")},
-                    cache.bound_inputs())
+                    {name: array for name, output, array in cache.tensors() if output is None})
             assert shapes["cross_key_3"][0][2] == shapes["cross_key_3"][2][2] == 1500
     assert prefill["inputs_embeds"][2] == (2, config.max_input_len, 384) and decode["inputs_embeds"][0] == (1, 1, 384)
     assert decode["past_key_0"][2] == (2, 6, 448, 64)

@@ -17,6 +17,7 @@ from trt_llm.build.models.whisper import (
     WhisperEncoderGraph,
     export_whisper_decoder,
     export_whisper_encoder,
+    layer_specs,
 )
 from trt_llm.plugins import attention, cross_attention
 from trt_llm.schemas.graph_spec import (
@@ -25,9 +26,9 @@ from trt_llm.schemas.graph_spec import (
     decoder_spec,
     past,
     present,
-    whisper_decoder_spec,
     whisper_encoder_spec,
 )
+from trt_llm.schemas.layer_spec import FullAttention
 
 LAYERS, HEADS, D_MODEL, VOCAB = 2, 4, 64, 150
 START, EOS = 148, 147
@@ -86,16 +87,20 @@ def test_dims_and_specs(whisper):
     assert dims.mel_frames == 64 and not whisper.config.scale_embedding
     crosses = [cross(kind, i) for i in range(LAYERS) for kind in ("key", "value")]
     assert crosses[:2] == ["cross_key_0", "cross_value_0"]
-    assert whisper_decoder_spec(LAYERS).input_names == decoder_spec(LAYERS).input_names + crosses
-    assert whisper_decoder_spec(LAYERS).output_names == decoder_spec(LAYERS).output_names
-    assert whisper_encoder_spec(LAYERS).input_names == ["input_features"]
-    assert whisper_encoder_spec(LAYERS).output_names == crosses
+    layers = layer_specs(dims)
+    assert [layer.kind for layer in layers] == ["cross"] * LAYERS
+    full = [FullAttention(kv_heads=HEADS, head_dim=dims.head_dim, scale=dims.head_dim ** -0.5)] * LAYERS
+    assert decoder_spec(layers).input_names == decoder_spec(full).input_names + crosses
+    assert decoder_spec(layers).output_names == decoder_spec(full).output_names
+    assert whisper_encoder_spec(layers).input_names == ["input_features"]
+    assert whisper_encoder_spec(layers).output_names == crosses
 
 
-def test_exported_graphs_follow_the_specs_and_lower(engines):
+def test_exported_graphs_follow_the_specs_and_lower(engines, whisper):
     """The graphs' I/O names and dynamic axes are the specs'; the portable graphs hold our nodes,
     the cpu engines none of them (GroupQueryAttention for self-attention)."""
-    for name, spec in (("encoder", whisper_encoder_spec(LAYERS)), ("decoder", whisper_decoder_spec(LAYERS))):
+    layers = layer_specs(WhisperDims(whisper.config))
+    for name, spec in (("encoder", whisper_encoder_spec(layers)), ("decoder", decoder_spec(layers))):
         portable, engine = (onnx.load(p, load_external_data=False) for p in engines[name])
         assert [i.name for i in portable.graph.input] == spec.input_names
         assert [o.name for o in portable.graph.output] == spec.output_names
@@ -126,7 +131,7 @@ def test_encoder_equals_transformers(whisper, features, engines):
     expected = hf_cross(whisper, features)
     for path in engines["encoder"]:
         got = session(path).run(None, {"input_features": features.numpy()})
-        for name, g, e in zip(whisper_encoder_spec(LAYERS).output_names, got, expected):
+        for name, g, e in zip(whisper_encoder_spec(layer_specs(WhisperDims(whisper.config))).output_names, got, expected):
             assert g.shape == e.shape == (2, HEADS, 32, D_MODEL // HEADS)
             # measured: 4e-6 at values up to 6.5
             np.testing.assert_allclose(g, e, atol=1e-5, rtol=1e-5, err_msg=name)

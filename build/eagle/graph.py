@@ -8,6 +8,7 @@ from torch import nn
 
 from trt_llm.build.eagle.model import Eagle3Draft
 from trt_llm.build.models.layers import frozen, linear, rms_norm, rotary_tables
+from trt_llm.schemas.layer_spec import FullAttention, RotarySpec
 
 
 class DraftGraph(nn.Module):
@@ -43,6 +44,7 @@ class DraftGraph(nn.Module):
         cos, sin = rotary_tables(draft.inv_freq, draft.attention_scaling, max_positions, dtype)
         self.register_buffer("cos_cache", cos)
         self.register_buffer("sin_cache", sin)
+        self.layer_spec = draft_layer_spec(draft)
         self.to(dtype)
 
     def forward(self, inputs_embeds, hidden, position_ids, past_lengths, query_lengths, tree_mask, logits_indices,
@@ -64,3 +66,11 @@ class DraftGraph(nn.Module):
         picked = rms_norm(torch.gather(hidden_out, 1, index), self.final_norm, eps)
         logits = F.linear(picked, self.lm_head).float()
         return logits, hidden_out, present_key, present_value
+
+
+def draft_layer_spec(draft: Eagle3Draft) -> FullAttention:
+    """The draft's one layer as the manifest records it (components.draft.layers)."""
+    d, parameters = draft.dims, draft.config.get("rope_parameters") or {}
+    theta = draft.config.get("rope_theta") or parameters.get("rope_theta") or 10000.0
+    return FullAttention(kv_heads=d.kv_heads, head_dim=d.head_dim, scale=d.head_dim ** -0.5,
+                         rotary=RotarySpec(base=float(theta), dims=d.head_dim))

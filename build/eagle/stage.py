@@ -56,6 +56,9 @@ def manifest_entries(draft, config) -> tuple[dict, dict]:
                  "max_draft_tree_size": config.draft.max_draft_tree_size,
                  "max_verify_tree_size": config.draft.max_verify_tree_size,
                  "draft_vocab_size": int(draft.d2t.numel()), "source_format": draft.source_format}
+    from trt_llm.build.eagle.graph import draft_layer_spec
+
+    component["layers"] = [draft_layer_spec(draft).model_dump()]
     eagle = {"feature_layers": list(draft.aux_layer_ids),
              "feature_width": int(draft.fc_weight.shape[1])}
     return component, eagle

@@ -161,10 +161,13 @@ class DecoderLayer(nn.Module):
     make_linear: builds each packed projection from its HF linears (`linear`, or a quantizing
     build.quantize.factory.LinearFactory)."""
 
-    def __init__(self, hf_layer, dims, qk_norm: bool = False, make_linear=linear):
+    def __init__(self, hf_layer, dims, qk_norm: bool = False, make_linear=linear, spec=None):
+        """spec: the layer's schemas.layer_spec entry (its window and soft-cap; None: full attention)."""
         super().__init__()
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
         self.dims = dims
+        self.window = getattr(spec, "window", 0) if spec is not None and spec.kind == "sliding" else 0
+        self.softcap = float(spec.soft_cap or 0.0) if spec is not None else 0.0
         self.input_norm = frozen(hf_layer.input_layernorm.weight)
         self.post_norm = frozen(hf_layer.post_attention_layernorm.weight)
         self.qkv = make_linear(attn.q_proj, attn.k_proj, attn.v_proj)
@@ -188,7 +191,7 @@ class DecoderLayer(nn.Module):
             qkv = torch.cat([q.reshape(batch, seq, -1), k.reshape(batch, seq, -1), v], dim=-1)
         attn, present_key, present_value = torch.ops.trt_llm.attention(
             qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin, tree_mask,
-            d.num_heads, d.kv_heads, d.head_dim ** -0.5,
+            d.num_heads, d.kv_heads, d.head_dim ** -0.5, self.window, self.softcap,
         )
         hidden = hidden + self.o(attn, lora.get("o"))
         x = rms_norm(hidden, self.post_norm, d.rms_norm_eps)

@@ -17,7 +17,7 @@ from torch import nn
 
 from trt_llm.build.models.layers import (DecoderLayer, cast_floats, frozen, linear, mrope_streams, rms_norm,
                                         rotary_tables, sectioned_rotary)
-from trt_llm.schemas.graph_spec import decoder_spec
+from trt_llm.schemas.layer_spec import FullAttention, RotarySpec, SlidingAttention, window_of
 
 if TYPE_CHECKING:
     from trt_llm.build.models import ModelFamily
@@ -38,6 +38,34 @@ class ModelDims:
     def to_dict(self) -> dict:
         return dict(vars(self))
 
+
+
+def rotary_spec(config, head_dim: int, mrope: str | None = None) -> RotarySpec:
+    """What the rotary tables of a HF text config are (its rope_parameters, transformers 5)."""
+    parameters = dict(getattr(config, "rope_parameters", None) or {})
+    base = parameters.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+    factor = parameters.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0
+    return RotarySpec(base=float(base), dims=int(head_dim * factor), scaling=str(parameters.get("rope_type", "default")),
+                      mrope=mrope)
+
+
+def layer_specs(config, family: "ModelFamily") -> list:
+    """One spec per decoder layer of a Llama-shaped text config: full attention, or sliding-window
+    attention where the config's layer_types says so (Qwen2 / Qwen3 with use_sliding_window: the
+    layers from max_window_layers on)."""
+    dims = ModelDims(config)
+    kinds = list(getattr(config, "layer_types", None) or ["full_attention"] * dims.num_layers)
+    common = dict(kv_heads=dims.kv_heads, head_dim=dims.head_dim, scale=dims.head_dim ** -0.5,
+                  rotary=rotary_spec(config, dims.head_dim, family.mrope))
+    specs = []
+    for kind in kinds:
+        if kind == "sliding_attention" and getattr(config, "sliding_window", None):
+            specs.append(SlidingAttention(window=int(config.sliding_window), **common))
+        elif kind in ("full_attention", "sliding_attention"):  # a sliding type without a window is full
+            specs.append(FullAttention(**common))
+        else:
+            raise ValueError(f"layer_types: {kind!r} layers are not supported for {family.architecture}")
+    return specs
 
 
 def text_decoder(hf_model):
@@ -72,10 +100,13 @@ class DecoderGraph(nn.Module):
         vision_config = getattr(hf_model.config, "vision_config", None)
         hf_model = text_decoder(hf_model)
         self.dims = ModelDims(hf_model.config)
+        self.layer_specs = layer_specs(hf_model.config, family)
+        # One lengths input per sliding window (the slots its layers hold), after the tree mask.
+        self.windows = sorted({window_of(spec) for spec in self.layer_specs} - {0})
         self.lora_groups = list(lora_groups)  # packed projections with LoRA inputs, per layer
         self.feature_layers = list(feature_layers) if feature_layers else None
-        self.layers = nn.ModuleList(DecoderLayer(layer, self.dims, family.qk_norm, make_linear)
-                                    for layer in hf_model.model.layers)
+        self.layers = nn.ModuleList(DecoderLayer(layer, self.dims, family.qk_norm, make_linear, spec)
+                                    for layer, spec in zip(hf_model.model.layers, self.layer_specs))
         self.final_norm = frozen(hf_model.model.norm.weight)
         self.lm_head = make_linear(hf_model.lm_head)
         # HF's rotary module already resolved the rope type (default, llama3, yarn, ...) into
@@ -91,13 +122,15 @@ class DecoderGraph(nn.Module):
         cast_floats(self, dtype)
 
     def forward(self, inputs_embeds, position_ids, past_lengths, query_lengths, logits_indices, *tensors):
-        """tensors: [tree_mask if an EAGLE base], the caches (key, value per layer), then the LoRA
-        pairs (per layer, per group)."""
+        """tensors: [deepstack_embeds], [tree_mask if an EAGLE base], each sliding window's lengths,
+        the caches (key, value per layer), then the LoRA pairs (per layer, per group)."""
         tree_mask = deepstack = None
         if self.deepstack_layers:
             deepstack, tensors = tensors[0], tensors[1:]
         if self.feature_layers is not None:
             tree_mask, tensors = tensors[0], tensors[1:]
+        lengths = dict(zip(self.windows, tensors[: len(self.windows)]))
+        tensors = tensors[len(self.windows):]
         cos, sin = self.cos_cache, self.sin_cache
         if self.mrope_streams is not None:  # per-token rows, and position_ids becomes their index
             cos, sin, position_ids = sectioned_rotary(cos, sin, position_ids.long(), self.mrope_streams)
@@ -110,8 +143,8 @@ class DecoderGraph(nn.Module):
             pairs = lora[i * per_layer: (i + 1) * per_layer]
             layer_lora = {g: (pairs[2 * j], pairs[2 * j + 1]) for j, g in enumerate(self.lora_groups)}
             hidden, key, value = layer(
-                hidden, caches[2 * i], caches[2 * i + 1], past_lengths, query_lengths, position_ids,
-                cos, sin, layer_lora, tree_mask,
+                hidden, caches[2 * i], caches[2 * i + 1], lengths.get(layer.window, past_lengths), query_lengths,
+                position_ids, cos, sin, layer_lora, tree_mask,
             )
             if i < self.deepstack_layers:
                 hidden = hidden + deepstack[i]
@@ -125,11 +158,3 @@ class DecoderGraph(nn.Module):
             return (logits, torch.cat([entering[i] for i in self.feature_layers], dim=-1), *presents)
         return (logits, *presents)
 
-
-def input_names(num_layers: int, eagle: bool = False) -> list[str]:
-    """The graph's inputs without the LoRA pairs (schemas/graph_spec.py)."""
-    return decoder_spec(num_layers, eagle).input_names
-
-
-def output_names(num_layers: int, eagle: bool = False) -> list[str]:
-    return decoder_spec(num_layers, eagle).output_names

@@ -11,7 +11,7 @@ asked) with the encoder's keys and values as extra inputs.
   which were trained on 30 s windows only and which transformers refuses anything else for); batch
   is dynamic. Its self-attention is our cross-attention op (plugins/cross_attention.py: every key
   visible, no mask), which is what the encoder's attention is.
-- `WhisperDecoderGraph`: the decoder graph contract (`whisper_decoder_spec`): inputs_embeds (the
+- `WhisperDecoderGraph`: the decoder graph contract (`decoder_spec` of its `cross` layers): inputs_embeds (the
   runtime looks the token embeddings up on the host: Whisper's embed_scale is 1.0, scale_embedding
   False in every checkpoint; another scale would be applied here), position_ids, past_lengths,
   query_lengths, logits_indices, the self-attention caches, then the encoder's cross keys / values.
@@ -40,7 +40,8 @@ import trt_llm.plugins.cross_attention  # noqa: F401 - registers torch.ops.trt_l
 from torch import Tensor, nn
 from trt_llm.build.export import _dynamic_axes, export_graph
 from trt_llm.build.models.layers import cast_floats, frozen, linear
-from trt_llm.schemas.graph_spec import whisper_decoder_spec, whisper_encoder_spec
+from trt_llm.schemas.graph_spec import decoder_spec, whisper_encoder_spec
+from trt_llm.schemas.layer_spec import CrossAttention
 
 
 class WhisperDims:
@@ -218,7 +219,7 @@ class WhisperDecoderGraph(nn.Module):
 def export_whisper_encoder(graph: WhisperEncoderGraph, path: Path, dtype: torch.dtype) -> Path:
     """Write `path` (+ `path.data`); batch dynamic, the mel axis fixed at 2 * frames."""
     d = graph.dims
-    spec = whisper_encoder_spec(d.num_layers)
+    spec = whisper_encoder_spec(layer_specs(d))
     example = (torch.zeros(2, d.num_mel_bins, d.mel_frames, dtype=dtype),)
     return export_graph(graph, example, spec.input_names, spec.output_names, tuple(_dynamic_axes(spec.inputs)), path)
 
@@ -226,7 +227,7 @@ def export_whisper_encoder(graph: WhisperEncoderGraph, path: Path, dtype: torch.
 def export_whisper_decoder(graph: WhisperDecoderGraph, path: Path, dtype: torch.dtype) -> Path:
     """Write `path` (+ `path.data`); batch, seq, kept, capacity and frames dynamic."""
     d = graph.dims
-    spec = whisper_decoder_spec(d.num_layers)
+    spec = decoder_spec(layer_specs(d))
     batch, seq, kept, capacity, frames = 2, 5, 3, 16, 7
     # One tensor object per cache: the tracer would merge inputs that are the same object.
     caches = [torch.zeros(batch, d.heads, capacity, d.head_dim, dtype=dtype) for _ in range(2 * d.num_layers)]
@@ -243,13 +244,21 @@ def export_whisper_decoder(graph: WhisperDecoderGraph, path: Path, dtype: torch.
 # The build's entry points (build/bundle.py for the llm/ component, build/audio_stage.py for audio/).
 
 
-def export_llm(hf_model, path: Path, dtype: torch.dtype) -> dict:
-    """The decoder graph at `path`; returns the manifest's dims (kv_heads = heads: no GQA)."""
+def layer_specs(dims: WhisperDims) -> list[CrossAttention]:
+    """Every decoder layer: self-attention over its cache (no rotary: learned positions), then
+    cross-attention over the encoder's frames (the same heads), both scaled by head_dim ** -0.5."""
+    return [CrossAttention(kv_heads=dims.heads, head_dim=dims.head_dim, scale=dims.head_dim ** -0.5,
+                           cross_heads=dims.heads, cross_head_dim=dims.head_dim) for _ in range(dims.num_layers)]
+
+
+def export_llm(hf_model, path: Path, dtype: torch.dtype) -> tuple[dict, list]:
+    """The decoder graph at `path`; returns the manifest's dims (kv_heads = heads: no GQA) and layer specs."""
     graph = WhisperDecoderGraph(hf_model, dtype)
     export_whisper_decoder(graph, path, dtype)
     d = graph.dims
-    return {"hidden_size": d.d_model, "num_layers": d.num_layers, "num_heads": d.heads, "kv_heads": d.heads,
-            "head_dim": d.head_dim, "vocab_size": d.vocab, "rms_norm_eps": hf_model.model.decoder.layer_norm.eps}
+    return ({"hidden_size": d.d_model, "num_layers": d.num_layers, "num_heads": d.heads, "kv_heads": d.heads,
+             "head_dim": d.head_dim, "vocab_size": d.vocab, "rms_norm_eps": hf_model.model.decoder.layer_norm.eps},
+            layer_specs(d))
 
 
 def export_audio(hf_model, path: Path, dtype: torch.dtype) -> dict:

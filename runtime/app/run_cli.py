@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trt_llm.common.cli_args import (FlagError, Interrupted, OneLineParser, capped_threads, positive_int,
+from trt_llm.common.cli_args import (FlagError, Interrupted, OneLineParser, byte_size, capped_threads, positive_int,
                                       signals_interrupt)
 from trt_llm.common.files import OutputPathError, prepare_output_dir, prepare_output_file, write_atomically
 
@@ -37,9 +37,16 @@ def parse_args(argv: list[str] | None):
                              "(same results, request by request)")
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="CPU threads (default: all physical cores; at most the cores this process may use)")
-    parser.add_argument("--prompt-cache-budget-mb", type=positive_int, default=1024,
-                        help="memory for saved system-prompt KV (least recently used out first)")
-    parser.add_argument("--kv-cache-dir", help="also keep saved system-prompt KV here, across runs")
+    parser.add_argument("--context-reuse", action="store_true",
+                        help="reuse computed prefixes across requests and turns: a request restores its longest "
+                             "cached prefix (images, clips and the LoRA adapter included) and leaves its tokens for "
+                             "the next (the file's context_cache_lookup_policy / _commit_policy say how); without "
+                             "it only system prompts saved with save_system_prompt_kv_cache are reused")
+    parser.add_argument("--kv-cache-budget", type=byte_size, default=1 << 30, metavar="SIZE",
+                        help="memory for reused keys and values, e.g. 512M or 2G (default 1G; least recently used "
+                             "out first, saved system prompts last)")
+    parser.add_argument("--prompt-cache-budget-mb", type=positive_int, help="the same budget in MiB (older name)")
+    parser.add_argument("--kv-cache-dir", help="also keep reused keys and values here, across runs")
     parser.add_argument("--no-spec-decode", action="store_true",
                         help="vanilla decoding even when the engine has an EAGLE draft")
     parser.add_argument("--draft-top-k", type=positive_int,
@@ -110,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args, log, progress: _Progress) -> int:
     from trt_llm.runtime.decoding.spec_config import resolve_spec
     from trt_llm.runtime.engine_dir import EngineDir, EngineDirError
-    from trt_llm.runtime.cache.prefix_cache import PrefixCache
+    from trt_llm.runtime.cache.context_cache import ContextCache
     from trt_llm.runtime.engine.profiler import Profiler, format_summary
     from trt_llm.runtime.requests.runner import Runner, RunError
     from trt_llm.schemas.input_file import InputFileError, load_input_file
@@ -123,14 +130,16 @@ def _run(args, log, progress: _Progress) -> int:
             log.warning("%s", warning)
         threads = capped_threads(args.threads)
         engine_dir = EngineDir.open(args.engine_dir)
-        prefix_cache = PrefixCache(engine_dir.identity, args.prompt_cache_budget_mb << 20, args.kv_cache_dir)
+        budget = args.prompt_cache_budget_mb << 20 if args.prompt_cache_budget_mb else args.kv_cache_budget
+        prefix_cache = ContextCache(engine_dir.identity, budget, args.kv_cache_dir)
         profiler = Profiler() if (args.profile_output or args.dump_profile) else None
         draft = engine_dir.manifest["components"].get("draft")
         spec = resolve_spec(draft, engine_dir.manifest["backend"], args.draft_top_k, args.draft_steps,
                             args.verify_tree_size) if draft else None
         progress.loaded, progress.settings, progress.output_path = loaded, settings, output_path
         runner = Runner(engine_dir, threads=threads or 0, prefix_cache=prefix_cache, profiler=profiler,
-                        spec=spec, spec_decode=not args.no_spec_decode, scheduling=args.scheduling)
+                        spec=spec, spec_decode=not args.no_spec_decode, scheduling=args.scheduling,
+                        context_reuse=args.context_reuse)
         log.info("engine %s: %s backend, %s threads, %d requests in batches of %d (%s scheduling)",
                  engine_dir.path, engine_dir.manifest["backend"], threads or "default", len(loaded.requests),
                  settings.batch_size, args.scheduling)
@@ -148,11 +157,11 @@ def _run(args, log, progress: _Progress) -> int:
         if args.dump_profile:
             print(format_summary(profile), file=sys.stderr)
     stats = runner.prefix_stats
-    if stats["saved"] or stats["hits"]:
-        print(f"{PROG}: system-prompt KV cache: {len(prefix_cache)} entries, "
-              f"{prefix_cache.size_bytes / 2**20:.1f} MB of {args.prompt_cache_budget_mb} MB, "
-              f"{stats['hits']} reused, {stats['saved']} saved, {prefix_cache.evictions} evicted, "
-              f"{stats['fallbacks']} full-prefill fallbacks", file=sys.stderr)
+    if stats["saved"] or stats["hits"] or args.context_reuse:
+        print(f"{PROG}: context cache: {len(prefix_cache)} entries ({prefix_cache.blocks} blocks), "
+              f"{prefix_cache.size_bytes / 2**20:.1f} MB of {budget / 2**20:.0f} MB, "
+              f"{stats['hits']} requests reused, {stats['misses']} missed, {stats['saved']} system prompts saved, "
+              f"{prefix_cache.evictions} evicted, {stats['fallbacks']} full-prefill fallbacks", file=sys.stderr)
     failed = sum(r.finish_reason == "error" for r in output.responses)
     log.info("%d requests, %d failed, %d tokens generated", len(output.responses), failed,
              sum(r.generated_tokens for r in output.responses))

@@ -13,7 +13,7 @@ def open_engine(engine_dir: EngineDir, threads: int = 0, component: str = "llm",
     """
     backend = engine_dir.manifest["backend"]
     path = engine_dir.component_path(component, "engine")
-    layers = engine_dir.dims["num_layers"] if component == "llm" else 1
+    layers = engine_dir.layers(component)
     if backend == "cpu":
         from trt_llm.runtime.backends.ort_engine import OrtEngine
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_llm.runtime.cache.kv_cache import CrossAttentionCache, KVCache
+from trt_llm.runtime.cache.cache_set import CacheSet, cache_set
 from trt_llm.runtime.engine.step import Step
-from trt_llm.schemas.graph_spec import cross, past, present
+from trt_llm.schemas.graph_spec import past
+from trt_llm.schemas.layer_spec import FullAttention
 
 
 # How long an idle intra-op thread spins for more work before it sleeps (ONNX Runtime's
@@ -34,10 +35,12 @@ MATMUL_ACCURACY_LEVEL = 4
 
 
 class OrtEngine:
-    def __init__(self, engine_path: Path, num_layers: int, threads: int = 0, spinning: bool = True):
-        """spinning: ONNX Runtime's idle intra-op threads spin SPIN_US for more work before they sleep
-        (see SPIN_US). False: they never spin, for two sessions that alternate with host work in between
-        (EAGLE's base and draft), where one pool's spinning would take the cores from the other."""
+    def __init__(self, engine_path: Path, layers, threads: int = 0, spinning: bool = True):
+        """layers: the graph's layer specs (schemas/layer_spec.py; an int n: n full attention layers,
+        their geometry read from the graph). spinning: ONNX Runtime's idle intra-op threads spin
+        SPIN_US for more work before they sleep (see SPIN_US). False: they never spin, for two sessions
+        that alternate with host work in between (EAGLE's base and draft), where one pool's spinning
+        would take the cores from the other."""
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -52,27 +55,29 @@ class OrtEngine:
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         self._ort = ort
         self.session = ort.InferenceSession(str(engine_path), options, providers=["CPUExecutionProvider"])
-        self.num_layers = num_layers
-        self._binding = self.session.io_binding()
-        self._bound = None  # what the cache/extra bindings point at now: (cache ref, batch, capacity, extra)
-
-    def new_cache(self, batch: int, capacity: int) -> KVCache:
-        """A cache this engine can bind: [batch, Hkv, capacity, D] per layer, in the graph's dtype."""
         inputs = {i.name: i for i in self.session.get_inputs()}
-        cache = inputs[past("key", 0)]
-        dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[cache.type]
-        if cross("key", 0) in inputs:  # an encoder-decoder (Whisper): the clip's keys and values live with the rows
-            names = [(cross("key", i), cross("value", i)) for i in range(self.num_layers)]
-            return CrossAttentionCache(self.num_layers, batch, cache.shape[1], capacity, cache.shape[3], dtype, names)
-        return KVCache(self.num_layers, batch, cache.shape[1], capacity, cache.shape[3], dtype)
+        self.dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[inputs[past("key", 0)].type]
+        if isinstance(layers, int):
+            shape = inputs[past("key", 0)].shape
+            layers = [FullAttention(kv_heads=shape[1], head_dim=shape[3], scale=shape[3] ** -0.5)] * layers
+        self.layers = list(layers)
+        self.num_layers = len(self.layers)
+        self._binding = self.session.io_binding()
+        self._bound = None  # what the cache bindings point at now: (cache ref, batch, generation, extra)
 
-    def run(self, step: Step, cache: KVCache, lora: dict[str, np.ndarray] | None = None) -> np.ndarray:
-        """One forward pass (runtime/engine/step.py); writes the new tokens into `cache`, the logits into
-        step.logits and the step's other outputs into their arrays. lora: the LoRA inputs, which stay
-        the same while the batch does and are bound with the cache."""
-        extra = lora or {}
+    def new_cache(self, batch: int, capacity: int, widest: int | None = None) -> CacheSet:
+        """The caches this engine binds (runtime/cache/cache_set.py), in the graph's dtype; widest:
+        the most new tokens one step gives a row."""
+        return cache_set(self.layers, batch, capacity, self.dtype, widest)
+
+    def run(self, step: Step, cache, lora: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """One forward pass (runtime/engine/step.py); writes the new tokens into `cache` (a CacheSet,
+        or one of its groups), the logits into step.logits and the step's other outputs into their
+        arrays. lora: the LoRA inputs, which stay the same while the batch does and are bound with
+        the cache."""
         binding = self._binding
-        for name, array in step.named_inputs():
+        room = cache.make_room(step.past_lengths, step.inputs_embeds.shape[1])  # a sliding group's lengths
+        for name, array in (*step.named_inputs(), *room.items()):
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
         # The outputs are bound every call (the logits' width changes with each EAGLE verification);
         # the cache bindings only when the batch does: re-binding 2 x layers buffers every step would
@@ -80,22 +85,20 @@ class OrtEngine:
         for name, array in step.named_outputs().items():
             binding.bind_output(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
         # The cache is recognised by identity (a weak reference: a new cache at a recycled id() must not
-        # pass for the old one); its buffers are allocated once and never replaced. Reading 60 buffer
-        # addresses through .ctypes every step instead cost 60-100 us a step (cProfile), the largest
-        # host-side cost of a batch-1 step.
-        bound = self._bound
-        extra = {**cache.bound_inputs(), **extra}  # an encoder-decoder's cross-attention inputs live with the rows
+        # pass for the old one) and its generation, which changes when its buffers are replaced. Reading
+        # 60 buffer addresses through .ctypes every step instead cost 60-100 us a step (cProfile), the
+        # largest host-side cost of a batch-1 step.
+        extra = lora or {}
         extra_key = tuple((n, a.__array_interface__["data"][0], a.shape) for n, a in extra.items())
-        if (bound is None or bound[0]() is not cache or bound[1:] != (cache.batch, cache.capacity, extra_key)):
-            for i, (key_buffer, value_buffer) in enumerate(cache.views()):
+        state = (cache.batch, cache.generation, extra_key)
+        if self._bound is None or self._bound[0]() is not cache or self._bound[1:] != state:
+            for name, output, buffer in cache.tensors():
                 # The same memory as past input and present output: the op updates it in place.
-                for kind, buffer in (("key", key_buffer), ("value", value_buffer)):
-                    binding.bind_input(past(kind, i), "cpu", 0, buffer.dtype, buffer.shape,
-                                       buffer.ctypes.data)
-                    binding.bind_output(present(kind, i), "cpu", 0, buffer.dtype, buffer.shape,
-                                        buffer.ctypes.data)
+                binding.bind_input(name, "cpu", 0, buffer.dtype, buffer.shape, buffer.ctypes.data)
+                if output is not None:
+                    binding.bind_output(output, "cpu", 0, buffer.dtype, buffer.shape, buffer.ctypes.data)
             for name, array in extra.items():
                 binding.bind_input(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
-            self._bound = (weakref.ref(cache), cache.batch, cache.capacity, extra_key)
+            self._bound = (weakref.ref(cache), *state)
         self.session.run_with_iobinding(binding)
         return step.logits

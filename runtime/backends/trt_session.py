@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_llm.runtime.backends.trt_engine import DeviceBuffer, _check
+from trt_llm.runtime.cache.device import DeviceBuffer, _check
 from trt_llm.common.trt_import import BackendUnavailable, cuda_device_count, import_cudart, import_tensorrt, make_logger
 
 

@@ -6,6 +6,7 @@ A strategy is one object with:
     prefill(core, admitted, start)   the first pass of the requests just admitted (running rows
                                      start ..); returns the running indexes that finished
     step(core)                       one decode step of every running row; the same return
+    cached(core, index)              tokens of running row `index` in the base cache (what it may commit)
     leave(keep)                      running rows `keep` stay (ascending): drop the others' state
 
 `vanilla.py` emits one token per row per step; `eagle.py` drafts a tree with the EAGLE3 draft and

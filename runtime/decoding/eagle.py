@@ -30,7 +30,6 @@ import numpy as np
 import torch
 
 from trt_llm.runtime.decoding.draft import Draft, SpecStats
-from trt_llm.runtime.decoding.prefill import prefill
 from trt_llm.runtime.sampling.grammar import mask_logits
 from trt_llm.runtime.engine.model import Model
 from trt_llm.runtime.sampling.sampler import Sampler
@@ -84,9 +83,7 @@ class Eagle:
     def prefill(self, core, admitted, start: int) -> list[int]:
         """Logits at each prompt's last token, features at every prefilled token. A reused system
         prompt has no features: the draft's context then starts after it (it only proposes)."""
-        window = core.cache.window(start, len(core.scheduler.running))
-        done = prefill(core.model, [r.sequence for r in admitted], window, core.lora_window(start), core.stage,
-                       core.profiler)
+        done = core.prefill(admitted, start)
         finished = core.sample(admitted, done.logits[:, 0], first=start)
         for i, request in enumerate(admitted):
             s, begin, n = request.sequence, int(done.reused[i]), int(done.computed[i])
@@ -122,6 +119,9 @@ class Eagle:
             core.profiler.count("spec_rounds", len(state))
             core.profiler.count("spec_emitted", emitted_total)
         return finished
+
+    def cached(self, core, index: int) -> int:
+        return self.rows[index].committed  # the root and the rejected nodes are not the row's tokens
 
     def leave(self, keep: list[int]) -> None:
         self.cache.keep_rows(keep, [self.rows[i].draft_committed for i in keep])

@@ -1,8 +1,8 @@
 """The first pass of newly admitted requests: their prompts, right-padded, on their rows of the pool.
 
-Shared by every decoding strategy. A row with a reused prefix starts from that prefix's KV and
-prefills only the rest (a prefill on a non-empty cache); a row asked to save its prefix gets a
-snapshot of it afterwards.
+Shared by every decoding strategy. A row with a cached prefix (runtime/cache/reuse.py) starts from
+that prefix's keys and values and prefills only the rest (a prefill on a non-empty cache); its
+prompt's blocks (and a system prompt it keeps) go into the context cache afterwards.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trt_llm.runtime.cache import reuse
+from trt_llm.runtime.cache.context_cache import ContextCache
 from trt_llm.runtime.engine.model import Model
 from trt_llm.runtime.engine.sequence import Sequence
 from trt_llm.runtime.engine.step import Step
@@ -20,17 +22,22 @@ from trt_llm.schemas.graph_spec import FEATURES
 @dataclass
 class Prefilled:
     logits: np.ndarray  # [B, 1, V] at each prompt's last token
-    reused: np.ndarray  # [B] int32 tokens restored from a saved prefix (the pass's past lengths)
+    reused: np.ndarray  # [B] int32 tokens restored from the context cache (the pass's past lengths)
     computed: np.ndarray  # [B] int32 tokens the pass computed
     features: np.ndarray | None  # an EAGLE base's features [B, S, F] at every computed token
 
 
-def prefill(model: Model, sequences: list[Sequence], cache, lora: dict, stage, profiler) -> Prefilled:
-    """cache: the rows of `sequences`, in order (a window of the pool)."""
-    past = np.array([_restore(cache, row, s.reused) for row, s in enumerate(sequences)], dtype=np.int32)
+def prefill(model: Model, sequences: list[Sequence], cache, lora: dict, stage, profiler,
+            context: ContextCache | None = None) -> Prefilled:
+    """cache: the rows of `sequences`, in order (a window of the pool); context: the context cache
+    its rows restore their prefixes from and commit their prompts to (runtime/cache/reuse.py)."""
+    if context is not None:
+        for row, s in enumerate(sequences):
+            s.reused_tokens = reuse.restore(context, cache, row, s)
+    past = np.array([s.reused_tokens for s in sequences], dtype=np.int32)
     for row, s in enumerate(sequences):
         if s.media is not None and s.media.cross is not None:  # an encoder-decoder: the clip's keys and values
-            cache.write_cross(row, s.media.cross)
+            cache.write_row(row, s.media.cross)
     lengths = np.array([len(s.prompt_ids) for s in sequences], dtype=np.int32) - past
     with stage("prefill"):
         if int((past + lengths.max()).max()) <= cache.capacity:
@@ -51,9 +58,9 @@ def prefill(model: Model, sequences: list[Sequence], cache, lora: dict, stage, p
     if profiler:
         profiler.count("prefill_computed_tokens", int(lengths.sum()))
         profiler.count("prefill_reused_tokens", int(past.sum()))
-    for row, s in enumerate(sequences):
-        if s.save_prefix:
-            s.saved = _snapshot(cache, row, s.prompt_ids[: s.save_prefix])
+    if context is not None:
+        for row, s in enumerate(sequences):
+            reuse.commit(context, cache, row, s, len(s.prompt_ids))
     return Prefilled(logits, past, lengths, features)
 
 
@@ -70,18 +77,3 @@ def _pass(model: Model, sequences: list[Sequence], cache, lora: dict, past: np.n
     step.inputs.update(media)
     model.engine.run(step, cache, lora)
     return step.logits, step.outputs.get(FEATURES)
-
-
-def _restore(cache, row: int, entry) -> int:
-    """Copy a saved prefix's KV into `row`; returns how many tokens it covers."""
-    if entry is None:
-        return 0
-    cache.write_prefix(row, entry.keys, entry.values)
-    return len(entry.token_ids)
-
-
-def _snapshot(cache, row: int, token_ids: list[int]):
-    from trt_llm.runtime.cache.prefix_cache import Entry
-
-    keys, values = cache.read_prefix(row, len(token_ids))
-    return Entry(tuple(token_ids), keys, values)

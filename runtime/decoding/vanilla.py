@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from trt_llm.runtime.decoding.prefill import prefill
 from trt_llm.runtime.engine.step import Step
 
 
@@ -18,9 +17,7 @@ class Vanilla:
         pass
 
     def prefill(self, core, admitted, start: int) -> list[int]:
-        window = core.cache.window(start, len(core.scheduler.running))
-        done = prefill(core.model, [r.sequence for r in admitted], window, core.lora_window(start), core.stage,
-                       core.profiler)
+        done = core.prefill(admitted, start)
         return core.sample(admitted, done.logits[:, 0], first=start)
 
     def step(self, core) -> list[int]:
@@ -39,6 +36,9 @@ class Vanilla:
         if core.profiler:
             core.profiler.count("decode_tokens", len(running))
         return core.sample(running, self._logits[:, 0], first=0)
+
+    def cached(self, core, index: int) -> int:
+        return core.scheduler.running[index].sequence.length - 1  # all but the last token, not yet fed
 
     def leave(self, keep: list[int]) -> None:
         pass

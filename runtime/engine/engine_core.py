@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from trt_llm.runtime.sampling.grammar import mask_logits
+from trt_llm.runtime.cache import reuse
 from trt_llm.runtime.engine.model import Model
 from trt_llm.runtime.sampling.sampler import Sampler, SamplingParams
 from trt_llm.runtime.engine.sequence import ABORTED, Sequence, append_token, record_logprobs
@@ -76,9 +77,11 @@ class Scheduler:
 
 class EngineCore:
     def __init__(self, model: Model, max_rows: int, policy: str = "continuous", lora_layout: dict | None = None,
-                 profiler=None, strategy=None, sampler: Sampler | None = None):
+                 profiler=None, strategy=None, sampler: Sampler | None = None, context=None):
         """strategy: a runtime.decoding strategy (Vanilla() by default, Eagle(...) with a draft).
-        sampler: one whose rows the requests already hold (EngineRequest.row), or None for a new one."""
+        sampler: one whose rows the requests already hold (EngineRequest.row), or None for a new one.
+        context: the context cache (runtime/cache/context_cache.py) admitted rows restore their
+        prefixes from and commit their tokens to, as each sequence's plan says."""
         from trt_llm.runtime.decoding.vanilla import Vanilla
 
         self.model = model
@@ -87,6 +90,7 @@ class EngineCore:
         self.sampler = sampler if sampler is not None else Sampler([])
         self.lora_layout = lora_layout
         self.profiler = profiler
+        self.context = context
         self.cache = None  # the KV pool, made at the first admission
         self._own_rows: set[int] = set()  # sampler rows add_request made, released when their request leaves
         self.lora_inputs: dict[str, np.ndarray] = {}  # the running rows' LoRA inputs, row by row
@@ -152,6 +156,15 @@ class EngineCore:
     def stage(self, name: str):
         return self.profiler.stage(name) if self.profiler else nullcontext()
 
+    def prefill(self, admitted: list[EngineRequest], start: int):
+        """The first pass of `admitted` (running rows start ..) on their window of the pool
+        (runtime/decoding/prefill.py)."""
+        from trt_llm.runtime.decoding.prefill import prefill
+
+        window = self.cache.window(start, len(self.scheduler.running))
+        return prefill(self.model, [r.sequence for r in admitted], window, self.lora_window(start), self.stage,
+                       self.profiler, self.context)
+
     def lora_window(self, start: int) -> dict[str, np.ndarray]:
         """The LoRA inputs of running rows start .. end."""
         return {name: array[start:] for name, array in self.lora_inputs.items()} if start else self.lora_inputs
@@ -190,6 +203,12 @@ class EngineCore:
     def _leave(self, indexes: list[int]) -> None:
         """Running rows `indexes` leave; the rows behind them move up."""
         running = self.scheduler.running
+        if self.context is not None:  # its generated tokens, for a request that continues the conversation
+            for i in indexes:
+                s = running[i].sequence
+                if s.context is not None and s.context.commit == "generated":
+                    reuse.commit(self.context, self.cache, i, s, self.strategy.cached(self, i),
+                                 s.prompt_ids + s.generated)
         gone = set(indexes)
         keep = [i for i in range(len(running)) if i not in gone]
         # A row's used slots: its prompt and generated tokens but the last (not yet in the cache).

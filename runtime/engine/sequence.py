@@ -20,9 +20,8 @@ class Sequence:
     max_new_tokens: int  # already clamped to the KV capacity
     detokenizer: object | None = None  # an IncrementalDetokenizer when stop strings are watched
     constraint: object | None = None  # a grammar.Constraint for structured output (response_format)
-    reused: object | None = None  # a prefix_cache.Entry whose KV is restored instead of prefilled
-    save_prefix: int = 0  # after prefill, keep the KV of this many leading prompt tokens
-    saved: object | None = None  # ... here, as a prefix_cache.Entry
+    context: object | None = None  # a cache.reuse.ContextPlan: what it may restore from the context cache
+    reused_tokens: int = 0  # prompt tokens restored from it instead of computed
     media: object | None = None  # a sequence_media.SequenceMedia: its image / audio rows, mRoPE positions
     generated: list[int] = field(default_factory=list)
     finish_reason: str | None = None

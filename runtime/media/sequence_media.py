@@ -18,10 +18,16 @@ class SequenceMedia:
     """rows: (index of its first placeholder token, encoded part) per image or clip, the part
     having `embeds` [tokens, H], `tokens` and `deepstack` ([k, tokens, H] Qwen3-VL's early-layer
     features, else None); rope: runtime/mrope.RopePositions, or None for 1-D positions; cross: an
-    encoder-decoder's clip, (key, value) [H, frames, D] per decoder layer for its cross-attention."""
+    encoder-decoder's clip, (key, value) [H, frames, D] per decoder layer for its cross-attention;
+    keys: each row item's content hash (the encoder cache's key), which the context cache's keys cover."""
     rows: list[tuple[int, object]]
     rope: object | None = None
     cross: list | None = None
+    keys: tuple[str, ...] = ()
+
+    def spans(self) -> tuple[tuple[int, int, str], ...]:
+        """(first token, tokens, content hash) of each image or clip."""
+        return tuple((offset, part.tokens, key) for (offset, part), key in zip(self.rows, self.keys))
 
     def write_rows(self, embeds: np.ndarray, deepstack: np.ndarray | None, start: int, count: int) -> None:
         """Write the rows of prompt tokens start .. start + count - 1 that are placeholder tokens into

@@ -46,11 +46,11 @@ def run_continuous(runner, loaded, settings, formatter, responses: list) -> None
     core = runner.engine_core(size, "continuous")
     in_flight: dict[int, tuple] = {}  # request index -> (prepared, messages, admitted at)
     while pending or core.has_unfinished():
-        # Top up the free rows just before they are taken: a system prompt saved by a request that
-        # finished a moment ago is reused by the next one.
+        # Top up the free rows just before they are taken (a request's prefix is looked up when it is
+        # admitted, so it finds what the requests before it committed).
         while pending and len(core.scheduler.running) + len(core.scheduler.waiting) < size:
             prepared, messages = pending.popleft()
-            runner.attach_prefix(prepared)
+            runner.plan_context(prepared)
             in_flight[prepared.index] = (prepared, messages, time.perf_counter())
             core.add_request(runner.engine_request(prepared))
         try:

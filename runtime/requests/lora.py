@@ -8,10 +8,12 @@ zeros for rows without one), so rows of one batch may use different adapters.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +32,16 @@ class LoraAdapter:
     name: str
     # (layer, module) -> (A [r, in], B [out, r] with the scale folded in)
     weights: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]]
+
+    @cached_property
+    def digest(self) -> str:
+        """Names its weights' content (the context cache keys a prefix's state on it)."""
+        h = hashlib.sha256(self.name.encode())
+        for (layer, module), (a, b) in sorted(self.weights.items()):
+            h.update(f"{layer}/{module}".encode())
+            h.update(np.ascontiguousarray(a).tobytes())
+            h.update(np.ascontiguousarray(b).tobytes())
+        return h.hexdigest()[:32]
 
     @property
     def max_rank(self) -> int:

@@ -37,6 +37,7 @@ class Prepared:
     num_logprobs: int = 0  # K as its batch resolves it (batch-uniform, like the reference)
     save_group: bool = False  # its batch saves system prompts (batch-wide, like the reference)
     speculate: bool = True  # its batch may speculate (no request in it disables spec decode)
+    context_policies: tuple[str, str] = ("use_cache", "including_generated_tokens")  # lookup, commit
 
 
 def request_seed(seed: int | None, index: int) -> int | None:
@@ -127,7 +128,8 @@ class RequestPreparer:
             except GrammarError as error:
                 raise ValueError(f"{where}.response_format.{error}") from None
         return Prepared(index, request, prompt, sequence, params, self._system_ids(where, prompt), adapter,
-                        request_seed(settings.seed, index))
+                        request_seed(settings.seed, index),
+                        context_policies=request.resolved_context_policies(settings))
 
     def _adapter(self, where: str, name: str, path: str) -> LoraAdapter:
         if not self.lora_layout:

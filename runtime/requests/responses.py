@@ -33,7 +33,7 @@ class ResponseBuilder:
             sampled_tokens=sampled_tokens,
             formatted_system_prompt=p.prompt.system_text, formatted_complete_request=p.prompt.text,
             prompt_tokens=len(s.prompt_ids), generated_tokens=len(s.generated),
-            reused_tokens=len(s.reused.token_ids) if s.reused is not None else 0,
+            reused_tokens=s.reused_tokens,
             output_token_ids=s.generated,
             time_to_first_token_ms=round((s.first_token_time - started) * 1000, 3),
         )

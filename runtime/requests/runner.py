@@ -19,7 +19,8 @@ from trt_llm.runtime.backends.embedding import load_embedding
 from trt_llm.runtime.engine.engine_core import EngineCore, EngineRequest
 from trt_llm.runtime.engine_dir import EngineDir, loading
 from trt_llm.runtime.engine.model import model_of
-from trt_llm.runtime.cache.prefix_cache import PrefixCache
+from trt_llm.runtime.cache.context_cache import ContextCache
+from trt_llm.runtime.cache.reuse import ContextPlan
 from trt_llm.runtime.engine.profiler import Profiler
 from trt_llm.runtime.text.prompt import PromptError, PromptFormatter
 from trt_llm.runtime.requests.prepare import Prepared, RequestPreparer, apply_batch_rules
@@ -41,9 +42,13 @@ class RunError(ValueError):
 
 
 class Runner:
-    def __init__(self, engine_dir: EngineDir, threads: int = 0, prefix_cache: PrefixCache | None = None,
+    def __init__(self, engine_dir: EngineDir, threads: int = 0, prefix_cache: ContextCache | None = None,
                  profiler: Profiler | None = None, spec: SpecConfig | None = None, spec_decode: bool = True,
-                 scheduling: str = "static"):
+                 scheduling: str = "static", context_reuse: bool = False):
+        """prefix_cache: the context cache (runtime/cache/context_cache.py; a new one of the default
+        budget when None); context_reuse: requests restore their longest cached prefix and commit their
+        tokens (their context_cache_* policies say how); without it only system prompts saved with
+        save_system_prompt_kv_cache are reused."""
         from trt_llm.runtime.backends.engines import open_engine
 
         self.engine_dir = engine_dir
@@ -69,8 +74,9 @@ class Runner:
             self.tokenizer = Tokenizer.from_dir(engine_dir.tokenizer_dir)
         self.token_bytes = TokenBytes(self.tokenizer, vocab_size=dims["vocab_size"])
         self.limits = engine_dir.limits
-        self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(engine_dir.identity)
-        self.prefix_stats = {"hits": 0, "saved": 0, "fallbacks": 0}
+        self.prefix_cache = prefix_cache if prefix_cache is not None else ContextCache(engine_dir.identity)
+        self.prefix_stats = self.prefix_cache.stats
+        self.context_reuse = context_reuse
         self.profiler = profiler
         self.scheduling = scheduling
         self.lora_layout = engine_dir.manifest.get("lora")
@@ -139,7 +145,7 @@ class Runner:
         if prepared:
             apply_batch_rules(prepared, settings)
             for p in prepared:
-                self.attach_prefix(p)
+                self.plan_context(p)
             try:
                 # Batch-wide, like the reference: one request asking for vanilla decoding gets it
                 # for its whole batch.
@@ -163,7 +169,8 @@ class Runner:
         """An EngineCore on this runner's model, with EAGLE when the engine has a draft (and
         `speculate`), else vanilla decoding."""
         strategy = Eagle(self.draft, self.spec, self.spec_stats) if self.draft is not None and speculate else Vanilla()
-        return EngineCore(self.model, max_rows, policy, self.lora_layout, self.profiler, strategy)
+        return EngineCore(self.model, max_rows, policy, self.lora_layout, self.profiler, strategy,
+                          context=self.prefix_cache)
 
     def formatter(self, settings: InputSettings, source: str | None = None) -> PromptFormatter:
         """The prompt formatter of a run: images and audio when the engine reads them, their relative
@@ -187,26 +194,28 @@ class Runner:
         return logged_error(index, batch_idx, message, messages)
 
     def finish(self, p: Prepared, batch_idx: int, started: float, messages) -> Response:
-        """The response of a finished request (its saved system prompt goes into the cache)."""
-        if p.sequence.saved is not None:
-            self.prefix_cache.put(p.request.lora_name, p.sequence.saved)
-            self.prefix_stats["saved"] += 1
+        """The response of a finished request."""
         response = self.responses.response(p, batch_idx, started, messages)
         if self.profiler:
             self.profiler.ttft_ms[p.index] = response.time_to_first_token_ms
         return response
 
-    def attach_prefix(self, p: Prepared) -> None:
-        """Reuse a saved system prompt for `p`, or save its own when its batch asks (p.save_group)."""
+    def plan_context(self, p: Prepared) -> None:
+        """What `p` may restore from the context cache and give to it (runtime/cache/reuse.py): with
+        context reuse, its longest cached prefix and its tokens by its policies; always, a system
+        prompt saved by save_system_prompt_kv_cache (its batch's rule, p.save_group)."""
+        lookup, commit = p.context_policies
+        if lookup == "bypass" or (self.audio is not None and self.audio.kind == "cross_attention"):
+            return  # Whisper: its decoder state depends on the clip, and its prompts are a few tokens
+        s, adapter = p.sequence, (p.adapter.digest if p.adapter is not None else None)
+        plan = ContextPlan(self.prefix_cache.root(adapter), s.media.spans() if s.media is not None else (),
+                           lookup=self.context_reuse, adapter=adapter)
+        if self.context_reuse:
+            plan.commit = "generated" if commit == "including_generated_tokens" else "prefill"
         # At least one prompt token must be prefilled: it gives the first logits.
-        if not p.system_ids or len(p.system_ids) >= len(p.sequence.prompt_ids):
-            return
-        entry = self.prefix_cache.get(p.request.lora_name, p.system_ids)
-        if entry is not None:
-            p.sequence.reused = entry
-            self.prefix_stats["hits"] += 1
-        elif p.save_group:
-            p.sequence.save_prefix = len(p.system_ids)
+        if p.system_ids and len(p.system_ids) < len(s.prompt_ids):
+            plan.kept, plan.save_kept = tuple(p.system_ids), p.save_group
+        s.context = plan
 
 
 @leaves_cores_to_the_engine

@@ -36,6 +36,22 @@ def positive_int(value: str) -> int:
     return number
 
 
+_UNITS = {"": 2**20, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}  # a bare number is MiB
+
+
+def byte_size(value: str) -> int:
+    """A size such as 512M, 2G, 1.5GB or 300 (MiB), in bytes."""
+    text = value.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = text[-1:] if text[-1:] in "KMGT" and text[-1:] else ""
+    try:
+        number = float(text[: len(text) - len(unit)])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a size (say 512M, 2G or a number of MiB)") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive size")
+    return int(number * _UNITS[unit])
+
+
 def available_cores() -> int:
     """The CPUs this process may run on (its affinity, e.g. a container's share), not the host's."""
     try:

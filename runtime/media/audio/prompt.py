@@ -40,4 +40,4 @@ def attach_audio(audio: AudioEncoder, messages, token_ids: list[int], media_dir:
     if len(widened) > max_input_len:
         raise ValueError(f"{where}: prompt is {len(widened)} tokens with its clips' {sum(counts)}, longer than "
                          f"the engine's max_input_len {max_input_len}")
-    return widened, SequenceMedia(list(zip(offsets, audio.encode(pending))))
+    return widened, SequenceMedia(list(zip(offsets, audio.encode(pending))), keys=tuple(clip.key for clip in pending))

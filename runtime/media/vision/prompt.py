@@ -40,4 +40,4 @@ def attach_images(vision: VisionEncoder, messages, token_ids: list[int], media_d
                          f"the engine's max_input_len {max_input_len}")
     encoded = vision.encode(pending)
     rope = rope_positions(widened, placeholder, [image.grid for image in encoded], vision.merge)
-    return widened, SequenceMedia(list(zip(offsets, encoded)), rope)
+    return widened, SequenceMedia(list(zip(offsets, encoded)), rope, keys=tuple(image.key for image in pending))

@@ -1,0 +1,167 @@
+"""One engine's caches: a composite of per-kind caches, made from the model's layer specs
+(schemas/layer_spec.py), behind the operations the engine core and the decoding strategies use.
+
+    cache = cache_set(layers, batch=4, capacity=512, dtype=np.float32, widest=256)
+    cache.reserve(rows, capacity, used)     # grow the pool between steps (used: tokens per active row)
+    cache.window(start, stop)               # rows start .. stop - 1 as a cache of their own (same memory)
+    cache.keep_rows(rows, used)             # finished rows leave, the rows behind move up
+    cache.move_slots(row, sources, start)   # EAGLE: the accepted tree nodes' keys and values, contiguous
+    cache.make_room(past_lengths, width)    # before a step: the inputs it needs beyond the step's own
+    cache.tensors()                         # (input, output, buffer) of every tensor the engine binds
+    cache.read(row, start, stop)            # a row's keys and values of tokens start .. stop - 1, per layer
+    cache.restore(row, length, parts)       # an empty row from saved parts of a prefix of `length` tokens
+    cache.write_row(row, pairs)             # an encoder-decoder row's clip keys and values
+
+Groups (layers of one kind and geometry, `layer_spec.group_key`): `kv_cache.KVCache` for full and
+sliding attention, `cross_cache.CrossCache` for an encoder-decoder's cross inputs (its layers' self-
+attention is a KV group like any other). The same composite serves the TensorRT backends over device
+groups (runtime/cache/device.py), so the engine core and strategies never know which they hold.
+Callers speak in tokens: a group maps tokens to its own slots.
+
+Adding a layer kind: its group class with these operations, and its line in `_groups`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from trt_llm.runtime.cache.cross_cache import CrossCache
+from trt_llm.runtime.cache.kv_cache import KVCache
+from trt_llm.schemas.layer_spec import group_key, window_of
+
+
+class CacheSet:
+    def __init__(self, groups: list, capacity: int):
+        self.groups = groups
+        self._capacity = capacity
+
+    # -- what every group has -------------------------------------------------------------------
+
+    @property
+    def batch(self) -> int:
+        return self.groups[0].batch
+
+    @batch.setter
+    def batch(self, rows: int) -> None:
+        for group in self.groups:
+            group.batch = rows
+
+    @property
+    def capacity(self) -> int:
+        """The tokens a row may hold."""
+        return self._capacity
+
+    def keep_rows(self, rows: list[int], used: list[int]) -> None:
+        for group in self.groups:
+            group.keep_rows(rows, used)
+
+    def move_slots(self, row: int, sources: list[int], start: int) -> None:
+        for group in self.groups:
+            group.move_slots(row, sources, start)
+
+    def window(self, start: int, stop: int) -> "CacheSet":
+        return CacheSet([group.window(start, stop) for group in self.groups], self._capacity)
+
+    def reserve(self, rows: int, capacity: int, used: list[int]) -> None:
+        for group in self.groups:
+            group.reserve(rows, capacity, used)
+        self._capacity = max(capacity, self._capacity)
+
+    def make_room(self, past_lengths: np.ndarray, width: int) -> dict[str, np.ndarray]:
+        inputs = {}
+        for group in self.groups:
+            inputs.update(group.make_room(past_lengths, width))
+        return inputs
+
+    def tensors(self) -> list:
+        return [bound for group in self.groups for bound in group.tensors()]
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever a group's buffers are replaced (an engine rebinds then)."""
+        return sum(group.generation for group in self.groups)
+
+    # -- a row's tokens, layer by layer: what context reuse saves and restores ------------------------
+    # Per model layer an array [Hkv, n, D] of keys and one of values (None where a layer keeps none).
+
+    @property
+    def num_layers(self) -> int:
+        return 1 + max(layer for group in self._attention_groups() for layer in group.layers)
+
+    def needed(self, length: int) -> list[int]:
+        """Per layer: the first token a restored prefix of `length` tokens must give it."""
+        first = [length] * self.num_layers
+        for group in self._attention_groups():
+            for layer in group.layers:
+                first[layer] = group.needed(length)
+        return first
+
+    def read(self, row: int, start: int, stop: int) -> tuple[list, list]:
+        """Tokens start .. stop - 1 of `row`: (keys, values) per layer, None where a sliding layer no
+        longer holds them all."""
+        keys, values = [None] * self.num_layers, [None] * self.num_layers
+        for group in self._attention_groups():
+            held = group.read(row, start, stop)
+            if held is not None:
+                for layer, k, v in zip(group.layers, *held):
+                    keys[layer], values[layer] = k, v
+        return keys, values
+
+    def read_prefix(self, row: int, n: int) -> tuple[list, list]:
+        """What a prefix of the first n tokens of `row` needs, per layer (the last W - 1 tokens of a
+        sliding layer, all n of a full one)."""
+        keys, values = [None] * self.num_layers, [None] * self.num_layers
+        for group in self._attention_groups():
+            for layer, k, v in zip(group.layers, *group.read_prefix(row, n)):
+                keys[layer], values[layer] = k, v
+        return keys, values
+
+    def restore(self, row: int, length: int, parts: list[tuple[int, list, list]]) -> None:
+        """Fill the empty `row` with a prefix of `length` tokens. parts: (end, keys, values) per
+        layer, each array holding the tokens just before `end`."""
+        for group in self._attention_groups():
+            group.restore(row, length, [(end, [keys[i] for i in group.layers], [values[i] for i in group.layers])
+                                        for end, keys, values in parts])
+
+    def write_prefix(self, row: int, keys: list[np.ndarray], values: list[np.ndarray]) -> None:
+        """keys / values [Hkv, n, D] of every layer, tokens 0 .. n - 1, into `row`."""
+        length = keys[0].shape[1]
+        self.restore(row, length, [(length, keys, values)])
+
+    def _attention_groups(self) -> list:
+        return [group for group in self.groups if hasattr(group, "read")]
+
+    def write_row(self, row: int, pairs) -> None:
+        for group in self.groups:
+            if hasattr(group, "write_row"):  # the groups that hold a row's encoder outputs
+                group.write_row(row, pairs)
+
+def group_layers(layers) -> list[tuple[tuple, list[int]]]:
+    """(group key, layer indices) of each cache group, in order of the groups' first layers."""
+    groups: dict[tuple, list[int]] = {}
+    for index, layer in enumerate(layers):
+        groups.setdefault(group_key(layer), []).append(index)
+    return list(groups.items())
+
+
+def _groups(layers, batch: int, capacity: int, widest: int, dtype, kv: Callable, cross: Callable) -> list:
+    groups = []
+    for key, indices in group_layers(layers):
+        first = layers[indices[0]]
+        if key[0] == "recurrent":
+            raise ValueError("recurrent layers have no cache kind in this runtime yet")
+        groups.append(kv(len(indices), batch, first.kv_heads, capacity, first.head_dim, dtype, layers=indices,
+                         window=window_of(first), widest=widest))
+    crossing = [i for i, layer in enumerate(layers) if layer.kind == "cross"]
+    if crossing:
+        groups.append(cross(crossing, batch, dtype))
+    return groups
+
+
+def cache_set(layers, batch: int, capacity: int, dtype, widest: int | None = None) -> CacheSet:
+    """The host caches (numpy) of `layers` for `batch` rows of `capacity` tokens; widest: the most new
+    tokens one step gives a row (a sliding group's size depends on it; default: the capacity)."""
+    widest = widest or capacity
+    return CacheSet(_groups(layers, batch, capacity, widest, dtype, KVCache, CrossCache), capacity)
