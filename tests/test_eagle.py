@@ -439,3 +439,49 @@ def test_eagle_over_an_int4_base_gives_vanilla_tokens(engine, build_engine_for, 
     spec, stats = run(quantized, data)
     assert stats.rounds > 0
     assert_same(spec, run(quantized, data, spec_decode=False)[0])
+
+
+def test_context_reuse_restores_the_drafts_state_with_the_bases(engine, build_engine_for, monkeypatch):
+    """With context reuse a request restores its prefix's blocks, whose draft state a request that
+    left committed: the draft's first prediction after the prefill is the one it makes when the
+    request is computed whole (the draft was restored, not restarted after the prefix), and the
+    tokens are vanilla's, static and continuous. The draft is fp32 here: the cpu default, int8 with
+    activations quantized per pass, predicts what depends on the pass's other tokens."""
+    manifest = json.loads((engine / "manifest.json").read_text())
+    engine = build_engine_for(manifest["build_config"]["model"],
+                              draft={**manifest["build_config"]["draft"], "quantization": "none"})
+    first_predictions = {}
+    catch_up = eagle._draft_catch_up
+
+    def recording(draft, state, draft_cache):
+        hidden = catch_up(draft, state, draft_cache)
+        for r in state:
+            first_predictions.setdefault((reuse_on[0], tuple(r.sequence.prompt_ids)), r.root_draft_logits.copy())
+        return hidden
+
+    monkeypatch.setattr(eagle, "_draft_catch_up", recording)
+    system = "You answer questions about the sea and its ships, briefly and kindly, in plain words, always."
+    turn = [{"role": "system", "content": system}, {"role": "user", "content": "Why is the sea salty?"}]
+    requests = [{"messages": turn}, {"messages": turn + [{"role": "assistant", "content": "Rivers bring salt."},
+                                                         {"role": "user", "content": "And how deep is it?"}]},
+                {"messages": turn}]
+    data = {"temperature": 0.0, "batch_size": 1, "max_generate_length": 12, "requests": requests}
+    vanilla = run(engine, data, spec_decode=False)[0]
+    reuse_on = [True]
+    for scheduling in ("static", "continuous"):
+        first_predictions.clear()
+        loaded = parse_input_dict(json.loads(json.dumps(data)))
+        runner = Runner(EngineDir.open(engine), threads=1, spec=SpecConfig(4, 3, 10), scheduling=scheduling,
+                        context_reuse=True)
+        responses = runner.run(loaded, loaded.settings).responses
+        assert_same(responses, vanilla)
+        assert responses[0].reused_tokens == 0 and responses[1].reused_tokens > 30 and responses[2].reused_tokens > 0
+        restored = dict(first_predictions)
+        reuse_on[0] = False
+        loaded = parse_input_dict(json.loads(json.dumps({**data, "context_cache_lookup_policy": "bypass"})))
+        whole = Runner(EngineDir.open(engine), threads=1, spec=SpecConfig(4, 3, 10), scheduling=scheduling,
+                       context_reuse=True).run(loaded, loaded.settings).responses
+        assert_same(whole, vanilla)
+        reuse_on[0] = True
+        for (_, prompt), logits in restored.items():
+            np.testing.assert_allclose(logits, first_predictions[(False, prompt)], atol=1e-4, rtol=1e-4)

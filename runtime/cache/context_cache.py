@@ -43,10 +43,15 @@ class Entry:
     token_ids: tuple[int, ...]
     keys: list[np.ndarray | None]  # per layer [Hkv, n, D]: the last n tokens of token_ids
     values: list[np.ndarray | None]
+    # A block of an EAGLE base: its draft's keys and values (per draft layer [Hkv, B, D]) at the block's
+    # positions, whose features the block's tokens gave (added when the request leaves: runtime/decoding/eagle.py)
+    draft_keys: list[np.ndarray] | None = None
+    draft_values: list[np.ndarray] | None = None
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (*self.keys, *self.values) if a is not None)
+        arrays = (*self.keys, *self.values, *(self.draft_keys or ()), *(self.draft_values or ()))
+        return sum(a.nbytes for a in arrays if a is not None)
 
 
 def entry_key(adapter: str | None, token_ids) -> str:
@@ -149,6 +154,16 @@ class ContextCache:
             self._save(path, entry, {"key": key})  # over a file refused before, if any
             self._refused.discard(path)
 
+    def attach_draft(self, key: str, keys: list[np.ndarray], values: list[np.ndarray]) -> None:
+        """Give a cached block its draft's keys and values (nothing when it is gone or has them)."""
+        block = self.block(key)
+        if block is None or block.draft_keys is not None:
+            return
+        block.draft_keys, block.draft_values = keys, values
+        self.size_bytes += sum(a.nbytes for a in (*keys, *values))
+        if self.directory:
+            self._save(self._block_path(key), block, {"key": key})
+
     def touch(self, keys: list[str]) -> None:
         """A chain's blocks were used: give the keys in reverse chain order (its last block first),
         so that the budget evicts a chain from its tail and the prefix others share stays."""
@@ -186,8 +201,11 @@ class ContextCache:
         for i, (k, v) in enumerate(zip(entry.keys, entry.values)):
             if k is not None:
                 tensors[f"key_{i}"], tensors[f"value_{i}"] = np.ascontiguousarray(k), np.ascontiguousarray(v)
+        for i, (k, v) in enumerate(zip(entry.draft_keys or (), entry.draft_values or ())):
+            tensors[f"draft_key_{i}"], tensors[f"draft_value_{i}"] = np.ascontiguousarray(k), np.ascontiguousarray(v)
         metadata = {**metadata, "engine": self.engine_identity, "format": DISK_FORMAT,
-                    "layers": str(len(entry.keys)), "token_ids": json.dumps(list(entry.token_ids))}
+                    "layers": str(len(entry.keys)), "draft_layers": str(len(entry.draft_keys or ())),
+                    "token_ids": json.dumps(list(entry.token_ids))}
         temporary = path.with_suffix(".tmp")
         try:
             save_file(tensors, str(temporary), metadata=metadata)
@@ -213,13 +231,16 @@ class ContextCache:
                 layers = int(metadata["layers"])
                 keys = [f.get_tensor(f"key_{i}") if f"key_{i}" in names else None for i in range(layers)]
                 values = [f.get_tensor(f"value_{i}") if f"value_{i}" in names else None for i in range(layers)]
+                drafts = range(int(metadata.get("draft_layers", 0)))
+                draft_keys = [f.get_tensor(f"draft_key_{i}") for i in drafts] or None
+                draft_values = [f.get_tensor(f"draft_value_{i}") for i in drafts] or None
                 token_ids = tuple(json.loads(metadata["token_ids"]))
         except Exception as error:  # a truncated or foreign file: never use it
             return self._refuse(path, f"is unreadable ({error})")
         if any((k is None) != (v is None) or (k is not None and (k.shape != v.shape or k.shape[1] > len(token_ids)))
                for k, v in zip(keys, values)):
             return self._refuse(path, "has wrong shapes")
-        return Entry(token_ids, keys, values)
+        return Entry(token_ids, keys, values, draft_keys, draft_values)
 
     def _refuse(self, path: Path, why: str) -> None:
         self._refused.add(path)

@@ -33,6 +33,12 @@ class ContextPlan:
     save_kept: bool = False  # ... or keep one after its prefill (save_system_prompt_kv_cache)
     keys: list[str] = field(default_factory=list)  # the chain keys of its blocks, as far as computed
     committed: int = 0  # tokens whose blocks are in the cache (it restored or committed them)
+    # An EAGLE base: the draft catches up from the base's features, which a restored prefix has none
+    # of. Where every restored block has the draft's keys and values, the row restores those too and
+    # the base recomputes the prefix's last `replay` tokens (the draft's next input is the feature of
+    # the prefix's last token): Edge-LLM's replay of the final matched page.
+    replay: int = 0
+    draft_blocks: list | None = None  # set by restore: the blocks whose draft state the draft restores
 
     def key(self, context: ContextCache, index: int, token_ids) -> str:
         """The chain key of block `index` (token_ids: at least its tokens)."""
@@ -68,10 +74,14 @@ def restore(context: ContextCache, cache, row: int, s) -> int:
     if not length:
         context.stats["misses"] += plan.lookup
         return 0
+    plan.committed = length
+    if plan.replay and length > plan.replay and all(b.draft_keys is not None for b in blocks):
+        plan.draft_blocks = blocks
+        length -= plan.replay
+        blocks = blocks[: length // size]
     first = min(cache.needed(length)) // size
     cache.restore(row, length, [((i + 1) * size, b.keys, b.values) for i, b in enumerate(blocks) if i >= first])
     context.stats["hits"] += 1
-    plan.committed = length
     return length
 
 

@@ -71,6 +71,7 @@ class Eagle:
         self.extra_slots = spec.verify_tree_size + 1  # a verification writes the tree after the root
         self.cache = None  # the draft's KV pool
         self.rows: list[_Row] = []  # one per running request, in the same order
+        self.context = None  # the core's context cache, which the draft's state of each block joins
 
     def reserve(self, core, need: int) -> None:
         draft_need = need - self.extra_slots + self.spec.draft_top_k * self.spec.draft_steps + 1
@@ -81,13 +82,28 @@ class Eagle:
         self.cache.batch = len(core.scheduler.running)
 
     def prefill(self, core, admitted, start: int) -> list[int]:
-        """Logits at each prompt's last token, features at every prefilled token. A reused system
-        prompt has no features: the draft's context then starts after it (it only proposes)."""
+        """Logits at each prompt's last token, features at every prefilled token. A restored prefix
+        has no features: where its blocks hold the draft's state too, the draft restores it (and the
+        base recomputed the prefix's last block, whose last feature the draft reads next: reuse.py's
+        replay); else the draft's context starts after the prefix (it only proposes)."""
+        self.context = core.context
         done = core.prefill(admitted, start)
         finished = core.sample(admitted, done.logits[:, 0], first=start)
         for i, request in enumerate(admitted):
             s, begin, n = request.sequence, int(done.reused[i]), int(done.computed[i])
             root = s.generated[-1]
+            plan = s.context
+            if plan is not None and plan.draft_blocks:
+                # The draft's pairs (feature j, token j + 1) for j < prefix - 1 are the blocks'; the
+                # next is the prefix's last feature (recomputed) with the first token after it.
+                prefix, size = begin + plan.replay, self.context.block_tokens
+                self.cache.restore(start + i, prefix - 1, [((k + 1) * size, b.draft_keys, b.draft_values)
+                                                           for k, b in enumerate(plan.draft_blocks)])
+                plan.draft_blocks = None
+                self.rows.append(_Row(s, committed=begin + n, draft_committed=prefix - 1, draft_offset=0, root=root,
+                                      pending_tokens=s.prompt_ids[prefix:] + [root],
+                                      pending_features=done.features[i, prefix - 1 - begin: n].copy()))
+                continue
             self.rows.append(_Row(s, committed=begin + n, draft_committed=0, draft_offset=begin, root=root,
                                   pending_tokens=s.prompt_ids[begin + 1:] + [root],
                                   pending_features=done.features[i, :n].copy()))
@@ -124,8 +140,28 @@ class Eagle:
         return self.rows[index].committed  # the root and the rejected nodes are not the row's tokens
 
     def leave(self, keep: list[int]) -> None:
+        if self.context is not None:
+            staying = set(keep)
+            for index, r in enumerate(self.rows):
+                if index not in staying:
+                    self._commit_draft(index, r)
         self.cache.keep_rows(keep, [self.rows[i].draft_committed for i in keep])
         self.rows = [self.rows[i] for i in keep]
+
+
+    def _commit_draft(self, index: int, r: _Row) -> None:
+        """A leaving row's draft state of each of its blocks the context cache holds: block k's
+        pairs are those at its positions (feature j, token j + 1; the last one's token is the next
+        block's first, which a restore that takes it has too)."""
+        plan, size = r.sequence.context, self.context.block_tokens
+        if plan is None or plan.commit == "none":
+            return
+        tokens = r.sequence.prompt_ids + r.sequence.generated
+        first = -(-r.draft_offset // size)  # the blocks whose pairs the draft cache holds whole
+        last = min((r.draft_offset + r.draft_committed) // size, plan.committed // size)
+        for k in range(first, last):
+            keys, values = self.cache.read(index, k * size - r.draft_offset, (k + 1) * size - r.draft_offset)
+            self.context.attach_draft(plan.key(self.context, k, tokens), keys, values)
 
 
 def _causal(width: int, batch: int) -> np.ndarray:

@@ -212,6 +212,8 @@ class Runner:
                            lookup=self.context_reuse, adapter=adapter)
         if self.context_reuse:
             plan.commit = "generated" if commit == "including_generated_tokens" else "prefill"
+            if self.draft is not None and (p.speculate or self.scheduling == "continuous"):  # it runs under EAGLE
+                plan.replay = self.prefix_cache.block_tokens
         # At least one prompt token must be prefilled: it gives the first logits.
         if p.system_ids and len(p.system_ids) < len(s.prompt_ids):
             plan.kept, plan.save_kept = tuple(p.system_ids), p.save_group
