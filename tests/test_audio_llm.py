@@ -18,6 +18,7 @@ import torch
 import audio_assets
 import audio_llm_assets
 from assets import AssetUnavailable
+from trt_llm.runtime.cache.context_cache import BLOCK_TOKENS as BLOCK
 from trt_llm.runtime.engine_dir import EngineDir
 from trt_llm.runtime.requests.runner import Runner
 from trt_llm.schemas.input_file import load_input_file
@@ -148,3 +149,93 @@ def test_audio_on_an_engine_without_an_audio_encoder_is_refused(tiny_model, buil
     (response,) = output.responses
     assert response.finish_reason == "error" and "no audio encoder" in response.error
     assert "requests[0].messages[0].content[0]" in response.error
+
+
+# -- context reuse (runtime/cache/reuse.py) with clips: a block's key covers the clips whose tokens it
+# holds, so equal token ids with another clip restore nothing past its first token, the same clip
+# restores past its tokens (or to within them); tokens are bypass's and transformers'.
+
+QUESTION = "What is said in this recording, in a few words?"
+
+
+@pytest.fixture(scope="module")
+def twin_clips(clips, tmp_path_factory):
+    """Two clips of other speech and the same length (so the same audio tokens): clips[1], and
+    clips[0] cut to clips[1]'s samples."""
+    import soundfile
+
+    folder = tmp_path_factory.mktemp("twin-clips")
+    short, sampling_rate = soundfile.read(str(clips[1]), dtype="float32")
+    long, rate = soundfile.read(str(clips[0]), dtype="float32")
+    assert rate == sampling_rate and len(long) > len(short)
+    soundfile.write(folder / "cut.wav", long[: len(short)], rate)
+    return clips[1], folder / "cut.wav"
+
+
+def reuse_run(engine, folder, requests: list[dict], **settings):
+    """run_file's requests on a Runner with context reuse, one a batch (each restores what the ones
+    before it committed); settings: more of the file's (say context_cache_lookup_policy "bypass").
+    Returns the responses and each prompt's (token ids, clip spans (first token, tokens))."""
+    path = folder / "input.json"
+    path.write_text(json.dumps({"batch_size": 1, "temperature": 0.0, "max_generate_length": MAX_NEW,
+                                "requests": requests, **settings}))
+    loaded = load_input_file(path)
+    runner = Runner(EngineDir.open(engine), threads=1, context_reuse=True)
+    formatter = runner.formatter(loaded.settings, loaded.source)
+    prompts = []
+    for index, slot in enumerate(loaded.requests):
+        s = runner.prepare(index, slot, loaded.settings, formatter).sequence
+        prompts.append((s.prompt_ids, [(first, count) for first, count, _ in s.media.spans()] if s.media else []))
+    responses = runner.run(loaded, loaded.settings).responses
+    assert all(r.finish_reason in ("end-of-sequence", "max-length") for r in responses), [r.error for r in responses]
+    assert all(r.reused_tokens % BLOCK == 0 and r.reused_tokens < r.prompt_tokens for r in responses)
+    return responses, prompts
+
+
+def tokens_of_bypass(engine, folder, requests: list[dict]) -> list[list[int]]:
+    """Each request's tokens computed whole (context_cache_lookup_policy "bypass")."""
+    responses, _ = reuse_run(engine, folder, requests, context_cache_lookup_policy="bypass")
+    assert all(r.reused_tokens == 0 for r in responses)
+    return [r.output_token_ids for r in responses]
+
+
+def test_equal_token_ids_with_another_clip_share_nothing_past_its_first_token(qwen2_audio, twin_clips, tmp_path):
+    """Pairs of prompts whose token ids are equal and whose clips differ (same length: same audio
+    tokens): the second of a pair restores the blocks before the first clip that differs, never a
+    block holding one of its tokens; its tokens are bypass's and transformers'."""
+    folder, engine = qwen2_audio
+    one, other = twin_clips
+    before = "Listen carefully to this short recording of a woman reading aloud from an old novel, and then"
+    pairs = [((one, QUESTION), (other, QUESTION)),
+             ((before, one, QUESTION), (before, other, QUESTION)),
+             ((one, "and", other, "Compare them."), (one, "and", one, "Compare them."))]  # the second clip differs
+    requests = [audio_request(*parts) for pair in pairs for parts in pair]
+    responses, prompts = reuse_run(engine, tmp_path, requests)
+    bypassed = tokens_of_bypass(engine, tmp_path, requests)
+    for i, request in enumerate(requests):
+        assert responses[i].output_token_ids == bypassed[i] == transformers_greedy(folder, request), i
+    for pair in range(len(pairs)):
+        (ids, spans), (other_ids, other_spans) = prompts[2 * pair], prompts[2 * pair + 1]
+        assert ids == other_ids and spans == other_spans, pair  # equal tokens: only the clips tell them apart
+        differing = spans[1][0] if pair == 2 else spans[0][0]  # the first token of the first clip that differs
+        assert responses[2 * pair + 1].reused_tokens == differing // BLOCK * BLOCK, pair  # nothing past it
+    assert responses[3].reused_tokens > BLOCK and responses[5].reused_tokens > sum(prompts[5][1][0])  # what is before it
+    assert responses[0].output_token_ids != responses[1].output_token_ids  # another clip's KV would show
+
+
+def test_the_same_clip_is_restored_past_its_tokens_or_to_within_them(qwen2_audio, twin_clips, tmp_path):
+    """A request repeated restores past its clip's last token; the same clip with another question
+    restores to a block boundary inside the clip's tokens and computes the rest; tokens are bypass's
+    and transformers'."""
+    folder, engine = qwen2_audio
+    one, _ = twin_clips
+    # the text before the clip moves its end to the middle of a block (without it, to a block's end)
+    requests = [audio_request("Listen to this recording carefully and", one, question)
+                for question in (QUESTION, QUESTION, "Who speaks?")]
+    responses, prompts = reuse_run(engine, tmp_path, requests)
+    ((first, count),) = prompts[0][1]
+    assert responses[0].reused_tokens == 0
+    assert responses[1].reused_tokens > first + count
+    assert first < responses[2].reused_tokens < first + count
+    assert [r.output_token_ids for r in responses] == tokens_of_bypass(engine, tmp_path, requests)
+    assert responses[2].output_token_ids == transformers_greedy(folder, requests[2])

@@ -485,3 +485,17 @@ def test_context_reuse_restores_the_drafts_state_with_the_bases(engine, build_en
         reuse_on[0] = True
         for (_, prompt), logits in restored.items():
             np.testing.assert_allclose(logits, first_predictions[(False, prompt)], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("scheduling", ["static", "continuous"])
+def test_chunked_prefill_under_speculation_equals_vanilla(engine, scheduling):
+    """Prompts prefilled 7 tokens a pass: the draft catches up on every chunk's features, and the
+    tokens are vanilla decoding's on whole prompts."""
+    data = {"temperature": 0.0, "batch_size": 3, "max_generate_length": 16, "num_logprobs": 2,
+            "requests": [chat_request(p + " and then some more words" * (i % 3)) for i, p in enumerate(PROMPTS)]}
+    vanilla = run(engine, data, spec_decode=False)[0]
+    loaded = parse_input_dict(json.loads(json.dumps(data)))
+    runner = Runner(EngineDir.open(engine), threads=1, spec=SpecConfig(4, 3, 10), scheduling=scheduling,
+                    prefill_chunk=7)
+    assert_same(runner.run(loaded, loaded.settings).responses, vanilla)
+    assert runner.spec_stats.rounds > 0

@@ -19,6 +19,7 @@ import torch
 from PIL import Image
 
 import vlm_assets
+from trt_llm.runtime.cache.context_cache import BLOCK_TOKENS as BLOCK
 from trt_llm.runtime.engine_dir import EngineDir
 from trt_llm.runtime.requests.runner import Runner
 from trt_llm.schemas.input_file import load_input_file
@@ -303,3 +304,151 @@ def test_a_system_prompt_with_an_image_is_never_reused_for_another_image(vlm, im
         outputs.append(response.output_token_ids)
     assert outputs[2] == transformers_greedy(family, folder, request(images["wide.png"]), tmp_path)
     assert outputs[0] == outputs[1]
+
+
+# -- context reuse (runtime/cache/reuse.py) with images: a block's key covers the images whose tokens it
+# holds, so equal token ids with another image restore nothing past that image's first token, the same
+# image restores past its tokens, and a prefix may end inside an image's span; tokens are bypass's.
+
+QUESTION = "Describe this picture in a few words, please."
+
+
+@pytest.fixture(scope="module")
+def twins(images, tmp_path_factory):
+    """For each picture of `images`, one of the same size (so the same image tokens) and other pixels."""
+    folder = tmp_path_factory.mktemp("twins")
+    for name, path in images.items():
+        Image.fromarray(255 - np.asarray(Image.open(path).convert("RGB"))).save(folder / name)
+    return {name: folder / name for name in images}
+
+
+def reuse_run(engine, folder, requests: list[dict], scheduling="static", batch_size=1, **settings):
+    """run_file's requests on a Runner with context reuse, one a batch unless batch_size says otherwise
+    (so each restores what the ones before it committed); settings: more of the file's (say
+    context_cache_lookup_policy "bypass"). Returns the responses and each prompt's (token ids, image
+    spans (first token, tokens))."""
+    path = folder / "input.json"
+    path.write_text(json.dumps({"batch_size": batch_size, "temperature": 0.0, "max_generate_length": MAX_NEW,
+                                "requests": requests, **settings}))
+    loaded = load_input_file(path)
+    runner = Runner(EngineDir.open(engine), threads=1, scheduling=scheduling, context_reuse=True)
+    formatter = runner.formatter(loaded.settings, loaded.source)
+    prompts = []
+    for index, slot in enumerate(loaded.requests):
+        s = runner.prepare(index, slot, loaded.settings, formatter).sequence
+        prompts.append((s.prompt_ids, [(first, count) for first, count, _ in s.media.spans()] if s.media else []))
+    responses = runner.run(loaded, loaded.settings).responses
+    assert all(r.finish_reason in ("end-of-sequence", "max-length") for r in responses), [r.error for r in responses]
+    assert all(r.reused_tokens % BLOCK == 0 and r.reused_tokens < r.prompt_tokens for r in responses)
+    return responses, prompts
+
+
+def tokens_of_bypass(engine, folder, requests: list[dict], **settings) -> list[list[int]]:
+    """Each request's tokens computed whole (context_cache_lookup_policy "bypass")."""
+    responses, _ = reuse_run(engine, folder, requests, context_cache_lookup_policy="bypass", **settings)
+    assert all(r.reused_tokens == 0 for r in responses)
+    return [r.output_token_ids for r in responses]
+
+
+def test_equal_token_ids_with_another_image_share_nothing_past_its_first_token(vlm, images, twins, tmp_path):
+    """Pairs of prompts whose token ids are equal and whose images differ (same size: same image
+    tokens): the second of a pair restores the text blocks before the first image that differs, never
+    a block holding one of its tokens; its tokens are bypass's and transformers'."""
+    family, folder, engine = vlm
+    wide, tall = images["wide.png"], images["tall.png"]
+    before = ("text", "Look closely at the little picture below, then tell me what you see in it:")
+    pairs = [((wide, ("text", QUESTION)), (twins["wide.png"], ("text", QUESTION))),
+             ((before, tall, ("text", QUESTION)), (before, twins["tall.png"], ("text", QUESTION))),
+             # the first image shared, the second one differing
+             ((wide, ("text", "and"), tall, ("text", "Compare them.")),
+              (wide, ("text", "and"), twins["tall.png"], ("text", "Compare them.")))]
+    requests = [image_request(*parts) for pair in pairs for parts in pair]
+    responses, prompts = reuse_run(engine, tmp_path, requests)
+    bypassed = tokens_of_bypass(engine, tmp_path, requests)
+    for i, request in enumerate(requests):
+        assert responses[i].output_token_ids == bypassed[i] == transformers_greedy(family, folder, request, tmp_path), i
+    for pair in range(len(pairs)):
+        (ids, spans), (other_ids, other_spans) = prompts[2 * pair], prompts[2 * pair + 1]
+        assert ids == other_ids and spans == other_spans, pair  # equal tokens: only the images tell them apart
+        differing = spans[1][0] if pair == 2 else spans[0][0]  # the first token of the first image that differs
+        assert responses[2 * pair + 1].reused_tokens == differing // BLOCK * BLOCK, pair  # nothing past it
+    assert responses[3].reused_tokens and responses[5].reused_tokens  # but the text, or the image, before it
+    assert responses[0].output_token_ids != responses[1].output_token_ids  # another image's KV would show
+
+
+def test_the_same_image_is_restored_past_its_tokens(vlm, images, tmp_path):
+    """A request repeated, and the same image with a longer question that starts the same: each
+    restores past the image's last token, and its tokens are bypass's."""
+    family, folder, engine = vlm
+    wide = images["wide.png"]
+    requests = [image_request(wide, ("text", QUESTION)), image_request(wide, ("text", QUESTION)),
+                image_request(wide, ("text", QUESTION[:-1] + ", and name its main colour."))]
+    responses, prompts = reuse_run(engine, tmp_path, requests)
+    ((first, count),) = prompts[0][1]
+    assert responses[0].reused_tokens == 0
+    assert responses[1].reused_tokens > first + count and responses[2].reused_tokens > first + count
+    assert [r.output_token_ids for r in responses] == tokens_of_bypass(engine, tmp_path, requests)
+    assert responses[2].output_token_ids == transformers_greedy(family, folder, requests[2], tmp_path)
+
+
+def test_a_prefix_that_ends_inside_an_image_restores_part_of_it(vlm, images, tmp_path):
+    """The same image and text before it, another question right after it: the restored prefix ends
+    at a block boundary inside the image's tokens (mRoPE positions, and Qwen3-VL's deepstack
+    features, of the rest computed from there); its tokens are bypass's and transformers'."""
+    family, folder, engine = vlm
+    before = ("text", "A longer question before the picture please")
+    pairs = [((images["wide.png"], ("text", QUESTION)), (images["wide.png"], ("text", "What colour is it?"))),
+             ((before, images["tall.png"], ("text", QUESTION)), (before, images["tall.png"], ("text", "Is it dark?")))]
+    requests = [image_request(*parts) for pair in pairs for parts in pair]
+    responses, prompts = reuse_run(engine, tmp_path, requests)
+    for i in (1, 3):
+        ((first, count),) = prompts[i][1]
+        assert first < responses[i].reused_tokens < first + count, (i, first, count, responses[i].reused_tokens)
+    bypassed = tokens_of_bypass(engine, tmp_path, requests)
+    for i in (1, 3):
+        assert responses[i].output_token_ids == bypassed[i] == transformers_greedy(family, folder, requests[i], tmp_path)
+
+
+def test_a_next_turn_restores_the_image_and_the_turn_before_it(vlm, images, tmp_path):
+    """Turn 2 repeats turn 1 (an image and a question) with its answer: it restores at least turn 1's
+    prompt blocks, and the blocks of the answer's tokens where its text tokenizes back to them (they
+    were computed at decoding's positions, the prompt's mRoPE delta on); its tokens are bypass's and
+    transformers'."""
+    family, folder, engine = vlm
+    runner = Runner(EngineDir.open(engine), threads=1, context_reuse=True)
+
+    def run(request):
+        path = tmp_path / "input.json"
+        path.write_text(json.dumps({"temperature": 0.0, "max_generate_length": MAX_NEW, "requests": [request]}))
+        loaded = load_input_file(path)
+        (response,) = runner.run(loaded, loaded.settings).responses
+        return response
+
+    turn = image_request(images["wide.png"], ("text", QUESTION))["messages"]
+    first = run({"messages": turn})
+    second = {"messages": turn + [{"role": "assistant", "content": first.output_text},
+                                  {"role": "user", "content": "And its colours?"}]}
+    answer = run(second)
+    assert answer.reused_tokens >= first.prompt_tokens // BLOCK * BLOCK
+    assert answer.output_token_ids == tokens_of_bypass(engine, tmp_path, [second])[0]
+    assert answer.output_token_ids == transformers_greedy(family, folder, second, tmp_path)
+
+
+def test_continuous_scheduling_with_reuse_gives_the_static_runs_tokens_with_images(vlm, images, twins, tmp_path):
+    """Requests that share images, differ by an image of the same size, or share part of one, beside a
+    text-only one, admitted as rows free with context reuse: each request's tokens are the static run's,
+    with reuse and without, and later requests restore what earlier ones committed."""
+    _, _, engine = vlm
+    wide, tall = images["wide.png"], images["tall.png"]
+    requests = [image_request(wide, ("text", QUESTION)), image_request(twins["wide.png"], ("text", QUESTION)),
+                {"messages": [{"role": "user", "content": "Hello there"}]},
+                image_request(wide, ("text", QUESTION)), image_request(wide, ("text", "What colour is it?")),
+                image_request(tall, ("text", "and"), wide, ("text", "Compare them.")),
+                image_request(tall, ("text", "and"), twins["wide.png"], ("text", "Compare them.")),
+                image_request(tall, ("text", "Is it dark?"))]
+    static = tokens_of_bypass(engine, tmp_path, requests, batch_size=2)
+    static_reused, _ = reuse_run(engine, tmp_path, requests, batch_size=2)
+    continuous, _ = reuse_run(engine, tmp_path, requests, scheduling="continuous", batch_size=2)
+    assert [r.output_token_ids for r in continuous] == [r.output_token_ids for r in static_reused] == static
+    # (whether request 6 restores request 5's first image depends on whether they are admitted together)
+    assert [continuous[i].reused_tokens > 0 for i in (0, 1, 2, 3, 4, 5, 7)] == [False] * 3 + [True] * 2 + [False, True]

@@ -3,9 +3,12 @@
 A strategy is one object with:
     extra_slots                      KV slots a row needs beyond its prompt and max_new_tokens
     reserve(core, need)              size its own pools (rows aligned with the core's KV pool)
-    prefill(core, admitted, start)   the first pass of the requests just admitted (running rows
-                                     start ..); returns the running indexes that finished
-    step(core)                       one decode step of every running row; the same return
+    prefill(core, rows, start)       a prefill pass of the rows still prefilling (running rows start ..,
+                                     core.prefill: the next chunk of each prompt); the rows that complete
+                                     their prompts sample their first token; returns the running indexes
+                                     that finished
+    step(core)                       one decode step of every row past its prefill (core.decoding, the
+                                     first rows of the pool); the same return
     cached(core, index)              tokens of running row `index` in the base cache (what it may commit)
     leave(keep)                      running rows `keep` stay (ascending): drop the others' state
 

@@ -72,6 +72,7 @@ class Eagle:
         self.cache = None  # the draft's KV pool
         self.rows: list[_Row] = []  # one per running request, in the same order
         self.context = None  # the core's context cache, which the draft's state of each block joins
+        self._features: dict[int, list[np.ndarray]] = {}  # a prefilling row's features, chunk by chunk
 
     def reserve(self, core, need: int) -> None:
         draft_need = need - self.extra_slots + self.spec.draft_top_k * self.spec.draft_steps + 1
@@ -79,18 +80,26 @@ class Eagle:
             self.cache = self.draft.engine.new_cache(core.scheduler.max_rows, draft_need)
         else:
             self.cache.reserve(core.scheduler.max_rows, draft_need, [r.draft_committed for r in self.rows])
-        self.cache.batch = len(core.scheduler.running)
+        self.cache.batch = len(self.rows)
 
-    def prefill(self, core, admitted, start: int) -> list[int]:
+    def prefill(self, core, rows, start: int) -> list[int]:
         """Logits at each prompt's last token, features at every prefilled token. A restored prefix
         has no features: where its blocks hold the draft's state too, the draft restores it (and the
         base recomputed the prefix's last block, whose last feature the draft reads next: reuse.py's
         replay); else the draft's context starts after the prefix (it only proposes)."""
         self.context = core.context
-        done = core.prefill(admitted, start)
-        finished = core.sample(admitted, done.logits[:, 0], first=start)
-        for i, request in enumerate(admitted):
-            s, begin, n = request.sequence, int(done.reused[i]), int(done.computed[i])
+        done = core.prefill(rows, start)
+        # A long prompt comes in chunks: its features gather until its prompt is through.
+        self._features = {id(r): self._features.get(id(r), []) for r in rows}  # (drops aborted rows')
+        for request, n, features in zip(rows, done.computed.tolist(), done.features):
+            if n:
+                self._features[id(request)].append(features[:n].copy())
+        complete = rows[: done.complete]
+        finished = core.sample(complete, done.logits[: done.complete, 0], first=start)
+        for i, request in enumerate(complete):
+            s = request.sequence
+            begin, n = s.reused_tokens, len(s.prompt_ids) - s.reused_tokens
+            features = np.concatenate(self._features.pop(id(request)))  # at prompt tokens begin ..
             root = s.generated[-1]
             plan = s.context
             if plan is not None and plan.draft_blocks:
@@ -102,15 +111,15 @@ class Eagle:
                 plan.draft_blocks = None
                 self.rows.append(_Row(s, committed=begin + n, draft_committed=prefix - 1, draft_offset=0, root=root,
                                       pending_tokens=s.prompt_ids[prefix:] + [root],
-                                      pending_features=done.features[i, prefix - 1 - begin: n].copy()))
+                                      pending_features=features[prefix - 1 - begin:]))
                 continue
             self.rows.append(_Row(s, committed=begin + n, draft_committed=0, draft_offset=begin, root=root,
-                                  pending_tokens=s.prompt_ids[begin + 1:] + [root],
-                                  pending_features=done.features[i, :n].copy()))
+                                  pending_tokens=s.prompt_ids[begin + 1:] + [root], pending_features=features))
         return finished
 
     def step(self, core) -> list[int]:
-        running, state, model = core.scheduler.running, self.rows, core.model
+        running, state, model = core.decoding, self.rows, core.model
+        self.cache.batch = len(state)
         max_position = (model.max_positions or 1 << 30) - 1
         biases = [core.sampler.params[r.row].logit_bias for r in running]
         with core.stage("draft"):

@@ -21,24 +21,32 @@ from trt_llm.schemas.graph_spec import FEATURES
 
 @dataclass
 class Prefilled:
-    logits: np.ndarray  # [B, 1, V] at each prompt's last token
-    reused: np.ndarray  # [B] int32 tokens restored from the context cache (the pass's past lengths)
+    logits: np.ndarray  # [B, 1, V] at each row's last computed token (its prompt's last, once complete)
+    reused: np.ndarray  # [B] int32 the prompt tokens each row held before this pass (the pass's past lengths)
     computed: np.ndarray  # [B] int32 tokens the pass computed
     features: np.ndarray | None  # an EAGLE base's features [B, S, F] at every computed token
+    complete: int = 0  # the first `complete` rows are through their prompts (the rest continue later)
+
+
+def start_rows(sequences: list[Sequence], cache, context: ContextCache | None) -> None:
+    """The rows of `sequences` (cache: their window of the pool) that have not begun: each restores
+    its longest cached prefix, and an encoder-decoder's row its clip's keys and values."""
+    for row, s in enumerate(sequences):
+        if s.prefilled is not None:
+            continue
+        s.reused_tokens = reuse.restore(context, cache, row, s) if context is not None else 0
+        s.prefilled = s.reused_tokens
+        if s.media is not None and s.media.cross is not None:
+            cache.write_row(row, s.media.cross)
 
 
 def prefill(model: Model, sequences: list[Sequence], cache, lora: dict, stage, profiler,
-            context: ContextCache | None = None) -> Prefilled:
-    """cache: the rows of `sequences`, in order (a window of the pool); context: the context cache
-    its rows restore their prefixes from and commit their prompts to (runtime/cache/reuse.py)."""
-    if context is not None:
-        for row, s in enumerate(sequences):
-            s.reused_tokens = reuse.restore(context, cache, row, s)
-    past = np.array([s.reused_tokens for s in sequences], dtype=np.int32)
-    for row, s in enumerate(sequences):
-        if s.media is not None and s.media.cross is not None:  # an encoder-decoder: the clip's keys and values
-            cache.write_row(row, s.media.cross)
-    lengths = np.array([len(s.prompt_ids) for s in sequences], dtype=np.int32) - past
+            context: ContextCache | None, counts: np.ndarray) -> Prefilled:
+    """One pass over the next counts[i] prompt tokens of each started row (cache: the rows of
+    `sequences`, in order; a count of 0 is an idle row); context: the context cache the rows commit
+    their computed prompt blocks to (runtime/cache/reuse.py)."""
+    past = np.array([s.prefilled for s in sequences], dtype=np.int32)
+    lengths = np.asarray(counts, dtype=np.int32)
     with stage("prefill"):
         if int((past + lengths.max()).max()) <= cache.capacity:
             logits, features = _pass(model, sequences, cache, lora, past, lengths)
@@ -57,11 +65,15 @@ def prefill(model: Model, sequences: list[Sequence], cache, lora: dict, stage, p
                     features[i, : part.shape[1]] = part[0]
     if profiler:
         profiler.count("prefill_computed_tokens", int(lengths.sum()))
-        profiler.count("prefill_reused_tokens", int(past.sum()))
-    if context is not None:
-        for row, s in enumerate(sequences):
-            reuse.commit(context, cache, row, s, len(s.prompt_ids))
-    return Prefilled(logits, past, lengths, features)
+        # A row's first pass starts where its restored prefix ends.
+        profiler.count("prefill_reused_tokens", sum(s.reused_tokens for s, p in zip(sequences, past) if p == s.reused_tokens))
+    complete = 0
+    for row, s in enumerate(sequences):
+        s.prefilled += int(lengths[row])
+        if context is not None and lengths[row]:
+            reuse.commit(context, cache, row, s, s.prefilled)
+        complete += complete == row and s.prefilled == len(s.prompt_ids)
+    return Prefilled(logits, past, lengths, features, complete)
 
 
 def _pass(model: Model, sequences: list[Sequence], cache, lora: dict, past: np.ndarray, lengths: np.ndarray):
@@ -69,10 +81,10 @@ def _pass(model: Model, sequences: list[Sequence], cache, lora: dict, past: np.n
     batch, width = len(sequences), int(lengths.max())
     token_ids = np.zeros((batch, width), dtype=np.int64)
     for row, s in enumerate(sequences):
-        token_ids[row, : lengths[row]] = s.prompt_ids[past[row]:]
+        token_ids[row, : lengths[row]] = s.prompt_ids[past[row]: past[row] + lengths[row]]
     embeds = model.embedding[token_ids]
     media = model.media_inputs(sequences, embeds, past, lengths)  # image rows at their tokens
-    step = Step(embeds, model.positions(sequences, past, width), past, lengths, (lengths - 1)[:, None],
+    step = Step(embeds, model.positions(sequences, past, width), past, lengths, np.maximum(lengths - 1, 0)[:, None],
                 np.empty((batch, 1, model.vocab_size), dtype=np.float32), *model.eagle_io(batch, width))
     step.inputs.update(media)
     model.engine.run(step, cache, lora)

@@ -16,12 +16,12 @@ class Vanilla:
     def reserve(self, core, need: int) -> None:
         pass
 
-    def prefill(self, core, admitted, start: int) -> list[int]:
-        done = core.prefill(admitted, start)
-        return core.sample(admitted, done.logits[:, 0], first=start)
+    def prefill(self, core, rows, start: int) -> list[int]:
+        done = core.prefill(rows, start)
+        return core.sample(rows[: done.complete], done.logits[: done.complete, 0], first=start)
 
     def step(self, core) -> list[int]:
-        running, model = core.scheduler.running, core.model
+        running, model = core.decoding, core.model
         last = np.array([r.sequence.generated[-1] for r in running], dtype=np.int64)
         past = np.array([r.sequence.length - 1 for r in running], dtype=np.int32)
         if self._logits is None or len(self._logits) != len(running):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,7 +77,8 @@ class Scheduler:
 
 class EngineCore:
     def __init__(self, model: Model, max_rows: int, policy: str = "continuous", lora_layout: dict | None = None,
-                 profiler=None, strategy=None, sampler: Sampler | None = None, context=None):
+                 profiler=None, strategy=None, sampler: Sampler | None = None, context=None,
+                 prefill_chunk: int | None = None, step_tokens: int | None = None):
         """strategy: a runtime.decoding strategy (Vanilla() by default, Eagle(...) with a draft).
         sampler: one whose rows the requests already hold (EngineRequest.row), or None for a new one.
         context: the context cache (runtime/cache/context_cache.py) admitted rows restore their
@@ -92,6 +93,12 @@ class EngineCore:
         self.profiler = profiler
         self.context = context
         self.cache = None  # the KV pool, made at the first admission
+        # Chunked prefill: at most prefill_chunk prompt tokens a row a pass (None: a prompt whole, which
+        # is also what a cache's widest step is then), and while other rows decode at most step_tokens
+        # prefill tokens a pass for all rows together (None: no limit).
+        self.prefill_chunk, self.step_tokens = prefill_chunk, step_tokens
+        self._prefilling = 0  # the last rows of the pool, admitted and not yet through their prompts
+        self._prefill_turn = False  # whether the next pass is a prefill one while rows also decode
         self._own_rows: set[int] = set()  # sampler rows add_request made, released when their request leaves
         self.lora_inputs: dict[str, np.ndarray] = {}  # the running rows' LoRA inputs, row by row
         self._lora_rows: list = []  # the adapters the LoRA inputs were built for
@@ -128,18 +135,27 @@ class EngineCore:
         return bool(self.scheduler.waiting or self.scheduler.running)
 
     def step(self) -> list[EngineRequest]:
-        """One model pass; returns the requests that finished in it.
+        """One model pass; returns the requests that finished in it: a prefill pass of the rows still
+        prefilling (requests just admitted, or a long prompt's next chunk), or a decode step of the
+        rows past their prefill (the strategy's). While both kinds are running they take turns, so a
+        prompt that arrives while others decode costs them one chunk a step, never its whole prefill.
 
         Run the loop of steps inside runtime.threads.single_threaded_host_math() (once: it costs about
         a millisecond to enter), so that the host's small math leaves the cores to the engine."""
         admitted = self.scheduler.admit()
         if admitted:
-            start = len(self.scheduler.running) - len(admitted)
             self._reserve(admitted)
             self._update_lora()
-            finished = self.strategy.prefill(self, admitted, start)
-        elif self.scheduler.running:
-            finished = self.strategy.step(self)
+            self._prefilling += len(admitted)
+            self._prefill_turn = True
+        decoding = len(self.scheduler.running) - self._prefilling
+        if self._prefilling and (self._prefill_turn or not decoding):
+            finished = self.strategy.prefill(self, self.scheduler.running[decoding:], decoding)
+            self._prefill_turn = False
+        elif decoding:
+            with self._decode_rows(decoding):
+                finished = self.strategy.step(self)
+            self._prefill_turn = True
         else:
             return []
         done = [self.scheduler.running[i] for i in finished]
@@ -153,21 +169,58 @@ class EngineCore:
 
     # -- what strategies use ----------------------------------------------------------------------
 
+    @property
+    def decoding(self) -> list[EngineRequest]:
+        """The running requests past their prefill: rows 0 .. n - 1 (the rows prefilling follow them)."""
+        return self.scheduler.running[: len(self.scheduler.running) - self._prefilling]
+
     def stage(self, name: str):
         return self.profiler.stage(name) if self.profiler else nullcontext()
 
-    def prefill(self, admitted: list[EngineRequest], start: int):
-        """The first pass of `admitted` (running rows start ..) on their window of the pool
-        (runtime/decoding/prefill.py)."""
-        from trt_llm.runtime.decoding.prefill import prefill
+    def prefill(self, rows: list[EngineRequest], start: int):
+        """A prefill pass of the prefilling `rows` (running rows start ..; runtime/decoding/prefill.py):
+        each row's next chunk of its prompt, at most `prefill_chunk` tokens, and while other rows
+        decode at most `step_tokens` for all of them together. Rows complete in order (a row's last
+        chunk waits for the rows before it), so the rows done are always the first ones; their
+        logits are at their prompts' last tokens. Returns the pass's Prefilled (`complete` of them)."""
+        from trt_llm.runtime.decoding.prefill import prefill, start_rows
 
         window = self.cache.window(start, len(self.scheduler.running))
-        return prefill(self.model, [r.sequence for r in admitted], window, self.lora_window(start), self.stage,
-                       self.profiler, self.context)
+        sequences = [r.sequence for r in rows]
+        start_rows(sequences, window, self.context)
+        budget = self.step_tokens if start else None  # rows before these are decoding: spare them
+        counts, earlier_complete = [], True
+        for s in sequences:
+            remaining = len(s.prompt_ids) - s.prefilled
+            take = min(remaining, self.prefill_chunk or remaining, remaining if budget is None else budget)
+            if take == remaining and not earlier_complete:
+                take -= 1  # its last token waits: a row completes only with or after the rows before it
+            earlier_complete = earlier_complete and take == remaining
+            counts.append(take)
+            if budget is not None:
+                budget -= take
+        active = max(i + 1 for i, c in enumerate(counts) if c)  # the rows after it have no token this pass
+        done = prefill(self.model, sequences[:active], window.window(0, active) if active < len(rows) else window,
+                       self.lora_rows(start, start + active), self.stage, self.profiler, self.context,
+                       np.array(counts[:active], dtype=np.int32))
+        self._prefilling -= done.complete
+        return done
 
-    def lora_window(self, start: int) -> dict[str, np.ndarray]:
-        """The LoRA inputs of running rows start .. end."""
-        return {name: array[start:] for name, array in self.lora_inputs.items()} if start else self.lora_inputs
+    def lora_rows(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        """The LoRA inputs of running rows start .. stop - 1."""
+        if start == 0 and stop == len(self.scheduler.running):
+            return self.lora_inputs
+        return {name: array[start:stop] for name, array in self.lora_inputs.items()}
+
+    @contextmanager
+    def _decode_rows(self, rows: int):
+        """Within: the pool's active rows are the first `rows` (those decoding), their LoRA inputs too."""
+        running, lora = len(self.scheduler.running), self.lora_inputs
+        self.cache.batch, self.lora_inputs = rows, self.lora_rows(0, rows)
+        try:
+            yield
+        finally:
+            self.cache.batch, self.lora_inputs = running, lora
 
     def sample(self, requests: list[EngineRequest], logits: np.ndarray, first: int) -> list[int]:
         """Sample one token for each of `requests` (the running rows first, first + 1, ...) from
@@ -194,26 +247,34 @@ class EngineCore:
         need = max(len(r.sequence.prompt_ids) + r.sequence.max_new_tokens for r in admitted)
         need += self.strategy.extra_slots
         if self.cache is None:
-            self.cache = self.model.new_cache(self.scheduler.max_rows, need)
+            # The widest step a row takes: a prefill chunk, or a whole prompt; a decode step or a tree.
+            widest = max(self.prefill_chunk or need, self.strategy.extra_slots + 1)
+            self.cache = self.model.new_cache(self.scheduler.max_rows, need, widest)
         else:
-            self.cache.reserve(self.scheduler.max_rows, need, [r.sequence.length - 1 for r in running[: -len(admitted)]])
+            self.cache.reserve(self.scheduler.max_rows, need, self._used(running[: -len(admitted)]))
         self.cache.batch = len(running)
         self.strategy.reserve(self, need)
 
+    def _used(self, requests: list[EngineRequest]) -> list[int]:
+        """The tokens each request's row holds: a prefilling one its prompt's computed part; a decoding
+        one its prompt and generated tokens but the last (not yet fed)."""
+        return [r.sequence.length - 1 if r.sequence.generated else (r.sequence.prefilled or 0) for r in requests]
+
     def _leave(self, indexes: list[int]) -> None:
-        """Running rows `indexes` leave; the rows behind them move up."""
+        """Running rows `indexes` leave (finished or aborted); the rows behind them move up."""
         running = self.scheduler.running
+        decoding = len(running) - self._prefilling
         if self.context is not None:  # its generated tokens, for a request that continues the conversation
             for i in indexes:
                 s = running[i].sequence
-                if s.context is not None and s.context.commit == "generated":
+                if i < decoding and s.context is not None and s.context.commit == "generated":
                     reuse.commit(self.context, self.cache, i, s, self.strategy.cached(self, i),
                                  s.prompt_ids + s.generated)
         gone = set(indexes)
         keep = [i for i in range(len(running)) if i not in gone]
-        # A row's used slots: its prompt and generated tokens but the last (not yet in the cache).
-        self.cache.keep_rows(keep, [running[i].sequence.length - 1 for i in keep])
-        self.strategy.leave(keep)
+        self.cache.keep_rows(keep, self._used([running[i] for i in keep]))
+        self.strategy.leave([i for i in keep if i < decoding])  # strategies hold the decoding rows only
+        self._prefilling -= sum(i >= decoding for i in indexes)
         for i in indexes:
             self._release(running[i])
         self.scheduler.running = [running[i] for i in keep]

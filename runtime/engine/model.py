@@ -63,9 +63,10 @@ class Model:
         mask = np.broadcast_to(np.tril(np.ones((seq, seq), dtype=bool)), (batch, seq, seq)).copy()
         return {TREE_MASK: mask}, {FEATURES: np.empty((batch, seq, self.feature_width), self.embedding.dtype)}
 
-    def new_cache(self, batch: int, capacity: int):
-        # The engine owns its cache's memory (host arrays for ONNX Runtime, device buffers for TensorRT).
-        return self.engine.new_cache(batch, capacity)
+    def new_cache(self, batch: int, capacity: int, widest: int | None = None):
+        """The engine's cache set (runtime/cache/); widest: the most new tokens a step gives a row.
+        The engine owns its memory (host arrays for ONNX Runtime, device buffers for TensorRT)."""
+        return self.engine.new_cache(batch, capacity, widest)
 
 
 def model_of(engine_dir, engine, embedding) -> Model:

@@ -22,6 +22,7 @@ class Sequence:
     constraint: object | None = None  # a grammar.Constraint for structured output (response_format)
     context: object | None = None  # a cache.reuse.ContextPlan: what it may restore from the context cache
     reused_tokens: int = 0  # prompt tokens restored from it instead of computed
+    prefilled: int | None = None  # prompt tokens in its row of the cache (None: its prefill has not begun)
     media: object | None = None  # a sequence_media.SequenceMedia: its image / audio rows, mRoPE positions
     generated: list[int] = field(default_factory=list)
     finish_reason: str | None = None
