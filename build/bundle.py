@@ -99,6 +99,12 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
                                         feature_layers=draft.aux_layer_ids if draft is not None else None,
                                         make_linear=make_linear)
             dims, graph_deepstack, layers = graph.dims.to_dict(), graph.deepstack_layers, graph.layer_specs
+            if draft is not None and graph.windows:
+                from trt_llm.build.compile import BuildError
+
+                # A tree's nodes sit in slots past their positions, and the window counts slots.
+                raise BuildError("draft: an EAGLE draft on a model with sliding-window layers is not supported yet; "
+                                 "build without draft:")
             export_decoder(graph, directory / "llm" / "model.onnx", dtype, lora_layout)
             del graph
         components = {"llm": {"graph": "llm/model.onnx", "embedding": "llm/embedding.safetensors",

@@ -441,15 +441,23 @@ def lower_for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
     def const(name, value, dtype=onnx.TensorProto.INT32):
         return helper.make_node("Constant", [], [f"{p}/{name}"], value=helper.make_tensor(name, dtype, [], [value]))
 
-    shared = [
-        helper.make_node("Add", [past_lengths, query_lengths], [f"{p}/total"]),
-        const("one", 1),
-        helper.make_node("Sub", [f"{p}/total", f"{p}/one"], [f"{p}/seqlens_k"]),
-        helper.make_node("Shape", [past_key], [f"{p}/capacity_1d"], start=2, end=3),
-        helper.make_node("Cast", [f"{p}/capacity_1d"], [f"{p}/capacity_i32"], to=onnx.TensorProto.INT32),
-        helper.make_node("Squeeze", [f"{p}/capacity_i32"], [f"{p}/total_sequence_length"]),
-        helper.make_node("Cast", [position_ids], [f"{p}/position_ids"], to=onnx.TensorProto.INT64),
-    ]
+    shared = [const("one", 1), helper.make_node("Cast", [position_ids], [f"{p}/position_ids"], to=onnx.TensorProto.INT64)]
+    # seqlens_k and total_sequence_length per lengths input: a sliding-window group's layers hold
+    # their own slots (past_lengths_w<W>) in caches of their own capacity.
+    lengths_of: dict[str, str] = {}
+    for node in plugin_nodes:
+        lengths = node.input[3]
+        if lengths in lengths_of:
+            continue
+        q = p if not lengths_of else f"{p}/g{len(lengths_of)}"
+        lengths_of[lengths] = q
+        shared += [
+            helper.make_node("Add", [lengths, query_lengths], [f"{q}/total"]),
+            helper.make_node("Sub", [f"{q}/total", f"{p}/one"], [f"{q}/seqlens_k"]),
+            helper.make_node("Shape", [node.input[1]], [f"{q}/capacity_1d"], start=2, end=3),
+            helper.make_node("Cast", [f"{q}/capacity_1d"], [f"{q}/capacity_i32"], to=onnx.TensorProto.INT32),
+            helper.make_node("Squeeze", [f"{q}/capacity_i32"], [f"{q}/total_sequence_length"]),
+        ]
     tables = _tables_of_capacity(graph, plugin_nodes, p)
     for nodes in tables.values():
         shared += nodes
@@ -468,9 +476,10 @@ def lower_for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
         cos_cache, sin_cache = (f"{p}/{name}/rows" if name in tables else name for name in (cos_cache, sin_cache))
         bias = f"{p}/attention_bias" if node.op_type == TREE_OP_NAME else ""
         window = _attr(node, "window", 0)
+        q = lengths_of[node.input[3]]
         new_nodes.append(helper.make_node(
             "GroupQueryAttention",
-            [qkv, "", "", past_k, past_v, f"{p}/seqlens_k", f"{p}/total_sequence_length",
+            [qkv, "", "", past_k, past_v, f"{q}/seqlens_k", f"{q}/total_sequence_length",
              cos_cache, sin_cache, f"{p}/position_ids", bias, "", "", "", "", "", query_lengths],
             list(node.output),
             name=node.name,

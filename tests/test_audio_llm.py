@@ -228,10 +228,11 @@ def test_the_same_clip_is_restored_past_its_tokens_or_to_within_them(qwen2_audio
     restores to a block boundary inside the clip's tokens and computes the rest; tokens are bypass's
     and transformers'."""
     folder, engine = qwen2_audio
-    one, _ = twin_clips
-    # the text before the clip moves its end to the middle of a block (without it, to a block's end)
-    requests = [audio_request("Listen to this recording carefully and", one, question)
-                for question in (QUESTION, QUESTION, "Who speaks?")]
+    _, cut = twin_clips  # cut off mid-speech: its last tokens are not silence
+    # the text before the clip moves its end to late in a block (without it, to a block's end), so that
+    # the restore ends some tokens before it
+    before = "Please listen to this short recording of a reader very carefully and then"
+    requests = [audio_request(before, cut, question) for question in (QUESTION, QUESTION, "Who speaks?")]
     responses, prompts = reuse_run(engine, tmp_path, requests)
     ((first, count),) = prompts[0][1]
     assert responses[0].reused_tokens == 0

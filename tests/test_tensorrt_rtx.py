@@ -245,7 +245,7 @@ def test_whisper_builds_its_decoder_and_encoder_plans_ahead_of_time(whisper_rtx_
     both profiles, the encoder's output length (1,500)."""
     import onnx
     from trt_llm.runtime.cache.cache_set import cache_set
-    from trt_llm.runtime.engine_dir import EngineDir
+    from trt_llm.schemas.layer_spec import parse_layers
 
     engine = whisper_rtx_engine
     components = json.loads((engine / "manifest.json").read_text())["components"]
@@ -263,7 +263,8 @@ def test_whisper_builds_its_decoder_and_encoder_plans_ahead_of_time(whisper_rtx_
 
     profiles, config = _profiles_of(engine, "llm")
     assert config.max_kv_cache_capacity == 448 and config.max_batch_size == 2  # cut to the decoder's positions
-    cache = cache_set(EngineDir.open(engine).layers(), config.max_batch_size, 448, np.float16)
+    layers = parse_layers(json.loads((engine / "manifest.json").read_text())["model"]["layers"])
+    cache = cache_set(layers, config.max_batch_size, 448, np.float16)
     for row in range(config.max_batch_size):
         cache.write_row(row, clips[0].cross)  # what prefill writes, then binds at every step
     prefill, decode = profiles

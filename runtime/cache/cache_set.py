@@ -162,6 +162,5 @@ def _groups(layers, batch: int, capacity: int, widest: int, dtype, kv: Callable,
 
 def cache_set(layers, batch: int, capacity: int, dtype, widest: int | None = None) -> CacheSet:
     """The host caches (numpy) of `layers` for `batch` rows of `capacity` tokens; widest: the most new
-    tokens one step gives a row (a sliding group's size depends on it; default: the capacity)."""
-    widest = widest or capacity
+    tokens one step gives a row (a sliding group's size depends on it; None: the capacity)."""
     return CacheSet(_groups(layers, batch, capacity, widest, dtype, KVCache, CrossCache), capacity)

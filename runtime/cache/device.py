@@ -66,7 +66,7 @@ class DeviceKVCache:
         self.cudart, self.stream = cudart, stream
         self.dtype = np.dtype(dtype)
         self.layers = list(layers) if layers is not None else list(range(num_layers))
-        self.window_size, self.widest = window, widest if widest is not None else capacity
+        self.window_size, self.widest = window, widest  # None: the capacity, whatever it grows to
         self.slots = window_slots(window, capacity, self.widest)
         self.batch, self.capacity, self.kv_heads, self.head_dim = batch, capacity, kv_heads, head_dim
         self.row_bytes = kv_heads * self.slots * head_dim * self.dtype.itemsize
@@ -153,6 +153,7 @@ class DeviceKVCache:
                     self._copy_slots(self._slot(base, target, 0), self._slot(base, source, 0), held, kind)
             if target != source:
                 self.offsets[target] = self.offsets[source]
+        self.offsets[len(rows):] = 0  # the rows freed: the next request there starts from its first token
         self.batch = len(rows)
 
     def move_slots(self, row: int, sources: list[int], start: int) -> None:
@@ -214,6 +215,8 @@ class DeviceKVCache:
         tokens, moved to the front through the other buffer set (free until the step writes it)."""
         if not self.window_size:
             return {}
+        if self.slots >= self.capacity:  # as many slots as tokens: it never needs to drop one
+            return {window_lengths(self.window_size): past_lengths.astype(np.int32)}
         if self.window_size - 1 + width > self.slots:
             raise ValueError(f"a step of {width} new tokens needs {self.window_size - 1 + width} slots in the "
                              f"window-{self.window_size} cache, which holds {self.slots}")
@@ -232,10 +235,11 @@ class DeviceKVCache:
         return max(0, length - (self.window_size - 1)) if self.window_size else 0
 
     def read(self, row: int, start: int, stop: int) -> tuple[list, list] | None:
-        """kv_cache.KVCache.read: copies on the host, None once dropped."""
+        """kv_cache.KVCache.read: copies on the host (a sliding group's held last tokens of them)."""
         offset = int(self.offsets[row])
-        if start < offset:
+        if stop <= offset:
             return None
+        start = max(start, offset)
         kind = self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
         out = []
         for base in (*self.keys, *self.values):
@@ -429,7 +433,6 @@ class DeviceCacheSet(CacheSet):
 def device_cache_set(cudart, stream, layers, batch: int, capacity: int, dtype,
                      widest: int | None = None) -> DeviceCacheSet:
     """cache_set.cache_set's composite over device memory."""
-    widest = widest or capacity
 
     def kv(*args, **kwargs):
         return DeviceKVCache(cudart, stream, *args, **kwargs)

@@ -22,10 +22,11 @@ import numpy as np
 from trt_llm.schemas.graph_spec import past, present, window_lengths
 
 
-def window_slots(window: int, capacity: int, widest: int) -> int:
+def window_slots(window: int, capacity: int, widest: int | None) -> int:
     """The slots a sliding group needs: W - 1 tokens before a step plus its widest step (never more
-    than the capacity, where it is a full cache that never drops a token)."""
-    return capacity if not window else min(capacity, window - 1 + widest)
+    than the capacity, where it is a full cache that never drops a token; None: a step may be as
+    wide as the capacity)."""
+    return capacity if not window or widest is None else min(capacity, window - 1 + widest)
 
 
 class KVCache:
@@ -35,7 +36,7 @@ class KVCache:
         sliding group's window (0: full attention); widest: the most new tokens a step gives a row
         (a sliding group's slots depend on it; default: the capacity, which never drops a token)."""
         self.layers = list(layers) if layers is not None else list(range(num_layers))
-        self.window_size, self.widest = window, widest if widest is not None else capacity
+        self.window_size, self.widest = window, widest  # None: the capacity, whatever it grows to
         slots = window_slots(window, capacity, self.widest)
         shape = (batch, kv_heads, slots, head_dim)
         # Zero-filled: slots past a row's length are masked out, but must hold finite numbers.
@@ -58,6 +59,7 @@ class KVCache:
                 for buffer in (*self.keys, *self.values):
                     buffer[target, :, :held] = buffer[source, :, :held]
                 self.offsets[target] = self.offsets[source]
+        self.offsets[len(rows):] = 0  # the rows freed: the next request there starts from its first token
         self.batch = len(rows)
 
     def move_slots(self, row: int, sources: list[int], start: int) -> None:
@@ -107,6 +109,8 @@ class KVCache:
         the slots each row then holds (its lengths input); a full group gives nothing."""
         if not self.window_size:
             return {}
+        if self.slots >= self.capacity:  # as many slots as tokens: it never needs to drop one
+            return {window_lengths(self.window_size): past_lengths.astype(np.int32)}
         if self.window_size - 1 + width > self.slots:
             raise ValueError(f"a step of {width} new tokens needs {self.window_size - 1 + width} slots in the "
                              f"window-{self.window_size} cache, which holds {self.slots}")
@@ -137,12 +141,13 @@ class KVCache:
         return max(0, length - (self.window_size - 1)) if self.window_size else 0
 
     def read(self, row: int, start: int, stop: int) -> tuple[list, list] | None:
-        """Copies of tokens start .. stop - 1 of `row`, per layer [Hkv, n, D]: (keys, values); None
-        when a sliding group no longer holds them all."""
+        """Copies of tokens start .. stop - 1 of `row`, per layer [Hkv, n, D]: (keys, values). A
+        sliding group that no longer holds the first of them gives the ones it holds (the last n),
+        None if it holds none."""
         offset = int(self.offsets[row])
-        if start < offset:
+        if stop <= offset:
             return None
-        span = slice(start - offset, stop - offset)
+        span = slice(max(start, offset) - offset, stop - offset)
         return [k[row, :, span].copy() for k in self.keys], [v[row, :, span].copy() for v in self.values]
 
     def restore(self, row: int, length: int, parts: list[tuple[int, list, list]]) -> None:

@@ -7,8 +7,10 @@ what it commits once computed (runtime/cache/context_cache.py holds the records)
                                              tokens (and a kept system prompt) into the cache
 
 A prefix is usable when every layer gets what it needs of it (cache_set.CacheSet.needed): all of
-it for full attention, the last window - 1 tokens for a sliding-window layer (whose older blocks may
-be gone). At least one prompt token is always computed: it gives the first logits.
+it for full attention, the last window - 1 tokens for a sliding-window layer (a block holds what the
+layer still held when it was committed: always the block's last window - 1 tokens, since a pass
+computes no more than the window cache holds beyond them). At least one prompt token is always
+computed: it gives the first logits.
 """
 
 from __future__ import annotations
@@ -97,12 +99,25 @@ def _usable_blocks(context: ContextCache, cache, s, limit: int) -> list:
     context.touch(s.context.keys[: len(blocks)][::-1])
     size = context.block_tokens
     while blocks:
-        needed = cache.needed(len(blocks) * size)
-        if all(block.keys[layer] is not None for layer, first in enumerate(needed)
-               for block in blocks[first // size:]):
+        if all(_covers(blocks, layer, first, size) for layer, first in enumerate(cache.needed(len(blocks) * size))):
             return blocks
         blocks.pop()
     return []
+
+
+def _covers(blocks: list, layer: int, first: int, size: int) -> bool:
+    """Whether the blocks hold every token from `first` to their end for `layer`: each block holds
+    its last n tokens (all of them, or what a sliding layer still held when it was committed)."""
+    for index in range(len(blocks) - 1, -1, -1):
+        start = index * size
+        if start + size <= first:
+            return True
+        held = blocks[index].keys[layer]
+        if held is None:
+            return False
+        if start + size - held.shape[1] > max(first, start):
+            return False  # a gap before the tokens this block holds
+    return True
 
 
 def commit(context: ContextCache, cache, row: int, s, computed: int, token_ids=None) -> None:

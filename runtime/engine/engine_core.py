@@ -247,8 +247,8 @@ class EngineCore:
         need = max(len(r.sequence.prompt_ids) + r.sequence.max_new_tokens for r in admitted)
         need += self.strategy.extra_slots
         if self.cache is None:
-            # The widest step a row takes: a prefill chunk, or a whole prompt; a decode step or a tree.
-            widest = max(self.prefill_chunk or need, self.strategy.extra_slots + 1)
+            # The widest step a row takes: a prefill chunk (None: a whole prompt), a decode step or a tree.
+            widest = max(self.prefill_chunk, self.strategy.extra_slots + 1) if self.prefill_chunk else None
             self.cache = self.model.new_cache(self.scheduler.max_rows, need, widest)
         else:
             self.cache.reserve(self.scheduler.max_rows, need, self._used(running[: -len(admitted)]))
