@@ -434,8 +434,7 @@ def lower_for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
     if not plugin_nodes:
         return model
     first = plugin_nodes[0]
-    past_key, past_lengths, query_lengths, position_ids = (
-        first.input[1], first.input[3], first.input[4], first.input[5])
+    past_lengths, query_lengths, position_ids = first.input[3], first.input[4], first.input[5]
     p = "trt_llm_gqa"
 
     def const(name, value, dtype=onnx.TensorProto.INT32):

@@ -35,6 +35,7 @@ from trt_llm.runtime.requests.prepare import apply_batch_rules
 from trt_llm.runtime.engine.sequence import MAX_LENGTH
 from trt_llm.server.convert import BadRequest, convert
 from trt_llm.server.engine import EngineStopped, Job, QueueFull, ServingEngine, Update
+from trt_llm.runtime.engine import DEFAULT_PREFILL_CHUNK
 from trt_llm.server.metrics import Metrics
 from trt_llm.server.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -56,6 +57,7 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = ()
     save_prefixes: bool = True  # reuse: each conversation's earlier turns (context reuse) and system prompts
     kv_cache_budget: int = 1 << 30  # bytes of reused keys and values
+    prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK  # prompt tokens a pass (runtime/engine/engine_core.py)
 
 
 class HttpError(Exception):
@@ -75,6 +77,9 @@ def error_response(status: int, message: str, param: str | None = None, code: st
 def create_app(runner, config: ServerConfig) -> FastAPI:
     """runner: a runtime.runner.Runner on the engine directory (its model, draft, tokenizer)."""
     metrics = Metrics()
+    metrics.watch_context_cache(runner.prefix_cache)
+    # A chat client resends the whole conversation each turn: the turns before it are restored.
+    runner.context_reuse = config.save_prefixes
     engine = ServingEngine(runner, config.max_rows, config.max_waiting, metrics, config.save_prefixes)
 
     @asynccontextmanager

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from trt_llm.common.cli_args import OneLineParser, byte_size, capped_threads, positive_int
+from trt_llm.runtime.engine import DEFAULT_PREFILL_CHUNK
 
 PROG = "trt-llm-serve"
 EXIT_UNUSABLE = 2
@@ -36,6 +37,9 @@ def parse_args(argv: list[str] | None):
                    help="compute every prompt whole: no reuse of earlier turns' or system prompts' keys and values")
     p.add_argument("--kv-cache-budget", type=byte_size, default=1 << 30, metavar="SIZE",
                    help="memory for reused keys and values, e.g. 512M or 2G (default 1G)")
+    p.add_argument("--prefill-chunk", type=positive_int, default=DEFAULT_PREFILL_CHUNK, metavar="TOKENS",
+                   help=f"prompt tokens prefilled a pass; while others decode, for all new prompts together "
+                        f"(default {DEFAULT_PREFILL_CHUNK}: a long prompt costs the running streams a chunk a step)")
     p.add_argument("--no-spec-decode", action="store_true", help="vanilla decoding even with an EAGLE draft")
     p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all physical cores)")
     p.add_argument("--ray-replicas", type=positive_int, default=None,
@@ -70,7 +74,7 @@ def server_config(args, engine_dir):
                         max_body_bytes=args.max_body_bytes, max_rows=rows, max_waiting=args.max_queue,
                         request_timeout_s=args.request_timeout, media_root=media,
                         cors_origins=tuple(args.cors_origin), save_prefixes=not args.no_prefix_cache,
-                        kv_cache_budget=args.kv_cache_budget)
+                        kv_cache_budget=args.kv_cache_budget, prefill_chunk=args.prefill_chunk)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,7 +127,7 @@ def build_app(engine_dir, config, threads: int, spec_decode: bool = True):
             raise ValueError(f"--lora {name}={path}: no such folder")
     context = ContextCache(engine_dir.identity, config.kv_cache_budget)
     runner = Runner(engine_dir, threads=threads, prefix_cache=context, spec_decode=spec_decode,
-                    scheduling="continuous", context_reuse=config.save_prefixes)
+                    scheduling="continuous", prefill_chunk=config.prefill_chunk)
     return create_app(runner, config)
 
 

@@ -185,6 +185,7 @@ class ServingEngine:
         now = time.perf_counter()
         if job.reported == 0 and new:
             self.metrics.time_to_first_token.observe(now - job.submitted)
+            self.metrics.cached_tokens.inc(s.reused_tokens)
         elif new and job.last_report is not None:
             for _ in new:  # an EAGLE round yields several: each gets its share of the interval
                 self.metrics.inter_token_latency.observe((now - job.last_report) / len(new))

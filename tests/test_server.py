@@ -116,6 +116,35 @@ def test_chat_equals_trt_llm_run(server, engine_and_adapter, settings, extra):
             assert [c.logprob for c in entry.top_logprobs] == pytest.approx([c.logprob for c in candidates], abs=1e-4)
 
 
+def test_a_conversation_reuses_its_earlier_turns(engine_and_adapter):
+    """A chat client resends the conversation each turn: the server restores the turns before
+    (usage.prompt_tokens_details.cached_tokens, /metrics), and each answer is trt-llm-run's on the
+    whole conversation. --no-prefix-cache (save_prefixes off) computes every prompt whole."""
+    engine, adapter = engine_and_adapter
+    system = {"role": "system", "content": "You are a patient tutor who explains the tides to children."}
+    for save in (True, False):
+        live = make_server(engine, adapter, save_prefixes=save)
+        try:
+            messages, cached = [system], []
+            for question in ("Why does the sea go out?", "And why twice a day?", "Is it the same everywhere?"):
+                messages.append({"role": "user", "content": question})
+                got = live.client().chat.completions.create(model="tiny", messages=messages, temperature=0.0,
+                                                            max_tokens=12)
+                want = run_file(engine, adapter, {"messages": list(messages)}, temperature=0.0, max_generate_length=12)
+                assert got.choices[0].message.content == want.output_text
+                cached.append(got.usage.prompt_tokens_details.cached_tokens)
+                messages.append({"role": "assistant", "content": got.choices[0].message.content})
+            metrics = httpx.get(f"{live.url}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+        finally:
+            live.close()
+        if save:
+            assert cached[0] == 0 and all(n >= 16 for n in cached[1:]) and cached[2] > cached[1]
+            assert "trt_llm_context_cache_hits_total 2.0" in metrics
+            assert "trt_llm_context_cache_bytes " in metrics and "trt_llm_context_cache_bytes 0.0" not in metrics
+        else:
+            assert cached == [0, 0, 0]
+
+
 def test_lora_model_name_selects_the_adapter(server, engine_and_adapter):
     engine, adapter = engine_and_adapter
     want = run_file(engine, adapter, {"messages": [{"role": "user", "content": PROMPTS[0]}], "lora_name": "ada"},

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from trt_llm.common.cli_args import (FlagError, Interrupted, OneLineParser, byte_size, capped_threads, positive_int,
                                       signals_interrupt)
+from trt_llm.runtime.engine import DEFAULT_PREFILL_CHUNK
 from trt_llm.common.files import OutputPathError, prepare_output_dir, prepare_output_file, write_atomically
 
 EXIT_OK, EXIT_REQUEST_FAILED, EXIT_UNUSABLE = 0, 1, 2
@@ -47,6 +48,10 @@ def parse_args(argv: list[str] | None):
                              "out first, saved system prompts last)")
     parser.add_argument("--prompt-cache-budget-mb", type=positive_int, help="the same budget in MiB (older name)")
     parser.add_argument("--kv-cache-dir", help="also keep reused keys and values here, across runs")
+    parser.add_argument("--prefill-chunk", type=positive_int, metavar="TOKENS",
+                        help="prompt tokens prefilled a pass, and while other requests decode for all new prompts "
+                             f"together (default: whole prompts; {DEFAULT_PREFILL_CHUNK} with --scheduling "
+                             "continuous, where a long prompt then costs the running requests a chunk a step)")
     parser.add_argument("--no-spec-decode", action="store_true",
                         help="vanilla decoding even when the engine has an EAGLE draft")
     parser.add_argument("--draft-top-k", type=positive_int,
@@ -139,7 +144,9 @@ def _run(args, log, progress: _Progress) -> int:
         progress.loaded, progress.settings, progress.output_path = loaded, settings, output_path
         runner = Runner(engine_dir, threads=threads or 0, prefix_cache=prefix_cache, profiler=profiler,
                         spec=spec, spec_decode=not args.no_spec_decode, scheduling=args.scheduling,
-                        context_reuse=args.context_reuse)
+                        context_reuse=args.context_reuse,
+                        prefill_chunk=args.prefill_chunk or (DEFAULT_PREFILL_CHUNK if args.scheduling == "continuous"
+                                                             else None))
         log.info("engine %s: %s backend, %s threads, %d requests in batches of %d (%s scheduling)",
                  engine_dir.path, engine_dir.manifest["backend"], threads or "default", len(loaded.requests),
                  settings.batch_size, args.scheduling)

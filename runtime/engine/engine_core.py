@@ -31,6 +31,7 @@ import torch
 
 from trt_llm.runtime.sampling.grammar import mask_logits
 from trt_llm.runtime.cache import reuse
+from trt_llm.runtime.engine import DEFAULT_PREFILL_CHUNK  # noqa: F401 - also its home for callers
 from trt_llm.runtime.engine.model import Model
 from trt_llm.runtime.sampling.sampler import Sampler, SamplingParams
 from trt_llm.runtime.engine.sequence import ABORTED, Sequence, append_token, record_logprobs
