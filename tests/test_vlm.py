@@ -322,7 +322,8 @@ def twins(images, tmp_path_factory):
     return {name: folder / name for name in images}
 
 
-def reuse_run(engine, folder, requests: list[dict], scheduling="static", batch_size=1, **settings):
+def reuse_run(engine, folder, requests: list[dict], scheduling="static", batch_size=1, prefill_chunk=None,
+              **settings):
     """run_file's requests on a Runner with context reuse, one a batch unless batch_size says otherwise
     (so each restores what the ones before it committed); settings: more of the file's (say
     context_cache_lookup_policy "bypass"). Returns the responses and each prompt's (token ids, image
@@ -331,7 +332,8 @@ def reuse_run(engine, folder, requests: list[dict], scheduling="static", batch_s
     path.write_text(json.dumps({"batch_size": batch_size, "temperature": 0.0, "max_generate_length": MAX_NEW,
                                 "requests": requests, **settings}))
     loaded = load_input_file(path)
-    runner = Runner(EngineDir.open(engine), threads=1, scheduling=scheduling, context_reuse=True)
+    runner = Runner(EngineDir.open(engine), threads=1, scheduling=scheduling, context_reuse=True,
+                    prefill_chunk=prefill_chunk)
     formatter = runner.formatter(loaded.settings, loaded.source)
     prompts = []
     for index, slot in enumerate(loaded.requests):
@@ -434,10 +436,12 @@ def test_a_next_turn_restores_the_image_and_the_turn_before_it(vlm, images, tmp_
     assert answer.output_token_ids == transformers_greedy(family, folder, second, tmp_path)
 
 
-def test_continuous_scheduling_with_reuse_gives_the_static_runs_tokens_with_images(vlm, images, twins, tmp_path):
+@pytest.mark.parametrize("chunk", [None, 24])
+def test_continuous_scheduling_with_reuse_gives_the_static_runs_tokens_with_images(vlm, images, twins, tmp_path, chunk):
     """Requests that share images, differ by an image of the same size, or share part of one, beside a
     text-only one, admitted as rows free with context reuse: each request's tokens are the static run's,
-    with reuse and without, and later requests restore what earlier ones committed."""
+    with reuse and without, and later requests restore what earlier ones committed. Also with prompts
+    prefilled 24 tokens a pass (prefill_chunk: passes that end inside images and inside blocks)."""
     _, _, engine = vlm
     wide, tall = images["wide.png"], images["tall.png"]
     requests = [image_request(wide, ("text", QUESTION)), image_request(twins["wide.png"], ("text", QUESTION)),
@@ -447,8 +451,8 @@ def test_continuous_scheduling_with_reuse_gives_the_static_runs_tokens_with_imag
                 image_request(tall, ("text", "and"), twins["wide.png"], ("text", "Compare them.")),
                 image_request(tall, ("text", "Is it dark?"))]
     static = tokens_of_bypass(engine, tmp_path, requests, batch_size=2)
-    static_reused, _ = reuse_run(engine, tmp_path, requests, batch_size=2)
-    continuous, _ = reuse_run(engine, tmp_path, requests, scheduling="continuous", batch_size=2)
+    static_reused, _ = reuse_run(engine, tmp_path, requests, batch_size=2, prefill_chunk=chunk)
+    continuous, _ = reuse_run(engine, tmp_path, requests, scheduling="continuous", batch_size=2, prefill_chunk=chunk)
     assert [r.output_token_ids for r in continuous] == [r.output_token_ids for r in static_reused] == static
     # (whether request 6 restores request 5's first image depends on whether they are admitted together)
     assert [continuous[i].reused_tokens > 0 for i in (0, 1, 2, 3, 4, 5, 7)] == [False] * 3 + [True] * 2 + [False, True]
