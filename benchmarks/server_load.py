@@ -36,7 +36,8 @@ def prompts(count: int) -> list[tuple[str, int]]:
 
 
 class Server:
-    def __init__(self, engine_dir, rows: int, threads: int):
+    def __init__(self, engine_dir, rows: int, threads: int, **config):
+        """config: more ServerConfig fields (save_prefixes, prefill_chunk, ...)."""
         import uvicorn
 
         from trt_llm.runtime.requests.runner import Runner
@@ -46,7 +47,7 @@ class Server:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         runner = Runner(engine_dir, threads=threads, scheduling="continuous")
-        app = create_app(runner, ServerConfig(model_name="smollm2", max_rows=rows, max_waiting=1024))
+        app = create_app(runner, ServerConfig(model_name="smollm2", max_rows=rows, max_waiting=1024, **config))
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()

@@ -5,9 +5,10 @@ import json
 import torch
 from transformers import AutoModelForCausalLM
 
+from trt_llm.runtime.cache.context_cache import BLOCK_TOKENS
 from trt_llm.runtime.engine_dir import EngineDir
 from trt_llm.runtime.requests.runner import Runner
-from trt_llm.schemas.input_file import parse_input_dict
+from trt_llm.schemas.input_file import load_input_file, parse_input_dict
 
 PROMPTS = [
     "Hello there! Tell me a long story about a dragon who loved the sea.",
@@ -63,3 +64,33 @@ def make_adapter(base_dir, out_dir, seed, rank=4, targets=LORA_MODULES, rslora=F
             param.data.normal_(0, 0.3)
     wrapped.save_pretrained(out_dir)
     return str(out_dir)
+
+
+def reuse_run(engine, folder, requests: list[dict], max_new: int, scheduling="static", batch_size=1,
+              prefill_chunk=None, **settings):
+    """run_file's requests on a Runner with context reuse, one a batch unless batch_size says otherwise
+    (so each restores what the ones before it committed); settings: more of the file's (say
+    context_cache_lookup_policy "bypass"). Returns the responses and each prompt's (token ids, image
+    or clip spans (first token, tokens)). Every restore is whole blocks, short of the prompt."""
+    path = folder / "input.json"
+    path.write_text(json.dumps({"batch_size": batch_size, "temperature": 0.0, "max_generate_length": max_new,
+                                "requests": requests, **settings}))
+    loaded = load_input_file(path)
+    runner = Runner(EngineDir.open(engine), threads=1, scheduling=scheduling, context_reuse=True,
+                    prefill_chunk=prefill_chunk)
+    formatter = runner.formatter(loaded.settings, loaded.source)
+    prompts = []
+    for index, slot in enumerate(loaded.requests):
+        s = runner.prepare(index, slot, loaded.settings, formatter).sequence
+        prompts.append((s.prompt_ids, [(first, count) for first, count, _ in s.media.spans()] if s.media else []))
+    responses = runner.run(loaded, loaded.settings).responses
+    assert all(r.finish_reason in ("end-of-sequence", "max-length") for r in responses), [r.error for r in responses]
+    assert all(r.reused_tokens % BLOCK_TOKENS == 0 and r.reused_tokens < r.prompt_tokens for r in responses)
+    return responses, prompts
+
+
+def tokens_of_bypass(engine, folder, requests: list[dict], max_new: int, **settings) -> list[list[int]]:
+    """Each request's tokens computed whole (context_cache_lookup_policy "bypass")."""
+    responses, _ = reuse_run(engine, folder, requests, max_new, context_cache_lookup_policy="bypass", **settings)
+    assert all(r.reused_tokens == 0 for r in responses)
+    return [r.output_token_ids for r in responses]

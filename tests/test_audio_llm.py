@@ -16,9 +16,10 @@ import pytest
 import torch
 
 import audio_assets
+import helpers
+from trt_llm.runtime.cache.context_cache import BLOCK_TOKENS as BLOCK
 import audio_llm_assets
 from assets import AssetUnavailable
-from trt_llm.runtime.cache.context_cache import BLOCK_TOKENS as BLOCK
 from trt_llm.runtime.engine_dir import EngineDir
 from trt_llm.runtime.requests.runner import Runner
 from trt_llm.schemas.input_file import load_input_file
@@ -172,31 +173,12 @@ def twin_clips(clips, tmp_path_factory):
     return clips[1], folder / "cut.wav"
 
 
-def reuse_run(engine, folder, requests: list[dict], **settings):
-    """run_file's requests on a Runner with context reuse, one a batch (each restores what the ones
-    before it committed); settings: more of the file's (say context_cache_lookup_policy "bypass").
-    Returns the responses and each prompt's (token ids, clip spans (first token, tokens))."""
-    path = folder / "input.json"
-    path.write_text(json.dumps({"batch_size": 1, "temperature": 0.0, "max_generate_length": MAX_NEW,
-                                "requests": requests, **settings}))
-    loaded = load_input_file(path)
-    runner = Runner(EngineDir.open(engine), threads=1, context_reuse=True)
-    formatter = runner.formatter(loaded.settings, loaded.source)
-    prompts = []
-    for index, slot in enumerate(loaded.requests):
-        s = runner.prepare(index, slot, loaded.settings, formatter).sequence
-        prompts.append((s.prompt_ids, [(first, count) for first, count, _ in s.media.spans()] if s.media else []))
-    responses = runner.run(loaded, loaded.settings).responses
-    assert all(r.finish_reason in ("end-of-sequence", "max-length") for r in responses), [r.error for r in responses]
-    assert all(r.reused_tokens % BLOCK == 0 and r.reused_tokens < r.prompt_tokens for r in responses)
-    return responses, prompts
+def reuse_run(engine, folder, requests: list[dict], **options):
+    return helpers.reuse_run(engine, folder, requests, MAX_NEW, **options)
 
 
-def tokens_of_bypass(engine, folder, requests: list[dict]) -> list[list[int]]:
-    """Each request's tokens computed whole (context_cache_lookup_policy "bypass")."""
-    responses, _ = reuse_run(engine, folder, requests, context_cache_lookup_policy="bypass")
-    assert all(r.reused_tokens == 0 for r in responses)
-    return [r.output_token_ids for r in responses]
+def tokens_of_bypass(engine, folder, requests: list[dict], **options) -> list[list[int]]:
+    return helpers.tokens_of_bypass(engine, folder, requests, MAX_NEW, **options)
 
 
 def test_equal_token_ids_with_another_clip_share_nothing_past_its_first_token(qwen2_audio, twin_clips, tmp_path):
