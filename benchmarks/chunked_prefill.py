@@ -2,12 +2,14 @@
 """Inter-token latency of running streams while long prompts keep arriving, with chunked prefill
 against without it (SmolLM2-135M-Instruct fp32, cpu backend, the step-level engine).
 
-Four streams decode without end; every --every of their steps a --prompt-tokens prompt arrives (and
-leaves after its first token). Without chunking its whole prefill runs in one pass between two of
+Four streams decode without end; every --every of their steps (or once the one before it is through) a
+--prompt-tokens prompt arrives (and leaves after its first token). Without chunking its whole prefill runs in one pass between two of
 the streams' steps; with --prefill-chunk C it goes in C tokens a pass, a pass between each of their
 decode steps. Scenarios alternate in one process (the machine is shared and noisy): no arrivals
-(the streams' own p99), arrivals whole, arrivals in chunks of each C. Target: with chunks, the
-streams' p99 at most 2x their p99 with no arrivals.
+(the streams' own p99), arrivals whole, arrivals in chunks of each C between their decode steps, and
+arrivals under each --targets latency target (the engine's budget, runtime/engine/budget.py: chunks
+sized so that a pass, which also carries the streams' decode step, costs at most that many decode
+steps). Target: the streams' p99 at most 2x their p99 with no arrivals.
 
     python benchmarks/chunked_prefill.py [--threads 2] [--rounds 2] [--chunks 16,32,64] [--json PATH]
 """
@@ -42,7 +44,8 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
-def scenario(runner, chunk: int | None, arrivals: int, every: int, prompt_tokens: int, seed: int) -> dict:
+def scenario(runner, chunk: int | None, arrivals: int, every: int, prompt_tokens: int, seed: int,
+             target: float | None = None) -> dict:
     """The streams' gaps between tokens (ms) and the long prompts' times to first token (ms)."""
     import numpy as np
 
@@ -53,7 +56,7 @@ def scenario(runner, chunk: int | None, arrivals: int, every: int, prompt_tokens
     rng = np.random.default_rng(seed)
     vocab = runner.model.vocab_size
     never_end = SamplingParams(0.0, 0, 1.0, {token: -100.0 for token in runner.model.eos})
-    runner.prefill_chunk = chunk
+    runner.prefill_chunk, runner.latency_target = chunk, target
     core = runner.engine_core(STREAMS + 1, "continuous")
     streams = [Sequence(rng.integers(3, vocab, 32).tolist(), 4000) for _ in range(STREAMS)]
     for i, s in enumerate(streams):
@@ -63,7 +66,7 @@ def scenario(runner, chunk: int | None, arrivals: int, every: int, prompt_tokens
     gaps, ttfts, last = [], [], {i: time.perf_counter() for i in range(STREAMS)}
     arrived, pending, steps = 0, None, 0
     total_steps = every * (arrivals + 1)
-    while steps < total_steps:
+    while steps < total_steps or pending is not None:  # each long prompt through its first token
         if pending is None and arrived < arrivals and steps >= every * (arrived + 1):
             long = Sequence(rng.integers(3, vocab, prompt_tokens).tolist(), 1)
             pending = (long, time.perf_counter())
@@ -91,6 +94,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--chunks", default="16,32,64")
+    parser.add_argument("--targets", default="2", help="latency targets (decode steps) with chunks of 512: "
+                        "the engine's budget (runtime/engine/budget.py), its decode steps in the prefill passes")
     parser.add_argument("--arrivals", type=int, default=3)
     parser.add_argument("--every", type=int, default=40, help="stream steps between arrivals")
     parser.add_argument("--prompt-tokens", type=int, default=2000)
@@ -104,16 +109,19 @@ def main(argv=None) -> int:
 
     runner = Runner(EngineDir.open(build(args.work_dir)), threads=args.threads)
     chunks = [int(c) for c in args.chunks.split(",") if c]
-    names = ["no arrivals", "arrivals, whole prompts", *[f"arrivals, chunks of {c}" for c in chunks]]
-    settings = {names[0]: (None, 0), names[1]: (None, args.arrivals),
-                **{f"arrivals, chunks of {c}": (c, args.arrivals) for c in chunks}}
+    targets = [float(x) for x in args.targets.split(",") if x]
+    settings = {"no arrivals": (None, 0, None), "arrivals, whole prompts": (None, args.arrivals, None),
+                **{f"arrivals, chunks of {c}": (c, args.arrivals, None) for c in chunks},
+                **{f"arrivals, latency target {x:g} steps": (512, args.arrivals, x) for x in targets}}
+    names = list(settings)
     results = {name: {"gaps": [], "ttfts": []} for name in names}
     with single_threaded_host_math():
         scenario(runner, None, 1, 5, 200, seed=99)  # warm-up, untimed
         for round_number in range(args.rounds):
             for name in names if round_number % 2 == 0 else names[::-1]:
-                chunk, arrivals = settings[name]
-                got = scenario(runner, chunk, arrivals, args.every, args.prompt_tokens, seed=round_number)
+                chunk, arrivals, target = settings[name]
+                got = scenario(runner, chunk, arrivals, args.every, args.prompt_tokens, seed=round_number,
+                               target=target)
                 for key in results[name]:
                     results[name][key] += got[key]
                 print(json.dumps({"round": round_number + 1, "scenario": name,

@@ -58,6 +58,7 @@ class ServerConfig:
     save_prefixes: bool = True  # reuse: each conversation's earlier turns (context reuse) and system prompts
     kv_cache_budget: int = 1 << 30  # bytes of reused keys and values
     prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK  # prompt tokens a pass (runtime/engine/engine_core.py)
+    latency_target: float | None = None  # streams' time between tokens while prompts go in, in decode steps
 
 
 class HttpError(Exception):

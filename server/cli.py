@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from trt_llm.common.cli_args import OneLineParser, byte_size, capped_threads, positive_int
+from trt_llm.common.cli_args import OneLineParser, byte_size, capped_threads, positive_int, steps_above_one
 from trt_llm.runtime.engine import DEFAULT_PREFILL_CHUNK
 
 PROG = "trt-llm-serve"
@@ -40,6 +40,10 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--prefill-chunk", type=positive_int, default=DEFAULT_PREFILL_CHUNK, metavar="TOKENS",
                    help=f"prompt tokens prefilled a pass; while others decode, for all new prompts together "
                         f"(default {DEFAULT_PREFILL_CHUNK}: a long prompt costs the running streams a chunk a step)")
+    p.add_argument("--prefill-latency-target", type=steps_above_one, metavar="STEPS",
+                   help="while prompts go in, keep the running streams' time between tokens within this many "
+                        "decode steps (chunks sized by measurement, decode steps in the same passes; 2 keeps them "
+                        "within 2x, at the cost of the new prompts' time to first token)")
     p.add_argument("--no-spec-decode", action="store_true", help="vanilla decoding even with an EAGLE draft")
     p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all physical cores)")
     p.add_argument("--ray-replicas", type=positive_int, default=None,
@@ -74,7 +78,8 @@ def server_config(args, engine_dir):
                         max_body_bytes=args.max_body_bytes, max_rows=rows, max_waiting=args.max_queue,
                         request_timeout_s=args.request_timeout, media_root=media,
                         cors_origins=tuple(args.cors_origin), save_prefixes=not args.no_prefix_cache,
-                        kv_cache_budget=args.kv_cache_budget, prefill_chunk=args.prefill_chunk)
+                        kv_cache_budget=args.kv_cache_budget, prefill_chunk=args.prefill_chunk,
+                        latency_target=args.prefill_latency_target)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,7 +132,8 @@ def build_app(engine_dir, config, threads: int, spec_decode: bool = True):
             raise ValueError(f"--lora {name}={path}: no such folder")
     context = ContextCache(engine_dir.identity, config.kv_cache_budget)
     runner = Runner(engine_dir, threads=threads, prefix_cache=context, spec_decode=spec_decode,
-                    scheduling="continuous", prefill_chunk=config.prefill_chunk)
+                    scheduling="continuous", prefill_chunk=config.prefill_chunk,
+                    latency_target=config.latency_target)
     return create_app(runner, config)
 
 

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trt_llm.common.cli_args import (FlagError, Interrupted, OneLineParser, byte_size, capped_threads, positive_int,
+from trt_llm.common.cli_args import (FlagError, Interrupted, OneLineParser, byte_size, capped_threads, positive_int, steps_above_one,
                                       signals_interrupt)
 from trt_llm.runtime.engine import DEFAULT_PREFILL_CHUNK
 from trt_llm.common.files import OutputPathError, prepare_output_dir, prepare_output_file, write_atomically
@@ -52,6 +52,9 @@ def parse_args(argv: list[str] | None):
                         help="prompt tokens prefilled a pass, and while other requests decode for all new prompts "
                              f"together (default: whole prompts; {DEFAULT_PREFILL_CHUNK} with --scheduling "
                              "continuous, where a long prompt then costs the running requests a chunk a step)")
+    parser.add_argument("--prefill-latency-target", type=steps_above_one, metavar="STEPS",
+                        help="while prompts go in, keep the running requests' time between tokens within this many "
+                             "decode steps (chunks sized by measurement, decode steps in the same passes)")
     parser.add_argument("--no-spec-decode", action="store_true",
                         help="vanilla decoding even when the engine has an EAGLE draft")
     parser.add_argument("--draft-top-k", type=positive_int,
@@ -146,7 +149,8 @@ def _run(args, log, progress: _Progress) -> int:
                         spec=spec, spec_decode=not args.no_spec_decode, scheduling=args.scheduling,
                         context_reuse=args.context_reuse,
                         prefill_chunk=args.prefill_chunk or (DEFAULT_PREFILL_CHUNK if args.scheduling == "continuous"
-                                                             else None))
+                                                             else None),
+                        latency_target=args.prefill_latency_target)
         log.info("engine %s: %s backend, %s threads, %d requests in batches of %d (%s scheduling)",
                  engine_dir.path, engine_dir.manifest["backend"], threads or "default", len(loaded.requests),
                  settings.batch_size, args.scheduling)

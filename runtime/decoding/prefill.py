@@ -47,15 +47,16 @@ def prefill(model: Model, sequences: list[Sequence], cache, lora: dict, stage, p
     their computed prompt blocks to (runtime/cache/reuse.py)."""
     past = np.array([s.prefilled for s in sequences], dtype=np.int32)
     lengths = np.asarray(counts, dtype=np.int32)
+    tokens = [s.prompt_ids[p: p + n] for s, p, n in zip(sequences, past.tolist(), lengths.tolist())]
     with stage("prefill"):
         if int((past + lengths.max()).max()) <= cache.capacity:
-            logits, features = _pass(model, sequences, cache, lora, past, lengths)
+            logits, features = _pass(model, sequences, tokens, cache, lora, past)
         else:
             # ONNX Runtime's attention writes a row's whole padded chunk after its cached tokens: a long
             # reused prefix beside a long fresh prompt would overrun the row, so such a batch
             # prefills row by row (each row computes what it computes in the batch).
-            parts = [_pass(model, sequences[i:i + 1], cache.window(i, i + 1),
-                           {name: array[i:i + 1] for name, array in lora.items()}, past[i:i + 1], lengths[i:i + 1])
+            parts = [_pass(model, sequences[i:i + 1], tokens[i:i + 1], cache.window(i, i + 1),
+                           {name: array[i:i + 1] for name, array in lora.items()}, past[i:i + 1])
                      for i in range(len(sequences))]
             logits = np.concatenate([part[0] for part in parts])
             features = None
@@ -63,6 +64,32 @@ def prefill(model: Model, sequences: list[Sequence], cache, lora: dict, stage, p
                 features = np.zeros((len(parts), int(lengths.max()), parts[0][1].shape[-1]), parts[0][1].dtype)
                 for i, (_, part) in enumerate(parts):
                     features[i, : part.shape[1]] = part[0]
+    complete = _advance(sequences, past, lengths, cache, context, profiler)
+    return Prefilled(logits, past, lengths, features, complete)
+
+
+def mixed(model: Model, decoding: list[Sequence], prefilling: list[Sequence], counts: np.ndarray, cache,
+          lora: dict, stage, profiler, context: ContextCache | None) -> tuple[np.ndarray, int]:
+    """One pass that is both a decode step of `decoding` (the first rows of `cache`, one new token
+    each) and a prefill pass of the next counts[i] prompt tokens of `prefilling` (the rows after
+    them): the weights are read once for both. Returns the logits [B, 1, V] (a decode row's at its
+    token, a prefilling row's at its last computed one) and how many prefilling rows completed."""
+    past = np.array([s.length - 1 for s in decoding] + [s.prefilled for s in prefilling], dtype=np.int32)
+    tokens = [[s.generated[-1]] for s in decoding]
+    tokens += [s.prompt_ids[s.prefilled: s.prefilled + int(n)] for s, n in zip(prefilling, counts)]
+    with stage("mixed_step"):
+        logits, _ = _pass(model, decoding + prefilling, tokens, cache, lora, past)
+    if profiler:
+        profiler.count("decode_tokens", len(decoding))
+    rows = len(decoding)
+    complete = _advance(prefilling, past[rows:], np.asarray(counts, dtype=np.int32),
+                        cache.window(rows, rows + len(prefilling)), context, profiler)
+    return logits, complete
+
+
+def _advance(sequences: list[Sequence], past: np.ndarray, lengths: np.ndarray, cache, context, profiler) -> int:
+    """After a pass over lengths[i] more prompt tokens of each row: count them, commit the rows'
+    computed blocks; returns how many of the first rows are through their prompts."""
     if profiler:
         profiler.count("prefill_computed_tokens", int(lengths.sum()))
         # A row's first pass starts where its restored prefix ends.
@@ -73,15 +100,17 @@ def prefill(model: Model, sequences: list[Sequence], cache, lora: dict, stage, p
         if context is not None and lengths[row]:
             reuse.commit(context, cache, row, s, s.prefilled)
         complete += complete == row and s.prefilled == len(s.prompt_ids)
-    return Prefilled(logits, past, lengths, features, complete)
+    return complete
 
 
-def _pass(model: Model, sequences: list[Sequence], cache, lora: dict, past: np.ndarray, lengths: np.ndarray):
-    """One engine pass over the prompts' tokens after `past`: (logits [B, 1, V], features or None)."""
+def _pass(model: Model, sequences: list[Sequence], tokens: list[list[int]], cache, lora: dict, past: np.ndarray):
+    """One engine pass over each row's `tokens` after its `past` ones: (logits [B, 1, V] at each
+    row's last token, features or None)."""
+    lengths = np.array([len(row) for row in tokens], dtype=np.int32)
     batch, width = len(sequences), int(lengths.max())
     token_ids = np.zeros((batch, width), dtype=np.int64)
-    for row, s in enumerate(sequences):
-        token_ids[row, : lengths[row]] = s.prompt_ids[past[row]: past[row] + lengths[row]]
+    for row, ids in enumerate(tokens):
+        token_ids[row, : len(ids)] = ids
     embeds = model.embedding[token_ids]
     media = model.media_inputs(sequences, embeds, past, lengths)  # image rows at their tokens
     step = Step(embeds, model.positions(sequences, past, width), past, lengths, np.maximum(lengths - 1, 0)[:, None],

@@ -37,6 +37,16 @@ class Vanilla:
             core.profiler.count("decode_tokens", len(running))
         return core.sample(running, self._logits[:, 0], first=0)
 
+    def mixed_step(self, core, decoding: int) -> list[int] | None:
+        """A decode step of the rows 0 .. decoding - 1 and the next prefill chunk of the rows after
+        them, in one pass (EngineCore.mixed); None when it cannot be one."""
+        result = core.mixed(decoding)
+        if result is None:
+            return None
+        logits, complete = result
+        rows = decoding + complete
+        return core.sample(core.scheduler.running[:rows], logits[:rows, 0], first=0)
+
     def cached(self, core, index: int) -> int:
         return core.scheduler.running[index].sequence.length - 1  # all but the last token, not yet fed
 

@@ -32,6 +32,7 @@ import torch
 from trt_llm.runtime.sampling.grammar import mask_logits
 from trt_llm.runtime.cache import reuse
 from trt_llm.runtime.engine import DEFAULT_PREFILL_CHUNK  # noqa: F401 - also its home for callers
+from trt_llm.runtime.engine.budget import PrefillBudget
 from trt_llm.runtime.engine.model import Model
 from trt_llm.runtime.sampling.sampler import Sampler, SamplingParams
 from trt_llm.runtime.engine.sequence import ABORTED, Sequence, append_token, record_logprobs
@@ -79,7 +80,8 @@ class Scheduler:
 class EngineCore:
     def __init__(self, model: Model, max_rows: int, policy: str = "continuous", lora_layout: dict | None = None,
                  profiler=None, strategy=None, sampler: Sampler | None = None, context=None,
-                 prefill_chunk: int | None = None, step_tokens: int | None = None):
+                 prefill_chunk: int | None = None, step_tokens: int | None = None, mixed_steps: bool = False,
+                 latency_target: float | None = None):
         """strategy: a runtime.decoding strategy (Vanilla() by default, Eagle(...) with a draft).
         sampler: one whose rows the requests already hold (EngineRequest.row), or None for a new one.
         context: the context cache (runtime/cache/context_cache.py) admitted rows restore their
@@ -96,9 +98,13 @@ class EngineCore:
         self.cache = None  # the KV pool, made at the first admission
         # Chunked prefill: at most prefill_chunk prompt tokens a row a pass (None: a prompt whole, which
         # is also what a cache's widest step is then), and while other rows decode at most step_tokens
-        # prefill tokens a pass for all rows together (None: no limit).
-        self.prefill_chunk, self.step_tokens = prefill_chunk, step_tokens
+        # prefill tokens a pass for all rows together (None: no limit), fewer where a latency_target
+        # (the streams' time between tokens, in decode steps) asks (engine/budget.py); mixed_steps:
+        # the strategy decodes its rows in the pass that takes the next chunk, where it can.
+        self.prefill_chunk, self.mixed_steps = prefill_chunk, mixed_steps
+        self.budget = PrefillBudget(step_tokens, latency_target)
         self._prefilling = 0  # the last rows of the pool, admitted and not yet through their prompts
+        self._chunk_tokens = 0  # the prompt tokens the last prefill pass took
         self._prefill_turn = False  # whether the next pass is a prefill one while rows also decode
         self._own_rows: set[int] = set()  # sampler rows add_request made, released when their request leaves
         self.lora_inputs: dict[str, np.ndarray] = {}  # the running rows' LoRA inputs, row by row
@@ -137,9 +143,11 @@ class EngineCore:
 
     def step(self) -> list[EngineRequest]:
         """One model pass; returns the requests that finished in it: a prefill pass of the rows still
-        prefilling (requests just admitted, or a long prompt's next chunk), or a decode step of the
-        rows past their prefill (the strategy's). While both kinds are running they take turns, so a
-        prompt that arrives while others decode costs them one chunk a step, never its whole prefill.
+        prefilling (requests just admitted, or a long prompt's next chunk), a decode step of the rows
+        past their prefill (the strategy's), or both at once. While both kinds are running, a strategy
+        that can (vanilla: `mixed_step`) decodes its rows in the pass that takes the next chunk, and
+        one that cannot (EAGLE's tree) takes turns with the prefill passes: a prompt that arrives while
+        others decode costs them a chunk a step, never its whole prefill.
 
         Run the loop of steps inside runtime.threads.single_threaded_host_math() (once: it costs about
         a millisecond to enter), so that the host's small math leaves the cores to the engine."""
@@ -150,15 +158,25 @@ class EngineCore:
             self._prefilling += len(admitted)
             self._prefill_turn = True
         decoding = len(self.scheduler.running) - self._prefilling
-        if self._prefilling and (self._prefill_turn or not decoding):
-            finished = self.strategy.prefill(self, self.scheduler.running[decoding:], decoding)
-            self._prefill_turn = False
-        elif decoding:
-            with self._decode_rows(decoding):
-                finished = self.strategy.step(self)
-            self._prefill_turn = True
-        else:
-            return []
+        started = time.perf_counter()
+        finished = None
+        if self._prefilling and decoding and self.mixed_steps and self.budget.tokens and hasattr(self.strategy, "mixed_step"):
+            finished = self.strategy.mixed_step(self, decoding)  # both in one pass, where the strategy can
+            if finished is not None:
+                self.budget.prefilled(time.perf_counter() - started, self._chunk_tokens, mixed=True)
+        if finished is None:
+            if self._prefilling and (self._prefill_turn or not decoding):
+                finished = self.strategy.prefill(self, self.scheduler.running[decoding:], decoding)
+                self._prefill_turn = False
+                if decoding:
+                    self.budget.prefilled(time.perf_counter() - started, self._chunk_tokens, mixed=False)
+            elif decoding:
+                with self._decode_rows(decoding):
+                    finished = self.strategy.step(self)
+                self._prefill_turn = True
+                self.budget.decoded(time.perf_counter() - started)
+            else:
+                return []
         done = [self.scheduler.running[i] for i in finished]
         if finished:
             self._leave(finished)
@@ -180,16 +198,49 @@ class EngineCore:
 
     def prefill(self, rows: list[EngineRequest], start: int):
         """A prefill pass of the prefilling `rows` (running rows start ..; runtime/decoding/prefill.py):
-        each row's next chunk of its prompt, at most `prefill_chunk` tokens, and while other rows
-        decode at most `step_tokens` for all of them together. Rows complete in order (a row's last
-        chunk waits for the rows before it), so the rows done are always the first ones; their
-        logits are at their prompts' last tokens. Returns the pass's Prefilled (`complete` of them)."""
-        from trt_llm.runtime.decoding.prefill import prefill, start_rows
+        each row's next chunk of its prompt (`_chunks`). Rows complete in order, so the rows done are
+        always the first ones; their logits are at their prompts' last tokens. Returns the pass's
+        Prefilled (`complete` of them)."""
+        from trt_llm.runtime.decoding.prefill import prefill
+
+        window, sequences, counts = self._chunks(rows, start)
+        active = len(counts)
+        done = prefill(self.model, sequences[:active], window.window(0, active) if active < len(rows) else window,
+                       self.lora_rows(start, start + active), self.stage, self.profiler, self.context,
+                       np.array(counts, dtype=np.int32))
+        self._prefilling -= done.complete
+        return done
+
+    def mixed(self, decoding: int) -> tuple[np.ndarray, int] | None:
+        """One pass that is the decode step of rows 0 .. decoding - 1 and the next prefill chunk of the
+        rows after them (runtime/decoding/prefill.py's mixed); None when a decode row's cache has no
+        room for the chunk's width (the step then runs as two passes). Returns (logits [B, 1, V] of
+        the pass's rows, how many prefilling rows completed)."""
+        from trt_llm.runtime.decoding.prefill import mixed
+
+        running = self.scheduler.running
+        window, sequences, counts = self._chunks(running[decoding:], decoding)
+        if any(r.sequence.length - 1 + max(counts) > self.cache.capacity for r in running[:decoding]):
+            return None
+        rows = decoding + len(counts)
+        logits, complete = mixed(self.model, [r.sequence for r in running[:decoding]], sequences[: len(counts)],
+                                 np.array(counts, dtype=np.int32), self.cache.window(0, rows),
+                                 self.lora_rows(0, rows), self.stage, self.profiler, self.context)
+        self._prefilling -= complete
+        return logits, complete
+
+    def _chunks(self, rows: list[EngineRequest], start: int):
+        """Start the prefilling `rows` (running rows start ..: their restored prefixes) and give each its
+        next chunk: at most `prefill_chunk` prompt tokens, and while other rows decode at most the
+        budget's tokens for all of them together. A row's last chunk waits for the rows before it (it
+        completes with or after them), so the rows done are always the first ones. Returns (their
+        window of the pool, their sequences, the counts up to the last row with one)."""
+        from trt_llm.runtime.decoding.prefill import start_rows
 
         window = self.cache.window(start, len(self.scheduler.running))
         sequences = [r.sequence for r in rows]
         start_rows(sequences, window, self.context)
-        budget = self.step_tokens if start else None  # rows before these are decoding: spare them
+        budget = self.budget.tokens if start else None  # rows before these are decoding: spare them
         counts, earlier_complete = [], True
         for s in sequences:
             remaining = len(s.prompt_ids) - s.prefilled
@@ -201,11 +252,8 @@ class EngineCore:
             if budget is not None:
                 budget -= take
         active = max(i + 1 for i, c in enumerate(counts) if c)  # the rows after it have no token this pass
-        done = prefill(self.model, sequences[:active], window.window(0, active) if active < len(rows) else window,
-                       self.lora_rows(start, start + active), self.stage, self.profiler, self.context,
-                       np.array(counts[:active], dtype=np.int32))
-        self._prefilling -= done.complete
-        return done
+        self._chunk_tokens = sum(counts)
+        return window, sequences, counts[:active]
 
     def lora_rows(self, start: int, stop: int) -> dict[str, np.ndarray]:
         """The LoRA inputs of running rows start .. stop - 1."""

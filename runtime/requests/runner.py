@@ -44,14 +44,17 @@ class RunError(ValueError):
 class Runner:
     def __init__(self, engine_dir: EngineDir, threads: int = 0, prefix_cache: ContextCache | None = None,
                  profiler: Profiler | None = None, spec: SpecConfig | None = None, spec_decode: bool = True,
-                 scheduling: str = "static", context_reuse: bool = False, prefill_chunk: int | None = None):
+                 scheduling: str = "static", context_reuse: bool = False, prefill_chunk: int | None = None,
+                 latency_target: float | None = None):
         """prefix_cache: the context cache (runtime/cache/context_cache.py; a new one of the default
         budget when None); context_reuse: requests restore their longest cached prefix and commit their
         tokens (their context_cache_* policies say how); without it only system prompts saved with
         save_system_prompt_kv_cache are reused. prefill_chunk: prompts are prefilled this many
         tokens a pass, and while other requests decode a pass takes at most this many prompt tokens
         in all (None: whole prompts; a sliding-window model's caches then hold its window and the
-        longest prompt)."""
+        longest prompt); latency_target: while others decode, a pass takes as many prompt tokens as
+        keep their time between tokens within this many decode steps (engine/budget.py), its decode
+        step in the same pass where the strategy can (None: the chunk alone)."""
         from trt_llm.runtime.backends.engines import open_engine
 
         self.engine_dir = engine_dir
@@ -80,7 +83,7 @@ class Runner:
         self.prefix_cache = prefix_cache if prefix_cache is not None else ContextCache(engine_dir.identity)
         self.prefix_stats = self.prefix_cache.stats
         self.context_reuse = context_reuse
-        self.prefill_chunk = prefill_chunk
+        self.prefill_chunk, self.latency_target = prefill_chunk, latency_target
         self.profiler = profiler
         self.scheduling = scheduling
         self.lora_layout = engine_dir.manifest.get("lora")
@@ -174,7 +177,8 @@ class Runner:
         `speculate`), else vanilla decoding."""
         strategy = Eagle(self.draft, self.spec, self.spec_stats) if self.draft is not None and speculate else Vanilla()
         return EngineCore(self.model, max_rows, policy, self.lora_layout, self.profiler, strategy,
-                          context=self.prefix_cache, prefill_chunk=self.prefill_chunk, step_tokens=self.prefill_chunk)
+                          context=self.prefix_cache, prefill_chunk=self.prefill_chunk, step_tokens=self.prefill_chunk,
+                          mixed_steps=self.latency_target is not None, latency_target=self.latency_target)
 
     def formatter(self, settings: InputSettings, source: str | None = None) -> PromptFormatter:
         """The prompt formatter of a run: images and audio when the engine reads them, their relative

@@ -36,6 +36,17 @@ def positive_int(value: str) -> int:
     return number
 
 
+def steps_above_one(value: str) -> float:
+    """A latency target in decode steps: a number above 1 (a step itself takes one)."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not number > 1:
+        raise argparse.ArgumentTypeError(f"{value} is not above 1 (a decode step itself takes one)")
+    return number
+
+
 _UNITS = {"": 2**20, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}  # a bare number is MiB
 
 
