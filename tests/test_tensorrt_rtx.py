@@ -320,3 +320,17 @@ def test_decoder_frames_come_from_the_checkpoint_config(tmp_path):
     config = BuildConfig(model="m", output_dir=str(tmp_path / "out"), max_batch_size=2)
     assert [p["frames"] for p in profile_shapes(config, frames=1500)] == [(1500, 1500, 1500)] * 2
     assert "frames" not in profile_shapes(config)[0]
+
+
+@needs_rtx
+def test_a_sliding_window_model_builds_with_window_caches(tiny_model, build_engine_for):
+    """A model with sliding-window layers: its plan takes each window group's own lengths input and
+    caches of capacity_w<W> slots, whose profile spans window - 1 + the widest step."""
+    model = tiny_model("qwen3", num_hidden_layers=3, use_sliding_window=True, sliding_window=8, max_window_layers=1)
+    engine = build_engine_for(model, backend="tensorrt-rtx", max_batch_size=2, max_input_len=64,
+                              max_kv_cache_capacity=128)
+    (prefill, decode), config = _profiles_of(engine, "llm")
+    assert prefill["past_lengths_w8"] == ((1,), (2,), (2,))
+    assert prefill["past_key_0"][2][2] == 128 and prefill["past_key_1"][2][2] == 8 - 1 + 64
+    assert decode["past_key_2"][2][2] == 8 - 1 + 64
+    _plan_profiles_match(engine / "llm" / "model.plan", [prefill, decode])

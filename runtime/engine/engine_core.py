@@ -3,16 +3,19 @@
     core = EngineCore(model, max_rows=4)                   # vanilla decoding; or strategy=Eagle(...)
     core.add_request(EngineRequest(...))                   # waits until a row of the KV pool is free
     while core.has_unfinished():
-        for done in core.step():                           # one pass: a prefill of newly admitted
-            ...                                            # requests, or a decode step of every running row
+        for done in core.step():                           # one pass: a prefill chunk of the rows still
+            ...                                            # prefilling, a decode step of the others, or both
 
-The KV pool is one cache of `max_rows` rows, allocated once (it grows only when a request needs more
-slots than any before it). Running requests hold the rows 0 .. n-1: a finished row leaves and the
-rows behind it move up, a new request takes the next free row. A step is either a prefill of the
-requests just admitted (run on their rows alone, so their batch-mates' decoding is not padded to a
-prompt's width) or a decode step of every running row, which the decoding strategy
-(runtime/decoding/) defines: each row computes exactly what it computes in a static batch, so its
-tokens do not depend on who joins or leaves around it.
+The KV pool is one cache set (runtime/cache/) of `max_rows` rows, allocated once (it grows only when
+a request needs more slots than any before it). Running requests hold the rows 0 .. n-1: the rows
+past their prefill first, then the rows still prefilling; a finished row leaves and the rows behind
+it move up, a new request takes the next free row. A step is a prefill pass of the prefilling rows
+(run on their rows alone, so their batch-mates' decoding is not padded to a prompt's width; a long
+prompt in chunks: `prefill_chunk`, and while others decode the budget of engine/budget.py), a decode
+step of the others, which the decoding strategy (runtime/decoding/) defines, or, under a latency
+target, both in one pass. Each row computes what it computes in a static batch, so its tokens do not
+depend on who joins or leaves around it. Admitted rows first restore their longest cached prefix
+from the context cache, and their computed blocks go into it (runtime/cache/reuse.py).
 
 Admission (`Scheduler`): "continuous" admits the next waiting request as soon as a row frees;
 "static" admits a whole group of requests only when the pool is empty, which is the reference's
@@ -31,7 +34,6 @@ import torch
 
 from trt_llm.runtime.sampling.grammar import mask_logits
 from trt_llm.runtime.cache import reuse
-from trt_llm.runtime.engine import DEFAULT_PREFILL_CHUNK  # noqa: F401 - also its home for callers
 from trt_llm.runtime.engine.budget import PrefillBudget
 from trt_llm.runtime.engine.model import Model
 from trt_llm.runtime.sampling.sampler import Sampler, SamplingParams
