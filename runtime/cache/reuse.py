@@ -19,9 +19,6 @@ from dataclasses import dataclass, field
 
 from trt_llm.runtime.cache.context_cache import ContextCache, Entry, chain_key
 
-LOOKUP_POLICIES = ("use_cache", "bypass")
-COMMIT_POLICIES = ("including_generated_tokens", "prefill_state_only")
-
 
 @dataclass
 class ContextPlan:
@@ -30,7 +27,7 @@ class ContextPlan:
     media: tuple[tuple[int, int, str], ...] = ()  # (first token, tokens, content hash) of each image / clip
     lookup: bool = False  # restore its longest cached prefix (context reuse)
     commit: str = "none"  # "none", "prefill" (its prompt's blocks) or "generated" (also its generated tokens')
-    adapter: str | None = None  # a kept entry's key: the adapter's name, with its tokens
+    adapter: str | None = None  # a kept entry's key, with its tokens: the adapter's digest (None: the base)
     kept: tuple[int, ...] | None = None  # its system prompt's tokens: reuse a kept entry of exactly them ...
     save_kept: bool = False  # ... or keep one after its prefill (save_system_prompt_kv_cache)
     keys: list[str] = field(default_factory=list)  # the chain keys of its blocks, as far as computed

@@ -157,7 +157,6 @@ class Eagle:
         self.cache.keep_rows(keep, [self.rows[i].draft_committed for i in keep])
         self.rows = [self.rows[i] for i in keep]
 
-
     def _commit_draft(self, index: int, r: _Row) -> None:
         """A leaving row's draft state of each of its blocks the context cache holds: block k's
         pairs are those at its positions (feature j, token j + 1; the last one's token is the next
