@@ -441,6 +441,7 @@ def lower_for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
         return helper.make_node("Constant", [], [f"{p}/{name}"], value=helper.make_tensor(name, dtype, [], [value]))
 
     shared = [const("one", 1), helper.make_node("Cast", [position_ids], [f"{p}/position_ids"], to=onnx.TensorProto.INT64)]
+    shared += _valid_query_nodes(p, first.input[0], query_lengths)
     # seqlens_k and total_sequence_length per lengths input: a sliding-window group's layers hold
     # their own slots (past_lengths_w<W>) in caches of their own capacity.
     lengths_of: dict[str, str] = {}
@@ -476,11 +477,12 @@ def lower_for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
         bias = f"{p}/attention_bias" if node.op_type == TREE_OP_NAME else ""
         window = _attr(node, "window", 0)
         q = lengths_of[node.input[3]]
+        raw = f"{node.output[0]}/gqa"
         new_nodes.append(helper.make_node(
             "GroupQueryAttention",
             [qkv, "", "", past_k, past_v, f"{q}/seqlens_k", f"{q}/total_sequence_length",
              cos_cache, sin_cache, f"{p}/position_ids", bias, "", "", "", "", "", query_lengths],
-            list(node.output),
+            [raw, *node.output[1:]],
             name=node.name,
             domain="com.microsoft",
             num_heads=_attr(node, "num_heads"),
@@ -493,11 +495,36 @@ def lower_for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
             do_rotary=1,
             rotary_interleaved=0,
         ))
+        # GQA leaves a padded or idle query's row as it finds the memory; the op's output is zeros there.
+        new_nodes.append(helper.make_node("Where", [f"{p}/valid_query", raw, f"{p}/zero_output"], [node.output[0]]))
     del graph.node[:]
     graph.node.extend(new_nodes)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return model
+
+
+def _valid_query_nodes(p, qkv, query_lengths) -> list[onnx.NodeProto]:
+    """valid_query [B, S, 1]: whether new token s of row b is one of its query_lengths[b]; and a zero of
+    the activations' type (the padded rows of every layer's output)."""
+    n = helper.make_node
+    return [
+        n("Shape", [qkv], [f"{p}/q_seq_1d"], start=1, end=2),
+        n("Squeeze", [f"{p}/q_seq_1d"], [f"{p}/q_seq"]),
+        n("Constant", [], [f"{p}/q_zero"], value=helper.make_tensor("q0", onnx.TensorProto.INT64, [], [0])),
+        n("Constant", [], [f"{p}/q_step"], value=helper.make_tensor("q1", onnx.TensorProto.INT64, [], [1])),
+        n("Range", [f"{p}/q_zero", f"{p}/q_seq", f"{p}/q_step"], [f"{p}/q_positions"]),
+        n("Cast", [query_lengths], [f"{p}/q_lengths_i64"], to=onnx.TensorProto.INT64),
+        n("Constant", [], [f"{p}/q_axis1"], value=helper.make_tensor("qa1", onnx.TensorProto.INT64, [1], [1])),
+        n("Constant", [], [f"{p}/q_axis0"], value=helper.make_tensor("qa0", onnx.TensorProto.INT64, [1], [0])),
+        n("Unsqueeze", [f"{p}/q_lengths_i64", f"{p}/q_axis1"], [f"{p}/q_lengths_col"]),  # [B, 1]
+        n("Unsqueeze", [f"{p}/q_positions", f"{p}/q_axis0"], [f"{p}/q_positions_row"]),  # [1, S]
+        n("Less", [f"{p}/q_positions_row", f"{p}/q_lengths_col"], [f"{p}/valid_2d"]),  # [B, S]
+        n("Constant", [], [f"{p}/q_axis2"], value=helper.make_tensor("qa2", onnx.TensorProto.INT64, [1], [2])),
+        n("Unsqueeze", [f"{p}/valid_2d", f"{p}/q_axis2"], [f"{p}/valid_query"]),  # [B, S, 1]
+        n("Constant", [], [f"{p}/zero_f32"], value=helper.make_tensor("z", onnx.TensorProto.FLOAT, [], [0.0])),
+        n("CastLike", [f"{p}/zero_f32", qkv], [f"{p}/zero_output"]),
+    ]
 
 
 def _tables_of_capacity(graph, plugin_nodes, p) -> dict[str, list[onnx.NodeProto]]:
