@@ -94,6 +94,12 @@ def window_of(layer) -> int:
     return layer.window if layer.kind == "sliding" else 0
 
 
+def full_layers(count: int, kv_heads: int, head_dim: int) -> list:
+    """`count` full attention layers of one geometry (an engine given a layer count, not specs: tests
+    and tools that open a graph by itself)."""
+    return [FullAttention(kv_heads=kv_heads, head_dim=head_dim, scale=head_dim ** -0.5)] * count
+
+
 def parse_layers(data: list[dict]) -> list:
     """The typed layer specs of a manifest's list (validated there already)."""
     from pydantic import TypeAdapter
@@ -102,4 +108,4 @@ def parse_layers(data: list[dict]) -> list:
 
 
 __all__ = ["ATTENTION_KINDS", "CrossAttention", "FullAttention", "LayerSpec", "Recurrent", "RotarySpec",
-           "SlidingAttention", "StateTensor", "group_key", "parse_layers", "window_of"]
+           "SlidingAttention", "StateTensor", "full_layers", "group_key", "parse_layers", "window_of"]

@@ -4,12 +4,14 @@ step-level engine's pool (window, reserve) keep exactly the cpu cache's contents
 cross inputs (its cache set's DeviceCrossCache) keep the cpu cache set's clips, and TrtEngine binds
 them (CUDA graphs included)."""
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 from test_cuda_graphs import DTYPES, HIDDEN, VOCAB, FakeContext, FakeCudart, FakeEngine, FakeTrt, fake_engine
 from trt_llm.runtime.backends.trt_engine import TrtEngine
 from trt_llm.runtime.cache.cache_set import cache_set
-from trt_llm.runtime.cache.device import DeviceCrossCache, DeviceKVCache, DeviceView, device_cache_set
+from trt_llm.runtime.cache.device import DeviceCrossCache, DeviceKVCache, device_cache_set
 from trt_llm.runtime.cache.kv_cache import KVCache
 from trt_llm.runtime.engine.step import Step
 from trt_llm.schemas.graph_spec import cross
@@ -131,6 +133,14 @@ def bound_inputs(cache) -> dict:
         return {name: DeviceView(ptr, shape, np.dtype("f4")) for name, shape, ptr in cache.device_bindings()
                 if name.startswith("cross_")}
     return {name: array for name, output, array in cache.tensors() if output is None}
+
+
+@dataclass
+class DeviceView:
+    """Device memory as the tests read it back: an address, a shape, a dtype."""
+    ptr: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
 
 
 def read_view(cudart, view: DeviceView) -> np.ndarray:

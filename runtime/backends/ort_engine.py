@@ -10,7 +10,7 @@ import numpy as np
 from trt_llm.runtime.cache.cache_set import CacheSet, cache_set
 from trt_llm.runtime.engine.step import Step
 from trt_llm.schemas.graph_spec import past
-from trt_llm.schemas.layer_spec import FullAttention
+from trt_llm.schemas.layer_spec import full_layers
 
 
 # How long an idle intra-op thread spins for more work before it sleeps (ONNX Runtime's
@@ -59,7 +59,7 @@ class OrtEngine:
         self.dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[inputs[past("key", 0)].type]
         if isinstance(layers, int):
             shape = inputs[past("key", 0)].shape
-            layers = [FullAttention(kv_heads=shape[1], head_dim=shape[3], scale=shape[3] ** -0.5)] * layers
+            layers = full_layers(layers, shape[1], shape[3])
         self.layers = list(layers)
         self.num_layers = len(self.layers)
         self._binding = self.session.io_binding()

@@ -36,7 +36,7 @@ from trt_llm.common.trt_import import (
     make_logger,
 )
 from trt_llm.schemas import graph_spec
-from trt_llm.schemas.layer_spec import FullAttention
+from trt_llm.schemas.layer_spec import full_layers
 
 GRAPHS_ENV = "TRT_LLM_CUDA_GRAPHS"
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ class TrtEngine:
                        for name in (engine.get_tensor_name(i) for i in range(engine.num_io_tensors))}
         if isinstance(layers, int):
             shape = engine.get_tensor_shape(graph_spec.past("key", 0))  # [-1, Hkv, -1, D]
-            layers = [FullAttention(kv_heads=int(shape[1]), head_dim=int(shape[3]), scale=int(shape[3]) ** -0.5)] * layers
+            layers = full_layers(layers, int(shape[1]), int(shape[3]))
         self.layers = list(layers)
         self.num_layers = len(self.layers)
         self._buffers: dict[str, DeviceBuffer] = {}

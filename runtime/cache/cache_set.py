@@ -18,7 +18,7 @@ attention is a KV group like any other). The same composite serves the TensorRT 
 groups (runtime/cache/device.py), so the engine core and strategies never know which they hold.
 Callers speak in tokens: a group maps tokens to its own slots.
 
-Adding a layer kind: its group class with these operations, and its line in `_groups`.
+Adding a layer kind: its group class with these operations, and its line in `make_groups`.
 """
 
 from __future__ import annotations
@@ -99,8 +99,8 @@ class CacheSet:
         return first
 
     def read(self, row: int, start: int, stop: int) -> tuple[list, list]:
-        """Tokens start .. stop - 1 of `row`: (keys, values) per layer, None where a sliding layer no
-        longer holds them all."""
+        """Tokens start .. stop - 1 of `row`: (keys, values) per layer; a sliding layer's hold the ones
+        it still holds (None: none of them)."""
         keys, values = [None] * self.num_layers, [None] * self.num_layers
         for group in self._attention_groups():
             held = group.read(row, start, stop)
@@ -125,11 +125,6 @@ class CacheSet:
             group.restore(row, length, [(end, [keys[i] for i in group.layers], [values[i] for i in group.layers])
                                         for end, keys, values in parts])
 
-    def write_prefix(self, row: int, keys: list[np.ndarray], values: list[np.ndarray]) -> None:
-        """keys / values [Hkv, n, D] of every layer, tokens 0 .. n - 1, into `row`."""
-        length = keys[0].shape[1]
-        self.restore(row, length, [(length, keys, values)])
-
     def _attention_groups(self) -> list:
         return [group for group in self.groups if hasattr(group, "read")]
 
@@ -137,6 +132,7 @@ class CacheSet:
         for group in self.groups:
             if hasattr(group, "write_row"):  # the groups that hold a row's encoder outputs
                 group.write_row(row, pairs)
+
 
 def group_layers(layers) -> list[tuple[tuple, list[int]]]:
     """(group key, layer indices) of each cache group, in order of the groups' first layers."""
@@ -146,7 +142,9 @@ def group_layers(layers) -> list[tuple[tuple, list[int]]]:
     return list(groups.items())
 
 
-def _groups(layers, batch: int, capacity: int, widest: int, dtype, kv: Callable, cross: Callable) -> list:
+def make_groups(layers, batch: int, capacity: int, widest: int | None, dtype, kv: Callable, cross: Callable) -> list:
+    """The cache groups of `layers`, made by `kv` (an attention group's class) and `cross` (the cross
+    inputs'): the host's or the device's."""
     groups = []
     for key, indices in group_layers(layers):
         first = layers[indices[0]]
@@ -163,4 +161,4 @@ def _groups(layers, batch: int, capacity: int, widest: int, dtype, kv: Callable,
 def cache_set(layers, batch: int, capacity: int, dtype, widest: int | None = None) -> CacheSet:
     """The host caches (numpy) of `layers` for `batch` rows of `capacity` tokens; widest: the most new
     tokens one step gives a row (a sliding group's size depends on it; None: the capacity)."""
-    return CacheSet(_groups(layers, batch, capacity, widest, dtype, KVCache, CrossCache), capacity)
+    return CacheSet(make_groups(layers, batch, capacity, widest, dtype, KVCache, CrossCache), capacity)

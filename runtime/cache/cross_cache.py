@@ -1,7 +1,8 @@
 """An encoder-decoder's cross-attention inputs (Whisper): per cross layer the keys and values of
 each row's encoded clip [B, H, frames, D], written once when the row is admitted (`write_row`) and
 moved with the row, so a decode step binds them in place. The layers only read them: nothing is
-written at a step, and they are no part of a token prefix (snapshot gives nothing)."""
+written at a step, and they are no part of a token prefix (context reuse reads the attention
+groups only)."""
 
 from __future__ import annotations
 

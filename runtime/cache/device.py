@@ -13,11 +13,9 @@ runtime, or the tests' simulated one).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from trt_llm.runtime.cache.cache_set import CacheSet, _groups
+from trt_llm.runtime.cache.cache_set import CacheSet, make_groups
 from trt_llm.runtime.cache.kv_cache import window_slots
 from trt_llm.schemas.graph_spec import cross, past, present, window_lengths
 
@@ -47,15 +45,6 @@ class DeviceBuffer:
         if self.ptr:
             self.cudart.cudaFree(self.ptr)
             self.ptr, self.nbytes = 0, 0
-
-
-@dataclass
-class DeviceView:
-    """The active rows of a device buffer [B, ...]: rows lead, so they are a contiguous prefix."""
-
-    ptr: int
-    shape: tuple[int, ...]
-    dtype: np.dtype
 
 
 class DeviceKVCache:
@@ -116,10 +105,6 @@ class DeviceKVCache:
     @property
     def shape(self) -> tuple[int, int, int, int]:
         return (self.batch, self.kv_heads, self.slots, self.head_dim)
-
-    def views(self) -> list[tuple[DeviceView, DeviceView]]:
-        return [(DeviceView(k, self.shape, self.dtype), DeviceView(v, self.shape, self.dtype))
-                for k, v in zip(self.keys, self.values)]
 
     def device_bindings(self) -> list[tuple[str, tuple[int, ...] | None, int]]:
         """(name, shape for an input / None for an output, device address) of each tensor bound."""
@@ -440,4 +425,4 @@ def device_cache_set(cudart, stream, layers, batch: int, capacity: int, dtype,
     def crossing(indices, rows, dtype_):
         return DeviceCrossCache(cudart, stream, indices, rows, dtype_)
 
-    return DeviceCacheSet(_groups(layers, batch, capacity, widest, dtype, kv, crossing), capacity)
+    return DeviceCacheSet(make_groups(layers, batch, capacity, widest, dtype, kv, crossing), capacity)

@@ -123,16 +123,13 @@ class KVCache:
                 self.offsets[row] = length - keep
         return {window_lengths(self.window_size): (past_lengths - self.offsets[: len(past_lengths)]).astype(np.int32)}
 
-    def views(self):
-        """(key, value) per layer for the active rows: contiguous views that share memory."""
-        return [(k[: self.batch], v[: self.batch]) for k, v in zip(self.keys, self.values)]
-
     def tensors(self) -> list[tuple[str, str | None, np.ndarray]]:
-        """(input name, output name, buffer) of each tensor the engine binds, for the active rows."""
+        """(input name, output name, buffer) of each tensor the engine binds: the active rows, a
+        contiguous view that shares the buffer's memory."""
         bound = []
-        for layer, (key, value) in zip(self.layers, self.views()):
-            bound += [(past("key", layer), present("key", layer), key),
-                      (past("value", layer), present("value", layer), value)]
+        for layer, key, value in zip(self.layers, self.keys, self.values):
+            bound += [(past("key", layer), present("key", layer), key[: self.batch]),
+                      (past("value", layer), present("value", layer), value[: self.batch])]
         return bound
 
     def needed(self, length: int) -> int:

@@ -22,7 +22,6 @@ from trt_llm.schemas.graph_spec import FEATURES
 @dataclass
 class Prefilled:
     logits: np.ndarray  # [B, 1, V] at each row's last computed token (its prompt's last, once complete)
-    reused: np.ndarray  # [B] int32 the prompt tokens each row held before this pass (the pass's past lengths)
     computed: np.ndarray  # [B] int32 tokens the pass computed
     features: np.ndarray | None  # an EAGLE base's features [B, S, F] at every computed token
     complete: int = 0  # the first `complete` rows are through their prompts (the rest continue later)
@@ -65,7 +64,7 @@ def prefill(model: Model, sequences: list[Sequence], cache, lora: dict, stage, p
                 for i, (_, part) in enumerate(parts):
                     features[i, : part.shape[1]] = part[0]
     complete = _advance(sequences, past, lengths, cache, context, profiler)
-    return Prefilled(logits, past, lengths, features, complete)
+    return Prefilled(logits, lengths, features, complete)
 
 
 def mixed(model: Model, decoding: list[Sequence], prefilling: list[Sequence], counts: np.ndarray, cache,
