@@ -56,6 +56,24 @@ def encoder_decoder_config(config: BuildConfig, checkpoint) -> BuildConfig:
                                      "max_input_len": min(config.max_input_len, positions)})
 
 
+def refuse_unsupported(graph, draft) -> None:
+    """What a decoder's layers rule out, refused in one line before the export."""
+    from trt_llm.build.compile import BuildError
+
+    long_rope = any(spec.rotary is not None and spec.rotary.long_rows for spec in graph.layer_specs)
+    if draft is not None and graph.windows:
+        # A tree's nodes sit in slots past their positions, and the window counts slots.
+        raise BuildError("draft: an EAGLE draft on a model with sliding-window layers is not supported yet; "
+                         "build without draft:")
+    if draft is not None and long_rope:
+        raise BuildError("draft: an EAGLE draft on a LongRoPE model is not supported (its draft turns by other "
+                         "tables); build without draft:")
+    if long_rope and graph.windows:
+        raise BuildError(f"model: LongRoPE with a sliding window of {graph.windows[0]} tokens is not supported "
+                         "(switching to the long factors recomputes the whole sequence); build with "
+                         "max_kv_cache_capacity at most the window")
+
+
 def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
     """Write the bundle of `config` into the empty folder `directory`; returns its manifest.
 
@@ -91,20 +109,24 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
         else:
             hf_config = graphs.text_decoder(checkpoint.model).config
             if config.lora:
+                first = graphs.text_decoder(checkpoint.model).model.layers[0]
+                packed = hasattr(first.self_attn, "qkv_proj")
+                try:
+                    targets = lora.targets_of(config.lora.target_modules, packed,
+                                              experts=getattr(hf_config, "num_experts", 0) > 0)
+                except ValueError as error:
+                    from trt_llm.build.compile import BuildError
+
+                    raise BuildError(str(error)) from None
                 lora_layout = lora.layout(graphs.ModelDims(hf_config), hf_config.intermediate_size,
-                                          config.lora.max_rank, config.lora.target_modules)
+                                          config.lora.max_rank, targets, packed)
             draft = load_eagle_draft(config, checkpoint) if config.draft else None
             graph = graphs.DecoderGraph(checkpoint.model, checkpoint.family, config.max_kv_cache_capacity, dtype,
                                         [g["name"] for g in lora_layout["groups"]] if lora_layout else [],
                                         feature_layers=draft.aux_layer_ids if draft is not None else None,
                                         make_linear=make_linear)
             dims, graph_deepstack, layers = graph.dims.to_dict(), graph.deepstack_layers, graph.layer_specs
-            if draft is not None and graph.windows:
-                from trt_llm.build.compile import BuildError
-
-                # A tree's nodes sit in slots past their positions, and the window counts slots.
-                raise BuildError("draft: an EAGLE draft on a model with sliding-window layers is not supported yet; "
-                                 "build without draft:")
+            refuse_unsupported(graph, draft)
             export_decoder(graph, directory / "llm" / "model.onnx", dtype, lora_layout)
             del graph
         components = {"llm": {"graph": "llm/model.onnx", "embedding": "llm/embedding.safetensors",

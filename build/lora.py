@@ -12,6 +12,7 @@ adapter (or zeros), so one batch may mix adapters.
 from __future__ import annotations
 
 from trt_llm.build.models.llama import ModelDims
+from trt_llm.schemas.build_config import LORA_MODULES
 
 # group -> the modules packed into its projection, in packing order
 GROUPS = {
@@ -20,6 +21,10 @@ GROUPS = {
     "gate_up": ("gate_proj", "up_proj"),
     "down": ("down_proj",),
 }
+# A checkpoint that packs them itself (Phi-3): one module per group, as its adapters name them.
+PACKED_GROUPS = {"qkv": ("qkv_proj",), "o": ("o_proj",), "gate_up": ("gate_up_proj",), "down": ("down_proj",)}
+PACKED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
+          "up_proj": "gate_up_proj"}
 
 
 def module_shapes(dims: ModelDims, intermediate_size: int) -> dict[str, tuple[int, int]]:
@@ -27,14 +32,38 @@ def module_shapes(dims: ModelDims, intermediate_size: int) -> dict[str, tuple[in
     h, q, kv = dims.hidden_size, dims.num_heads * dims.head_dim, dims.kv_heads * dims.head_dim
     return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
             "gate_proj": (h, intermediate_size), "up_proj": (h, intermediate_size),
-            "down_proj": (intermediate_size, h)}
+            "down_proj": (intermediate_size, h), "qkv_proj": (h, q + 2 * kv),
+            "gate_up_proj": (h, 2 * intermediate_size)}
 
 
-def layout(dims: ModelDims, intermediate_size: int, max_rank: int, target_modules: list[str]) -> dict:
-    """The manifest's description of the LoRA inputs; the runtime lays adapters out from it."""
+def targets_of(target_modules: list[str], packed: bool, experts: bool) -> list[str]:
+    """The build config's target_modules as the checkpoint names them: on a packed checkpoint the
+    separate names mean the packed projection; a mixture of experts' MLPs take none. Raises
+    ValueError (the build's one line) for a module the checkpoint does not have."""
+    if packed:
+        targets = list(dict.fromkeys(PACKED.get(m, m) for m in target_modules))
+    else:
+        for m in target_modules:
+            if m in PACKED.values():
+                raise ValueError(f"lora: target_modules {m!r} is a packed projection (Phi-3's); this model has "
+                                 "q_proj, k_proj, v_proj, gate_proj and up_proj")
+        targets = list(target_modules)
+    mlp = [m for m in targets if m in ("gate_proj", "up_proj", "gate_up_proj", "down_proj")]
+    if experts and mlp and set(target_modules) == set(LORA_MODULES):  # the default: the attention's only
+        return [m for m in targets if m not in mlp]
+    if experts and mlp:
+        raise ValueError(f"lora: target_modules {', '.join(mlp)}: a mixture-of-experts model's MLPs take no LoRA "
+                         "here; target q_proj, k_proj, v_proj and o_proj")
+    return targets
+
+
+def layout(dims: ModelDims, intermediate_size: int, max_rank: int, target_modules: list[str],
+           packed: bool = False) -> dict:
+    """The manifest's description of the LoRA inputs; the runtime lays adapters out from it.
+    packed: the checkpoint packs q/k/v and gate/up itself (Phi-3)."""
     shapes = module_shapes(dims, intermediate_size)
     groups = []
-    for name, modules in GROUPS.items():
+    for name, modules in (PACKED_GROUPS if packed else GROUPS).items():
         targeted = [m for m in modules if m in target_modules]
         if not targeted:
             continue

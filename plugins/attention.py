@@ -127,12 +127,13 @@ def tree_mask_for(parents: list[int | None], width: int) -> tuple[Tensor, list[i
 def rotate_half_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotary embedding in the non-interleaved ("rotate half") layout HF Llama/Qwen use.
 
-    x: [B, S, H, D]; cos, sin: [B, S, D/2].
+    x: [B, S, H, D]; cos, sin: [B, S, R/2]. Partial rotary (Phi-3's partial_rotary_factor) rotates
+    the first R dims only and passes the rest through: the tables' width says how many.
     """
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
+    half = cos.shape[-1]
+    x1, x2, rest = x[..., :half], x[..., half: 2 * half], x[..., 2 * half:]
     cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1)
 
 
 @torch.library.custom_op("trt_llm::attention", mutates_args=())
@@ -244,19 +245,20 @@ def TreeAttentionPlugin(  # noqa: N802 - the function's name is the node's op ty
     seq = op.Shape(qkv, start=1, end=2)
     capacity = op.Shape(past_key, start=2, end=3)
     head_dim = op.Shape(past_key, start=3, end=4)
-    half = op.Div(head_dim, two)
+    half = op.Shape(cos_cache, start=1, end=2)  # R/2: partial rotary passes dims R.. through
 
     heads = op.Reshape(qkv, op.Concat(batch, seq, op.Constant(value_ints=[-1]), head_dim, axis=0))
     q, k, v = op.Split(heads, op.Concat(q_heads, kv_heads, kv_heads, axis=0), axis=2)
 
-    # Rotary, rotate-half layout; cos/sin [B, S, 1, D/2] broadcast over heads.
+    # Rotary, rotate-half layout over the first R dims; cos/sin [B, S, 1, R/2] broadcast over heads.
     positions = op.Cast(position_ids, to=7)
     cos = op.Unsqueeze(op.Gather(cos_cache, positions, axis=0), two)
     sin = op.Unsqueeze(op.Gather(sin_cache, positions, axis=0), two)
-    q1, q2 = op.Split(q, op.Concat(half, half, axis=0), axis=3)
-    k1, k2 = op.Split(k, op.Concat(half, half, axis=0), axis=3)
-    q = op.Concat(q1 * cos - q2 * sin, q2 * cos + q1 * sin, axis=3)
-    k = op.Concat(k1 * cos - k2 * sin, k2 * cos + k1 * sin, axis=3)
+    rest = op.Sub(head_dim, op.Add(half, half))
+    q1, q2, q3 = op.Split(q, op.Concat(half, half, rest, axis=0), axis=3)
+    k1, k2, k3 = op.Split(k, op.Concat(half, half, rest, axis=0), axis=3)
+    q = op.Concat(q1 * cos - q2 * sin, q2 * cos + q1 * sin, q3, axis=3)
+    k = op.Concat(k1 * cos - k2 * sin, k2 * cos + k1 * sin, k3, axis=3)
 
     # Cache write as a select over all slots: slot j takes new token j - past when that is in range.
     past = op.Cast(past_lengths, to=7)

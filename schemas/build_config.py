@@ -22,7 +22,9 @@ RANGES = {"max_batch_size": f"[1, {MAX_BATCH_SIZE}]"}
 
 
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-LoraModule = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# qkv_proj and gate_up_proj: Phi-3's packed projections (its adapters' names; the separate names mean them too)
+LoraModule = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj",
+                     "gate_up_proj"]
 
 
 class LoraBuildConfig(BaseModel):

@@ -36,6 +36,11 @@ class RotarySpec(BaseModel):
     dims: PositiveInt  # rotated dimensions per head (head_dim, or fewer with partial rotary)
     scaling: str = "default"  # the rope type: default, linear, dynamic, yarn, llama3, longrope, ...
     mrope: Literal["sections", "interleaved"] | None = None  # a VLM's multimodal positions
+    # LongRoPE (Phi-3): a sequence longer than `original_context` tokens (its whole prompt, or all it
+    # holds) turns by the long factors, whose rows start at `long_rows` in the tables (row
+    # long_rows + p for position p), as transformers switches: per forward, by its longest sequence.
+    original_context: PositiveInt | None = None
+    long_rows: PositiveInt | None = None
 
 
 class _Attention(BaseModel):

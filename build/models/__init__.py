@@ -17,7 +17,10 @@ class ModelFamily:
     name: str
     architecture: str  # the HF class the manifest names (a GGUF's config lists none)
     module: str  # build/models/<module>.py builds the graph
-    qk_norm: bool = False  # RMSNorm over head_dim on q and k before rotary (Qwen3)
+    qk_norm: bool = False  # RMSNorm over head_dim on q and k before rotary (Qwen3, Gemma 3)
+    # Gemma 2 / 3: norms scale by (1 + weight), four per layer (the attention's and the MLP's outputs
+    # are normalised before the residual add), and the embedding is scaled by sqrt(hidden).
+    gemma: bool = False
     # Vision-language models: the text decoder takes mRoPE positions [3, B, S] ("sections": Qwen2.5-VL's
     # consecutive chunks; "interleaved": Qwen3-VL's), and the checkpoint has a vision tower
     # (build/models/qwen_vl_vision.py) that becomes the engine's vision/ component.
@@ -49,6 +52,14 @@ REGISTRY: dict[str, ModelFamily] = {family.architecture: family for family in (
     ModelFamily("llama", "LlamaForCausalLM", "llama"),
     ModelFamily("qwen2", "Qwen2ForCausalLM", "llama"),
     ModelFamily("qwen3", "Qwen3ForCausalLM", "llama", qk_norm=True),
+    ModelFamily("mistral", "MistralForCausalLM", "llama"),
+    ModelFamily("ministral", "MinistralForCausalLM", "llama"),
+    ModelFamily("phi3", "Phi3ForCausalLM", "llama"),
+    ModelFamily("gemma2", "Gemma2ForCausalLM", "llama", gemma=True),
+    ModelFamily("gemma3_text", "Gemma3ForCausalLM", "llama", qk_norm=True, gemma=True),
+    # A Gemma 3 vision-language checkpoint: its text decoder (the vision tower is not built)
+    ModelFamily("gemma3", "Gemma3ForConditionalGeneration", "llama", qk_norm=True, gemma=True),
+    ModelFamily("qwen3_moe", "Qwen3MoeForCausalLM", "llama", qk_norm=True),
     ModelFamily("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "llama", mrope="sections"),
     ModelFamily("qwen3_vl", "Qwen3VLForConditionalGeneration", "llama", qk_norm=True, mrope="interleaved"),
     ModelFamily("qwen2_audio", "Qwen2AudioForConditionalGeneration", "llama", audio="qwen2_audio"),

@@ -154,28 +154,69 @@ def sectioned_rotary(cos_table: Tensor, sin_table: Tensor, positions: Tensor,
     return cos, sin, index
 
 
-class DecoderLayer(nn.Module):
-    """Pre-norm attention + gated MLP, the layer of every Llama-shaped family.
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+               "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu}
 
-    qk_norm: Qwen3 normalises q and k per head (RMSNorm over head_dim) before rotary.
-    make_linear: builds each packed projection from its HF linears (`linear`, or a quantizing
-    build.quantize.factory.LinearFactory)."""
 
-    def __init__(self, hf_layer, dims, qk_norm: bool = False, make_linear=linear, spec=None):
-        """spec: the layer's schemas.layer_spec entry (its window and soft-cap; None: full attention)."""
+def activation(config):
+    """The gated MLP's activation a HF config names (Gemma's hidden_activation, else hidden_act)."""
+    name = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
+    if name not in ACTIVATIONS:
+        raise ValueError(f"hidden_act: {name!r} is not supported; supported: {', '.join(sorted(ACTIVATIONS))}")
+    return ACTIVATIONS[name]
+
+
+def norm_weight(norm: nn.Module, gemma: bool) -> nn.Parameter:
+    """An RMSNorm's weight as `rms_norm` multiplies by it: Gemma's norms scale by (1 + weight)."""
+    return frozen(norm.weight.detach().float() + 1.0 if gemma else norm.weight)
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)), gate and up packed in one matmul (Phi-3's checkpoint packs them
+    itself, gate first)."""
+
+    def __init__(self, hf_mlp, act, make_linear=linear):
         super().__init__()
-        attn, mlp = hf_layer.self_attn, hf_layer.mlp
+        fused = getattr(hf_mlp, "gate_up_proj", None)
+        self.gate_up = make_linear(fused) if isinstance(fused, nn.Linear) else make_linear(hf_mlp.gate_proj,
+                                                                                             hf_mlp.up_proj)
+        self.down = make_linear(hf_mlp.down_proj)
+        self.act = act
+
+    def forward(self, x: Tensor, lora: dict) -> Tensor:
+        gate, up = self.gate_up(x, lora.get("gate_up")).chunk(2, dim=-1)
+        return self.down(self.act(gate) * up, lora.get("down"))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention + MLP, the layer of every Llama-shaped family.
+
+    family (build/models/ModelFamily): qk_norm (Qwen3, Gemma 3: RMSNorm over head_dim on q and k
+    before rotary); gemma (Gemma 2 / 3: every norm scales by 1 + weight, and the attention and MLP
+    outputs are normalised too before the residual add: four norms per layer).
+    make_linear: builds each packed projection from its HF linears (`linear`, or a quantizing
+    build.quantize.factory.LinearFactory). spec: the layer's schemas.layer_spec entry (its window,
+    scale, soft-cap). mlp: the layer's MLP module (a GatedMLP, or a mixture of experts)."""
+
+    def __init__(self, hf_layer, dims, family, make_linear=linear, spec=None, mlp: nn.Module | None = None):
+        super().__init__()
+        attn = hf_layer.self_attn
+        gemma = family.gemma
         self.dims = dims
-        self.window = getattr(spec, "window", 0) if spec is not None and spec.kind == "sliding" else 0
-        self.softcap = float(spec.soft_cap or 0.0) if spec is not None else 0.0
-        self.input_norm = frozen(hf_layer.input_layernorm.weight)
-        self.post_norm = frozen(hf_layer.post_attention_layernorm.weight)
-        self.qkv = make_linear(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.window = getattr(spec, "window", 0) if spec.kind == "sliding" else 0
+        self.scale = spec.scale
+        self.softcap = float(spec.soft_cap or 0.0)
+        self.input_norm = norm_weight(hf_layer.input_layernorm, gemma)
+        self.post_norm = norm_weight(hf_layer.post_attention_layernorm, gemma)
+        # Gemma: post_norm is the attention output's; these two wrap the MLP.
+        self.pre_mlp_norm = norm_weight(hf_layer.pre_feedforward_layernorm, gemma) if gemma else None
+        self.post_mlp_norm = norm_weight(hf_layer.post_feedforward_layernorm, gemma) if gemma else None
+        fused = getattr(attn, "qkv_proj", None)  # Phi-3 packs q, k, v itself
+        self.qkv = make_linear(fused) if fused is not None else make_linear(attn.q_proj, attn.k_proj, attn.v_proj)
         self.o = make_linear(attn.o_proj)
-        self.gate_up = make_linear(mlp.gate_proj, mlp.up_proj)
-        self.down = make_linear(mlp.down_proj)
-        self.q_norm = frozen(attn.q_norm.weight) if qk_norm else None
-        self.k_norm = frozen(attn.k_norm.weight) if qk_norm else None
+        self.mlp = mlp
+        self.q_norm = norm_weight(attn.q_norm, gemma) if family.qk_norm else None
+        self.k_norm = norm_weight(attn.k_norm, gemma) if family.qk_norm else None
 
     def forward(self, hidden, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin,
                 lora: dict | None = None, tree_mask: Tensor | None = None):
@@ -191,10 +232,12 @@ class DecoderLayer(nn.Module):
             qkv = torch.cat([q.reshape(batch, seq, -1), k.reshape(batch, seq, -1), v], dim=-1)
         attn, present_key, present_value = torch.ops.trt_llm.attention(
             qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin, tree_mask,
-            d.num_heads, d.kv_heads, d.head_dim ** -0.5, self.window, self.softcap,
+            d.num_heads, d.kv_heads, self.scale, self.window, self.softcap,
         )
-        hidden = hidden + self.o(attn, lora.get("o"))
-        x = rms_norm(hidden, self.post_norm, d.rms_norm_eps)
-        gate, up = self.gate_up(x, lora.get("gate_up")).chunk(2, dim=-1)
-        hidden = hidden + self.down(F.silu(gate) * up, lora.get("down"))
-        return hidden, present_key, present_value
+        attn = self.o(attn, lora.get("o"))
+        if self.pre_mlp_norm is None:  # Llama: x + attn(norm(x)), then x + mlp(norm(x))
+            hidden = hidden + attn
+            return hidden + self.mlp(rms_norm(hidden, self.post_norm, d.rms_norm_eps), lora), present_key, present_value
+        hidden = hidden + rms_norm(attn, self.post_norm, d.rms_norm_eps)
+        out = self.mlp(rms_norm(hidden, self.pre_mlp_norm, d.rms_norm_eps), lora)
+        return hidden + rms_norm(out, self.post_mlp_norm, d.rms_norm_eps), present_key, present_value

@@ -117,3 +117,16 @@ def _pass(model: Model, sequences: list[Sequence], tokens: list[list[int]], cach
     step.inputs.update(media)
     model.engine.run(step, cache, lora)
     return step.logits, step.outputs.get(FEATURES)
+
+
+def recompute(model: Model, sequence: Sequence, cache, lora: dict, chunk: int | None) -> None:
+    """Compute the cache of a decoding row (`cache`: its one-row window of the pool) again over all
+    its tokens but the last (the next decode step's input), in passes of at most `chunk` tokens.
+
+    LongRoPE: a row whose next token takes it past the original context turns by the long factors
+    from then on, and transformers' Phi-3 drops its cache at that token and computes the whole
+    sequence again with them (model.positions picks them by the row's length)."""
+    tokens = (sequence.prompt_ids + sequence.generated)[:-1]
+    chunk = chunk or len(tokens)
+    for start in range(0, len(tokens), chunk):
+        _pass(model, [sequence], [tokens[start: start + chunk]], cache, lora, np.array([start], dtype=np.int32))

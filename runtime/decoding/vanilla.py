@@ -28,8 +28,9 @@ class Vanilla:
             self._logits = np.empty((len(running), 1, model.vocab_size), dtype=np.float32)
         step = Step.decode(model.embedding[last][:, None], past, self._logits)
         step.inputs, step.outputs = model.eagle_io(len(running), 1)
-        if model.mrope:
+        if model.positions_vary:
             step.position_ids = model.positions([r.sequence for r in running], past, 1)
+        if model.mrope:
             step.inputs.update(model.decode_extras(len(running)))
         with core.stage("decode_step"):
             model.engine.run(step, core.cache, core.lora_inputs)

@@ -160,6 +160,8 @@ class EngineCore:
             self._prefilling += len(admitted)
             self._prefill_turn = True
         decoding = len(self.scheduler.running) - self._prefilling
+        if self.model.long_rope is not None and decoding:
+            self._long_rope_switch(decoding)
         started = time.perf_counter()
         finished = None
         if self._prefilling and decoding and self.mixed_steps and self.budget.tokens and hasattr(self.strategy, "mixed_step"):
@@ -183,6 +185,23 @@ class EngineCore:
         if finished:
             self._leave(finished)
         return done
+
+    def _long_rope_switch(self, decoding: int) -> None:
+        """LongRoPE: the decoding rows whose next token takes them past the original context compute
+        their caches again with the long factors first (prefill.recompute). Their blocks are no
+        longer those of their context plan's root (a short prompt's), so they commit nothing more."""
+        from trt_llm.runtime.decoding.prefill import recompute
+
+        running = self.scheduler.running[:decoding]
+        crossing = [i for i, r in enumerate(running) if r.sequence.length == self.model.long_rope[0] + 1]
+        if not crossing:
+            return
+        for i in crossing:  # once in a request's life: one row at a time
+            with self.stage("long_rope_recompute"):
+                recompute(self.model, running[i].sequence, self.cache.window(i, i + 1), self.lora_rows(i, i + 1),
+                          self.prefill_chunk)
+            if running[i].sequence.context is not None:
+                running[i].sequence.context.commit = "none"
 
     def run_to_completion(self) -> None:
         while self.has_unfinished():

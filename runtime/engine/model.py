@@ -10,7 +10,7 @@ from trt_llm.schemas.graph_spec import DEEPSTACK, FEATURES, TREE_MASK
 class Model:
     def __init__(self, engine, embedding: np.ndarray, dims: dict, eos_token_ids: list[int],
                  max_positions: int | None = None, feature_width: int = 0, mrope: bool = False,
-                 deepstack: int = 0):
+                 deepstack: int = 0, long_rope: tuple[int, int] | None = None):
         self.engine = engine
         self.embedding = embedding
         self.dims = dims
@@ -19,11 +19,29 @@ class Model:
         self.feature_width = feature_width  # > 0: an EAGLE base (tree_mask in, hidden_states out)
         self.mrope = mrope  # a vision-language decoder: position_ids [3, B, S]
         self.deepstack = deepstack  # Qwen3-VL: its first k layers take deepstack_embeds [k, B, S, H]
+        # LongRoPE (Phi-3): (original context, first long row): a longer sequence reads the long tables
+        self.long_rope = long_rope
+
+    @property
+    def positions_vary(self) -> bool:
+        """Whether position_ids are more than each token's index (mRoPE, LongRoPE's long rows)."""
+        return self.mrope or self.long_rope is not None
+
+    def long_context(self, sequence, past: int, width: int) -> bool:
+        """LongRoPE: whether a row turns by the long factors. transformers picks them per forward, when
+        its sequence is longer than the original context: a prompt's prefill by the whole prompt (so
+        every chunk of it here), a decode step by all the tokens so far."""
+        length = sequence.length if sequence is not None else past + width
+        return self.long_rope is not None and length > self.long_rope[0]
 
     def positions(self, sequences, past: np.ndarray, width: int) -> np.ndarray:
         """The position_ids of a step whose row b computes tokens past[b] .. past[b] + width - 1 of
         sequences[b]: [B, S], or [3, B, S] for mRoPE (a row without images: its token indices)."""
         flat = past[:, None] + np.arange(width, dtype=np.int32)[None, :]
+        if self.long_rope is not None:
+            for row, s in enumerate(sequences):
+                if self.long_context(s, int(past[row]), width):
+                    flat[row] += self.long_rope[1]
         if not self.mrope:
             return flat
         out = np.broadcast_to(flat, (3, *flat.shape)).copy()
@@ -73,6 +91,9 @@ def model_of(engine_dir, engine, embedding) -> Model:
     """The Model of an engine directory's base, given its opened engine and embedding table."""
     section = engine_dir.manifest["model"]
     eagle = section.get("eagle") or {}
+    rotary = [(layer.get("rotary") or {}) for layer in section["layers"]]
+    long_rope = next(((r["original_context"], r["long_rows"]) for r in rotary if r.get("long_rows")), None)
     return Model(engine, embedding, engine_dir.dims, engine_dir.eos_token_ids,
                  engine_dir.limits["max_kv_cache_capacity"], eagle.get("feature_width", 0),
-                 mrope=section.get("mrope") is not None, deepstack=section.get("deepstack_layers", 0))
+                 mrope=section.get("mrope") is not None, deepstack=section.get("deepstack_layers", 0),
+                 long_rope=long_rope)

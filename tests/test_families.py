@@ -1,0 +1,158 @@
+"""The families beyond Llama / Qwen on tiny random checkpoints with their real tokenizers
+(tests/family_assets.py): greedy tokens are transformers' `generate` on prompts longer than the
+sliding window, in batches, under continuous scheduling, in chunks with context reuse; Phi-3's LongRoPE
+on prompts on either side of its original context and on one that crosses it while generating; the
+manifest records what sets each family apart."""
+
+import importlib.util
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+import family_assets
+from conftest import _cache_root
+from family_assets import LONGROPE_ORIGINAL, WINDOW
+from helpers import PROMPTS, chat_request, hf_greedy
+from trt_llm.runtime.engine_dir import EngineDir
+from trt_llm.runtime.requests.runner import Runner
+from trt_llm.schemas.input_file import parse_input_dict
+
+NEW = 12
+TEXT = "The lighthouse keeper counted the ships that passed the rocks at night, one by one, in the rain."
+DENSE = ["gemma3", "gemma2", "mistral", "phi3"]
+
+
+@pytest.fixture(scope="session")
+def family_model(tmp_path_factory):
+    """Factory: family_model(family) -> the tiny checkpoint's folder, each built once."""
+    built = {}
+
+    def make(family: str):
+        if family not in built:
+            try:
+                built[family] = family_assets.make_family_model(family, tmp_path_factory.mktemp(family),
+                                                                _cache_root())
+            except family_assets.assets.AssetUnavailable as exc:
+                pytest.skip(f"the {family} tokenizer is unavailable: {exc}")
+        return built[family]
+
+    return make
+
+
+def requests_for(family: str) -> list[dict]:
+    if family == "phi3":  # a prompt past the original context, one that crosses it while generating, a short one
+        return [chat_request(TEXT + " " + TEXT), chat_request(TEXT + " Tell me about the ships the keeper saw, and why he counted them."),
+                chat_request(PROMPTS[1])]
+    return [chat_request(TEXT + " " + TEXT), chat_request(PROMPTS[0]), chat_request(PROMPTS[2] + " " + TEXT)]
+
+
+def run(engine, requests, batch_size=3, **runner):
+    data = {"temperature": 0.0, "batch_size": batch_size, "max_generate_length": NEW, "requests": requests}
+    loaded = parse_input_dict(json.loads(json.dumps(data)), source="<test>")
+    return Runner(EngineDir.open(engine), threads=1, **runner).run(loaded, loaded.settings).responses
+
+
+def assert_transformers_tokens(model, responses):
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    lengths = []
+    for response in responses:
+        assert response.finish_reason != "error", response
+        ids = tokenizer(response.formatted_complete_request, add_special_tokens=False)["input_ids"]
+        lengths.append(len(ids))
+        assert response.output_token_ids == hf_greedy(model, ids, NEW)[: len(response.output_token_ids)]
+        assert len(set(response.output_token_ids)) > 2  # the tiny model says something: the oracle can tell
+    return lengths
+
+
+@pytest.mark.parametrize("family", DENSE)
+@pytest.mark.parametrize("runner", [{}, {"scheduling": "continuous"},
+                                    {"prefill_chunk": 5, "context_reuse": True, "scheduling": "continuous"}],
+                         ids=["static", "continuous", "chunked-reuse"])
+def test_greedy_tokens_are_transformers(family, runner, family_model, build_engine_for):
+    model = family_model(family)
+    engine = build_engine_for(model)
+    requests = requests_for(family)
+    responses = run(engine, requests + requests[::-1], **runner)
+    lengths = assert_transformers_tokens(model, responses)
+    assert max(lengths) > 4 * WINDOW
+    if family == "phi3":  # one prompt past the original context, one crossing it while generating
+        assert max(lengths) > LONGROPE_ORIGINAL and any(n <= LONGROPE_ORIGINAL < n + NEW for n in lengths)
+    if runner.get("context_reuse"):
+        assert any(r.reused_tokens for r in responses[3:])
+
+
+def layers_of(engine) -> list[dict]:
+    return EngineDir.open(engine).manifest["model"]["layers"]
+
+
+def test_gemma3_layers_have_their_own_window_base_and_scale(family_model, build_engine_for):
+    layers = layers_of(build_engine_for(family_model("gemma3")))
+    assert [layer["kind"] for layer in layers] == ["sliding", "full", "sliding"]
+    assert layers[0]["window"] == WINDOW
+    assert (layers[0]["rotary"]["base"], layers[1]["rotary"]["base"]) == (10_000.0, 1_000_000.0)
+    assert layers[1]["rotary"]["scaling"] == "linear"
+    assert layers[0]["scale"] == pytest.approx(24 ** -0.5)  # query_pre_attn_scalar, not head_dim
+
+
+def test_gemma2_and_mistral_windows_and_soft_caps(family_model, build_engine_for):
+    gemma2 = layers_of(build_engine_for(family_model("gemma2")))
+    assert [layer["kind"] for layer in gemma2] == ["sliding", "full"]
+    assert all(layer["soft_cap"] == 50.0 for layer in gemma2)
+    mistral = layers_of(build_engine_for(family_model("mistral")))
+    assert all(layer["kind"] == "sliding" and layer["window"] == WINDOW for layer in mistral)
+
+
+def test_phi3_rotates_half_its_head_with_longrope_tables(family_model, build_engine_for):
+    engine = build_engine_for(family_model("phi3"))
+    rotary = layers_of(engine)[0]["rotary"]
+    assert (rotary["dims"], rotary["scaling"]) == (16, "longrope")
+    assert rotary["original_context"] == LONGROPE_ORIGINAL and rotary["long_rows"] == 512  # the capacity
+
+
+@pytest.mark.parametrize("family,targets", [("phi3", ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]),
+                                            ("gemma3", ["q_proj", "v_proj", "o_proj", "down_proj"])])
+def test_lora_adapters_mixed_in_a_batch_are_peft(family, targets, family_model, build_engine_for, tmp_path):
+    """Phi-3's adapters name its packed projections; each row of a batch its own adapter or none."""
+    peft = pytest.importorskip("peft")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from helpers import make_adapter, run_input
+
+    model = family_model(family)
+    engine = build_engine_for(model, lora={"max_rank": 4})
+    adapter = make_adapter(model, tmp_path / "adapter", seed=1, rank=4, targets=targets)
+    requests = [{**chat_request(TEXT), "lora_name": "a"}, chat_request(TEXT)]
+    data = {"temperature": 0.0, "max_generate_length": NEW, "available_lora_weights": {"a": adapter},
+            "batch_size": 2, "requests": requests}
+    with_adapter, base = run_input(engine, data).responses
+    ids = AutoTokenizer.from_pretrained(model)(with_adapter.formatted_complete_request,
+                                               add_special_tokens=False)["input_ids"]
+    tuned = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model), adapter).eval()
+    with torch.no_grad():
+        expected = tuned.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False)[0, len(ids):].tolist()
+    assert with_adapter.output_token_ids == expected[: len(with_adapter.output_token_ids)]
+    assert base.output_token_ids == hf_greedy(model, ids, NEW)[: len(base.output_token_ids)]
+    assert with_adapter.output_token_ids != base.output_token_ids
+
+
+def test_what_does_not_apply_is_refused_in_one_line(family_model, build_engine_for, tmp_path):
+    from trt_llm.build.compile import BuildError
+
+    with pytest.raises(BuildError, match="packed projection"):
+        build_engine_for(family_model("mistral"), lora={"max_rank": 4, "target_modules": ["qkv_proj"]})
+    draft = family_assets.assets.make_random_draft(family_model("phi3"), tmp_path / "draft")
+    with pytest.raises(BuildError, match="LongRoPE"):
+        build_engine_for(family_model("phi3"), draft={"model": str(draft)})
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="TensorRT-RTX is not installed")
+@pytest.mark.parametrize("family", ["gemma3", "gemma2", "phi3"])
+def test_tensorrt_rtx_plans_build_ahead_of_time(family, family_model, build_engine_for):
+    """TensorRT-RTX parses each family's graph (its ops' function bodies inlined: the window, the
+    soft-caps, partial rotary, the experts) and builds its plan without a GPU."""
+    engine = build_engine_for(family_model(family), backend="tensorrt-rtx", dtype="fp16", max_batch_size=2,
+                              max_input_len=64, max_kv_cache_capacity=128)
+    manifest = json.loads((engine / "manifest.json").read_text())
+    assert manifest["backend"] == "tensorrt-rtx" and (engine / "llm" / "model.plan").stat().st_size > 0
