@@ -30,35 +30,42 @@ differently). Inputs hidden, router_logits, gate_up, gate_up_scales, down, down_
 top_k, normalize, bits (4 or 8).
 
 Facets (the fixed names every op file exposes for the registry in plugins/__init__.py):
- 1. `moe`, `quantized_moe` (`TORCH_OPS`): torch custom ops whose eager body loops over the experts
-    that have tokens, as transformers does (a quantized expert is dequantized when it is hit).
- 2. `onnx_translation` + `function_protos`: nodes `trt::MoEPlugin` / `trt::QuantizedMoEPlugin`
-    (with `plugin_namespace`), their model-local functions a gather decomposition in standard ops
-    (opset 18): Softmax, TopK, Gather of the chosen experts' weights [T, k, 2I, H] (their bytes,
-    unpacked with BitwiseAnd / BitShift and scaled, when quantized), batched MatMuls, the weighted
-    ReduceSum over k. Exact, portable, and sized for decode: it copies k experts per token.
- 3. `lower_for_onnxruntime`: com.microsoft.MoE (float32) and QMoE (int4 / int8; block_size G, or
-    none for one scale per row), chosen by measurement (benchmarks/moe_op.py, Qwen3-30B-A3B's
-    widths H 2048, E 128, k 8, I 768, one layer, ONNX Runtime 1.32 on 2 cores of an AMD EPYC, medians):
-                              function body (gather)     MoE / QMoE kernel
-        fp32, 1 token             15.3 ms                   7.3 ms
-        fp32, 8 tokens           161 ms                    48 ms
-        fp32, 64 tokens          (9.6 GB of gathered weights; not run)   279 ms
-        int4 g128, 1 token        81 ms                     1.9 ms
-        int4 g128, 8 tokens      665 ms                     9.4 ms
-        int4 g128, 64 tokens     (not run)                 37 ms
-        int8 g32, 1 token        (not run)                  3.6 ms
+ 1. `moe` (`TORCH_OPS`): one torch custom op, `moe(hidden, router_logits, gate_up, down,
+    gate_up_scales, down_scales, top_k, normalize, bits)` (bits 0 and no scales: float experts),
+    whose eager body loops over the experts that have tokens, as transformers does (a quantized
+    expert is dequantized when it is hit).
+ 2. `onnx_translation` + `function_protos`: a node `trt::MoEPlugin` or `trt::QuantizedMoEPlugin`
+    (one node type per set of inputs, with `plugin_namespace`), whose model-local function is a
+    gather decomposition in standard ops (opset 18): Softmax, TopK, Gather of the chosen experts'
+    weights [T, k, 2I, H] (quantized: their bytes, unpacked with BitwiseAnd / BitShift and scaled),
+    batched MatMuls, the weighted ReduceSum over k. Exact and portable, but it copies k experts per
+    token: sized for decode.
+ 3. `lower_for_onnxruntime`: com.microsoft.MoE (float32) and QMoE (int4 / int8: block_size G, or
+    none for one scale per row), chosen by measurement (benchmarks/moe_op.py; Qwen3-30B-A3B's widths
+    H 2048, E 128, k 8, I 768; one layer; ONNX Runtime 1.32, 2 threads on 2 shared cores of an AMD
+    EPYC; medians of 20 interleaved calls, ms):
+                        function body (gather)    kernel
+        fp32,  1 token        106.9               31.7 (MoE)
+        fp32,  8 tokens       304.4              126.4
+        fp32, 64 tokens          -               332.7   (the body would gather 9.6 GB of weights)
+        int4 g128,  1 token   258.5               12.9 (QMoE, accuracy level 0) /  7.8 (level 4)
+        int4 g128,  8 tokens 1846.9              103.4                          / 51.0
+        int4 g128, 64 tokens     -               204.6                          / 90.5
+        int8 g32, 1 / 8 / 64 tokens               7.8 / 32.0 / 114.5 (QMoE)
     The kernels read each chosen expert's weights in place (the body copies them first, and a
-    quantized body dequantizes the copies to float32), so they win at every token count. int4 runs
-    at QMoE's accuracy level 0 (float32 activations, exact to the reference); int8 has only an int8-
-    activation kernel (per block, the accuracy MatMulNBits' int8 runs at, build config's int8 note).
-    Nodes the kernels cannot take (float16 / bfloat16 activations, mixed block sizes, a block size
-    that is not a power of two of 16 or more, weights that are not initializers) stay, and ONNX
-    Runtime runs their body.
- 4. `register_tensorrt_plugin`: both nodes as `tensorrt.plugin` plugins whose kernel is `moe_kernel`
-    (plain torch on TensorRT's stream: the reference's arithmetic, with no value read back to the
-    host, so it may be captured in a CUDA graph). TensorRT-RTX has no plugins: its parser inlines the
-    body at every call.
+    quantized body dequantizes its copies to float32), so they win at every token count. QMoE runs
+    at accuracy level 4: int8 activations in the weights' blocks, as the int4 / int8 MatMulNBits of
+    the other linears run (runtime/backends/ort_engine.py); level 0 keeps int4's activations float32,
+    exact, at about half the speed. One scale per row runs float32 activations. Two quirks of
+    ONNX Runtime 1.32's CPU kernels: both take only the interleaved gate/up layout (swiglu_fusion 1),
+    and QMoE renormalises the top k whatever normalize_routing_weights says, so unnormalised
+    routing passes the softmax as its router_weights. Nodes the kernels cannot take (float16 /
+    bfloat16, gate_up and down in different blocks, a block size not a power of two of 16 or more,
+    weights that are not initializers) stay, and ONNX Runtime runs their body.
+ 4. `register_tensorrt_plugin`: both node types as `tensorrt.plugin` plugins whose kernel is
+    `moe_kernel` (plain torch on TensorRT's stream: the reference's arithmetic with nothing read back
+    to the host, so it may be captured in a CUDA graph). TensorRT-RTX has no plugins: its parser
+    inlines the body at every call.
 """
 
 from __future__ import annotations
@@ -359,10 +366,10 @@ def _kernel(node: onnx.NodeProto, tensors: dict[str, onnx.TensorProto]) -> list[
         # not); given router_weights it mixes by those: the softmax over all experts, transformers' weights.
         nodes.append(helper.make_node("Softmax", [f"{name}/router_logits"], [f"{name}/router_probs"], axis=-1))
         inputs += [""] * 7 + [f"{name}/router_probs"]
-    # int4: float32 activations (exact; measured no slower than level 4's int8 ones at these widths);
-    # blocked int8 has an int8-activation kernel only, whatever the level (per row: float32).
+    # Accuracy level 4: int8 activations in the weights' blocks (level 0 keeps int4's float32 but is
+    # measured 1.7-2.3x slower; blocked int8 has the int8 kernel only; one scale per row runs float32).
     return nodes + [helper.make_node("QMoE", inputs, [node.output[0]], name=name, domain="com.microsoft",
-                                     expert_weight_bits=bits, accuracy_level=0, **attributes)]
+                                     expert_weight_bits=bits, accuracy_level=4, **attributes)]
 
 
 def lower_for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -10,6 +10,8 @@ sync-free TensorRT kernel against the reference on both of its paths.
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -109,13 +111,13 @@ def test_the_tensorrt_kernel_is_the_reference(quantized):
 
 def int8_activations_reference(moe: SparseMoe, x: torch.Tensor) -> torch.Tensor:
     """The op with each expert's inputs (x, then silu(gate) * up) rounded to int8 in the weights' blocks
-    (symmetric, largest magnitude / 127), as ONNX Runtime's 8-bit QMoE kernel computes."""
+    (symmetric, largest magnitude / 127), as ONNX Runtime's QMoE computes at accuracy level 4."""
     def rounded(v, blocks):
         b = v.view(*v.shape[:-1], blocks, -1)
         scale = b.abs().amax(-1, keepdim=True) / 127
         return (torch.round(b / scale) * scale).view_as(v)
 
-    gate_up, down = (op.dequantize(w, s, 8) for w, s in ((moe.gate_up, moe.gate_up_scales), (moe.down, moe.down_scales)))
+    gate_up, down = (op.dequantize(w, s, moe.bits) for w, s in ((moe.gate_up, moe.gate_up_scales), (moe.down, moe.down_scales)))
     rows = x.reshape(-1, HIDDEN)
     weights, experts = op.route(torch.nn.functional.linear(rows, moe.router), moe.top_k, moe.normalize)
     out = torch.zeros_like(rows)
@@ -157,7 +159,7 @@ def test_exported_body_and_cpu_lowering_equal_the_op(tmp_path, name, normalize):
         for body in bodies:
             np.testing.assert_allclose(body.run(None, {"x": x.numpy()})[0], expected, rtol=1e-5, atol=1e-5)
         got = lowered.run(None, {"x": x.numpy()})[0]
-        if name == "int8":  # QMoE's blocked 8-bit kernel rounds the activations to int8 in blocks too
+        if name in ("int8", "int4"):  # QMoE at accuracy level 4 rounds the activations to int8 in the blocks too
             expected = int8_activations_reference(moe, x).numpy()
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
@@ -191,3 +193,32 @@ def test_zero_points_and_fp8_are_refused():
     for spec in (QuantSpec(4, 32, symmetric=False), QuantSpec(8, 0, fp8=True)):
         with pytest.raises(ValueError, match="symmetric int4 / int8"):
             SparseMoe.from_hf(block(True), spec)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None,
+                    reason="TensorRT-RTX is not installed (pip install 'trt-llm[tensorrt-rtx]')")
+@pytest.mark.parametrize("name", ["fp32", "int4"])
+def test_tensorrt_rtx_builds_a_plan_ahead_of_time(tmp_path, name):
+    """TensorRT-RTX has no plugins: its parser inlines the body (tokens dynamic), and the plan builds
+    for SM80 without a GPU."""
+    import tensorrt_rtx as trt
+    from trt_llm.build.tensorrt_backend import DEFAULT_COMPUTE_CAPABILITY, compute_capability
+    from trt_llm.common.trt_import import make_logger
+
+    moe = SparseMoe.from_hf(block(True), SPECS[name], torch.float16)
+    path = export_graph(moe, (tokens(2, 3).half(),), ["x"], ["y"], ({0: Dim("batch"), 1: Dim("seq")},),
+                        tmp_path / "moe.onnx")
+    logger = make_logger(trt)
+    builder = trt.Builder(logger)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    parser = trt.OnnxParser(network, logger)
+    assert parser.parse_from_file(str(path)), [str(parser.get_error(i)) for i in range(parser.num_errors)]
+    assert network.get_output(0).dtype == trt.DataType.HALF
+    config = builder.create_builder_config()
+    config.num_compute_capabilities = 1
+    config.set_compute_capability(compute_capability(trt, DEFAULT_COMPUTE_CAPABILITY), 0)
+    profile = builder.create_optimization_profile()
+    profile.set_shape("x", (1, 1, HIDDEN), (4, 1, HIDDEN), (8, 64, HIDDEN))
+    config.add_optimization_profile(profile)
+    plan = builder.build_serialized_network(network, config)
+    assert plan is not None and plan.nbytes > 0
