@@ -75,3 +75,26 @@ def make_family_model(family: str, directory, cache_dir, *, seed: int = 0, **ove
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def make_gemma3_vlm(text_dir, directory) -> Path:
+    """A Gemma3ForConditionalGeneration checkpoint whose language model is the tiny Gemma 3 text model
+    of `text_dir` (FAMILIES["gemma3"]) and whose vision tower is a tiny random SigLIP: the build takes
+    its text decoder."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Gemma3Config, Gemma3ForConditionalGeneration
+
+    text = AutoConfig.from_pretrained(text_dir)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    config = Gemma3Config(text_config=text.to_dict(), vision_config=vision, mm_tokens_per_image=4)
+    torch.manual_seed(0)
+    model = Gemma3ForConditionalGeneration(config).eval()
+    model.model.language_model.load_state_dict(AutoModelForCausalLM.from_pretrained(text_dir).model.state_dict())
+    directory = Path(directory)
+    model.save_pretrained(directory)
+    AutoTokenizer.from_pretrained(text_dir).save_pretrained(directory)
+    shutil.copy(Path(text_dir) / "generation_config.json", directory)
+    return directory
