@@ -56,7 +56,8 @@ def make_family_model(family: str, directory, cache_dir, *, seed: int = 0, **ove
     eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<end_of_turn>", "<eos>", "<|eot_id|>", "<|im_end|>",
                                                         "<|end_of_text|>", "<|endoftext|>")
            if t in tokenizer.get_vocab()]
-    kwargs = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    # the vocabulary padded to a multiple of 64, as published checkpoints are (an int4 LM head wants it even)
+    kwargs = dict(vocab_size=-(-len(tokenizer) // 64) * 64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
                   initializer_range=0.2, rms_norm_eps=1e-6, bos_token_id=tokenizer.bos_token_id,
                   eos_token_id=eos[0], pad_token_id=tokenizer.pad_token_id or eos[-1])

@@ -20,7 +20,7 @@ from trt_llm.schemas.input_file import parse_input_dict
 
 NEW = 12
 TEXT = "The lighthouse keeper counted the ships that passed the rocks at night, one by one, in the rain."
-DENSE = ["gemma3", "gemma2", "mistral", "phi3"]
+FAMILIES = ["gemma3", "gemma2", "mistral", "phi3", "qwen3_moe"]
 
 
 @pytest.fixture(scope="session")
@@ -65,7 +65,7 @@ def assert_transformers_tokens(model, responses):
     return lengths
 
 
-@pytest.mark.parametrize("family", DENSE)
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("runner", [{}, {"scheduling": "continuous"},
                                     {"prefill_chunk": 5, "context_reuse": True, "scheduling": "continuous"}],
                          ids=["static", "continuous", "chunked-reuse"])
@@ -156,7 +156,7 @@ def test_what_does_not_apply_is_refused_in_one_line(family_model, build_engine_f
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="TensorRT-RTX is not installed")
-@pytest.mark.parametrize("family", ["gemma3", "gemma2", "phi3"])
+@pytest.mark.parametrize("family", ["gemma3", "gemma2", "phi3", "qwen3_moe"])
 def test_tensorrt_rtx_plans_build_ahead_of_time(family, family_model, build_engine_for):
     """TensorRT-RTX parses each family's graph (its ops' function bodies inlined: the window, the
     soft-caps, partial rotary, the experts) and builds its plan without a GPU."""
@@ -164,3 +164,49 @@ def test_tensorrt_rtx_plans_build_ahead_of_time(family, family_model, build_engi
                               max_input_len=64, max_kv_cache_capacity=128)
     manifest = json.loads((engine / "manifest.json").read_text())
     assert manifest["backend"] == "tensorrt-rtx" and (engine / "llm" / "model.plan").stat().st_size > 0
+
+
+def test_moe_routing_decides_the_tokens(family_model, build_engine_for, tmp_path):
+    """The same checkpoint with its sparse layers' router rows permuted (each token goes to other
+    experts) gives other tokens, and each engine still gives its checkpoint's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = family_model("qwen3_moe")
+    rerouted = AutoModelForCausalLM.from_pretrained(model)
+    with torch.no_grad():
+        for layer in rerouted.model.layers:
+            if hasattr(layer.mlp, "experts"):
+                layer.mlp.gate.weight.copy_(layer.mlp.gate.weight.roll(1, dims=0))
+    rerouted.save_pretrained(tmp_path / "rerouted")
+    AutoTokenizer.from_pretrained(model).save_pretrained(tmp_path / "rerouted")
+    (tmp_path / "rerouted" / "generation_config.json").write_bytes((model / "generation_config.json").read_bytes())
+    requests = requests_for("qwen3_moe")[:2]
+    ours = run(build_engine_for(model), requests, batch_size=2)
+    other = run(build_engine_for(tmp_path / "rerouted"), requests, batch_size=2)
+    assert_transformers_tokens(tmp_path / "rerouted", other)
+    assert [r.output_token_ids for r in ours] != [r.output_token_ids for r in other]
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_quantized_experts_build_and_run(weights, family_model, build_engine_for):
+    """int8 / int4 covers the experts too (ONNX Runtime's QMoE; tests/test_moe_plugin.py checks the
+    op against the dequantized reference): the engine runs, and int8's first tokens are the float
+    engine's (int4 in blocks of 32 on every linear of a random model moves them)."""
+    model = family_model("qwen3_moe")
+    engine = build_engine_for(model, quantization={"weights": weights, "group_size": 32})
+    graph = onnx_ops(engine / "llm" / "model.cpu.onnx")
+    assert "QMoE" in graph and "MoE" not in graph
+    responses = run(engine, requests_for("qwen3_moe")[:2], batch_size=2)
+    floats = run(build_engine_for(model), requests_for("qwen3_moe")[:2], batch_size=2)
+    for quantized, exact in zip(responses, floats):
+        assert quantized.finish_reason != "error"
+        assert len(quantized.output_token_ids) == NEW
+        if weights == "int8":
+            assert quantized.output_token_ids[0] == exact.output_token_ids[0]
+
+
+def onnx_ops(path) -> set[str]:
+    import onnx
+
+    return {node.op_type for node in onnx.load(str(path), load_external_data=False).graph.node}

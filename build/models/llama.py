@@ -185,7 +185,12 @@ class DecoderGraph(nn.Module):
         if hasattr(hf_mlp, "experts"):
             from trt_llm.build.models.moe import SparseMoe
 
-            return SparseMoe.from_hf(hf_mlp, getattr(make_linear, "spec", None), dtype)
+            try:
+                return SparseMoe.from_hf(hf_mlp, getattr(make_linear, "spec", None), dtype)
+            except ValueError as error:  # a quantization the experts cannot take: the build's one line
+                from trt_llm.build.compile import BuildError
+
+                raise BuildError(f"quantization: {error}") from None
         return GatedMLP(hf_mlp, act, make_linear)
 
     def forward(self, inputs_embeds, position_ids, past_lengths, query_lengths, logits_indices, *tensors):

@@ -86,7 +86,8 @@ class SparseMoe(nn.Module):
         return cls(gate.weight.detach(), interleaved(experts.gate_up_proj.detach()), experts.down_proj.detach(),
                    gate.top_k, gate.norm_topk_prob, spec, dtype)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, lora: dict | None = None) -> Tensor:
+        """lora: the decoder layer's LoRA pairs, none of which are the experts' (the build refuses them)."""
         logits = F.linear(x, self.router)
         return torch.ops.trt_llm.moe(x, logits, self.gate_up, self.down, self.gate_up_scales, self.down_scales,
                                      self.top_k, self.normalize, self.bits)
