@@ -23,7 +23,7 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBl
 
 from trt_llm.build.cpu_backend import compile_cpu
 from trt_llm.build.export import export_graph
-from trt_llm.build.models.moe import SparseMoe, interleaved, is_sparse
+from trt_llm.build.models.moe import SparseMoe, interleaved
 from trt_llm.build.quantize import QuantSpec
 from trt_llm.plugins import moe as op
 
@@ -176,17 +176,6 @@ def test_float16_nodes_keep_their_body(tmp_path):
         expected = moe(x.half()).float().numpy()
     got = _session(path).run(None, {"x": x.half().numpy()})[0].astype(np.float32)
     np.testing.assert_allclose(got, expected, rtol=2e-2, atol=2e-3)
-
-
-def test_is_sparse_is_the_decoder_layers_rule():
-    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeDecoderLayer
-
-    config = Qwen3MoeConfig(hidden_size=32, intermediate_size=48, num_experts=4, num_experts_per_tok=2,
-                            moe_intermediate_size=16, num_hidden_layers=6, num_attention_heads=2,
-                            num_key_value_heads=1, head_dim=16, decoder_sparse_step=2, mlp_only_layers=[3])
-    expected = [isinstance(Qwen3MoeDecoderLayer(config, i).mlp, Qwen3MoeSparseMoeBlock) for i in range(6)]
-    assert [is_sparse(i, config) for i in range(6)] == expected == [False, True, False, False, False, True]
-    assert not is_sparse(0, Qwen3MoeConfig(num_experts=0))
 
 
 def test_zero_points_and_fp8_are_refused():

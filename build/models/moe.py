@@ -4,7 +4,8 @@ weight-only quantized experts.
     mlp = SparseMoe.from_hf(hf_layer.mlp, quant_spec, dtype)   # a transformers Qwen3MoeSparseMoeBlock
     y = mlp(x)                                                 # x [B, S, H] (or [T, H]) -> same shape
 
-in a decoder layer where `is_sparse(layer_index, config)`; the other layers keep the dense gated MLP.
+in a decoder layer whose HF MLP is the sparse block (transformers already applied mlp_only_layers and
+decoder_sparse_step); the other layers keep the dense gated MLP.
 The router is a plain float linear before the op (its logits are the op's input); the experts are
 the op's stacked weights: gate_up [E, 2I, H] with gate and up rows interleaved (the layout ONNX
 Runtime's kernels read; transformers' gate_up_proj is [gate | up]) and down [E, H, I], or their
@@ -22,14 +23,6 @@ from trt_llm.build.models.layers import frozen
 from trt_llm.build.quantize import QuantSpec
 from trt_llm.build.quantize.rtn import quantize_rtn
 from trt_llm.plugins import moe as moe_op
-
-
-def is_sparse(layer_index: int, config) -> bool:
-    """Whether decoder layer `layer_index` has the MoE block, as transformers' Qwen3MoeDecoderLayer
-    decides (False for a config without experts)."""
-    return (layer_index not in (getattr(config, "mlp_only_layers", None) or [])
-            and getattr(config, "num_experts", 0) > 0
-            and (layer_index + 1) % config.decoder_sparse_step == 0)
 
 
 def interleaved(gate_up_proj: Tensor) -> Tensor:
