@@ -124,7 +124,7 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
             graph = graphs.DecoderGraph(checkpoint.model, checkpoint.family, config.max_kv_cache_capacity, dtype,
                                         [g["name"] for g in lora_layout["groups"]] if lora_layout else [],
                                         feature_layers=draft.aux_layer_ids if draft is not None else None,
-                                        make_linear=make_linear)
+                                        make_linear=make_linear, release_layers=True)
             dims, graph_deepstack, layers = graph.dims.to_dict(), graph.deepstack_layers, graph.layer_specs
             refuse_unsupported(graph, draft)
             export_decoder(graph, directory / "llm" / "model.onnx", dtype, lora_layout)

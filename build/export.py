@@ -132,9 +132,11 @@ def export_graph(module, example: tuple, names: list[str], outputs: list[str], d
             custom_translation_table=plugins.translation_table(),
             optimize=True, verbose=False,
         )
-    model = program.model_proto
-    finish_custom_nodes(model)
-    save_model(model, path)
+    save_program(program, path)
+    del program
+    model = onnx.load(path, load_external_data=False)
+    finish_custom_nodes(model)  # the nodes and the tensors' types only: the weights stay where they are
+    onnx.save_model(model, path)
     return path
 
 
@@ -158,11 +160,12 @@ def finish_custom_nodes(model: onnx.ModelProto) -> None:
     plugins.finish_export(model)
 
 
-def save_model(model: onnx.ModelProto, path: Path) -> None:
-    """Save with all weights in one external file beside the graph (graphs over 2 GB need it)."""
+def save_program(program, path: Path) -> None:
+    """Save an exported program with all its weights in one external file beside the graph, written
+    tensor by tensor from torch's memory: the model's proto with the weights inside would hold a
+    second copy of all of them (and one over 2 GB cannot be written at all)."""
     path = Path(path)
-    data_name = path.name + ".data"
-    if (path.parent / data_name).exists():
-        os.remove(path.parent / data_name)
-    onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data_name, size_threshold=1024)
+    data = path.parent / (path.name + ".data")  # the name program.save gives the file
+    if data.exists():
+        os.remove(data)
+    program.save(str(path), external_data=True)

@@ -140,9 +140,12 @@ class DecoderGraph(nn.Module):
     """
 
     def __init__(self, hf_model, family: "ModelFamily", max_positions: int, dtype: torch.dtype,
-                 lora_groups: list[str] = (), feature_layers: list[int] | None = None, make_linear=linear):
+                 lora_groups: list[str] = (), feature_layers: list[int] | None = None, make_linear=linear,
+                 release_layers: bool = False):
         """make_linear: every linear, the LM head included, is built by it (`linear`, or a
-        quantizing build.quantize.factory.LinearFactory)."""
+        quantizing build.quantize.factory.LinearFactory). release_layers: empty each of hf_model's
+        decoder layers once it is converted (the build, which needs them no more: the checkpoint and
+        the graph are then never both in memory whole)."""
         super().__init__()
         vision_config = getattr(hf_model.config, "vision_config", None)
         hf_model = text_decoder(hf_model)
@@ -155,9 +158,14 @@ class DecoderGraph(nn.Module):
         self.lora_groups = list(lora_groups)  # packed projections with LoRA inputs, per layer
         self.feature_layers = list(feature_layers) if feature_layers else None
         act = activation(config)
-        self.layers = nn.ModuleList(
-            DecoderLayer(layer, self.dims, family, make_linear, spec, self._mlp(layer.mlp, act, make_linear, dtype))
-            for layer, spec in zip(hf_model.model.layers, self.layer_specs))
+        layers = []
+        for layer, spec in zip(hf_model.model.layers, self.layer_specs):
+            layers.append(DecoderLayer(layer, self.dims, family, make_linear, spec,
+                                       self._mlp(layer.mlp, act, make_linear, dtype)))
+            if release_layers:  # every tensor of ours is a copy (frozen, packed, quantized)
+                for tensor in [*layer.parameters(), *layer.buffers()]:
+                    tensor.data = torch.empty(0, dtype=tensor.dtype)
+        self.layers = nn.ModuleList(layers)
         self.final_norm = norm_weight(hf_model.model.norm, family.gemma)
         self.lm_head = make_linear(hf_model.lm_head)
         # Gemma scales the embedding by sqrt(hidden), rounded to the dtype the model runs in.
