@@ -200,7 +200,10 @@ def compile_in_place(directory: Path, manifest: dict, config: BuildConfig, steps
         else:
             from trt_llm.build.cpu_backend import compile_cpu
 
-            engines["llm"] = compile_cpu(directory / components["llm"]["graph"])
+            try:
+                engines["llm"] = compile_cpu(directory / components["llm"]["graph"])
+            except ValueError as error:  # a graph ONNX Runtime's kernels cannot take: one line
+                raise BuildError(f"backend: cpu: {error}") from None
             for encoder in [c for c in ("vision", "audio") if c in components]:
                 engines[encoder] = compile_cpu(directory / components[encoder]["graph"])
             if "draft" in components:

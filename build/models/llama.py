@@ -172,15 +172,17 @@ class DecoderGraph(nn.Module):
         self.embed_scale = float(torch.tensor(self.dims.hidden_size ** 0.5, dtype=dtype)) if family.gemma else None
         self.final_softcap = getattr(config, "final_logit_softcapping", None)
         # The rotary tables, one pair per layer type that has its own (Gemma 3's local layers).
-        rotary, tables = hf_model.model.rotary_emb, {}
-        for kind in kinds:
-            key = kind if hasattr(rotary, f"{kind}_inv_freq") else "default"
-            if key not in tables:
-                tables[key] = len(tables)
-                cos, sin = rotary_rows(rotary, config, kind, max_positions, dtype)
-                self.register_buffer(f"cos_{tables[key]}", cos)
-                self.register_buffer(f"sin_{tables[key]}", sin)
-        self.table_of = [tables[kind if hasattr(rotary, f"{kind}_inv_freq") else "default"] for kind in kinds]
+        rotary = hf_model.model.rotary_emb
+        keys = [kind if hasattr(rotary, f"{kind}_inv_freq") else "default" for kind in kinds]
+        first_kind = {}
+        for key, kind in zip(keys, kinds):
+            first_kind.setdefault(key, kind)
+        tables = {key: i for i, key in enumerate(first_kind)}
+        for key, kind in first_kind.items():
+            cos, sin = rotary_rows(rotary, config, kind, max_positions, dtype)
+            self.register_buffer(f"cos_{tables[key]}", cos)
+            self.register_buffer(f"sin_{tables[key]}", sin)
+        self.table_of = [tables[key] for key in keys]
         streams = None if family.mrope is None else mrope_streams(rotary.mrope_section, family.mrope == "interleaved")
         self.register_buffer("mrope_streams", streams)
         self.deepstack_layers = len(getattr(vision_config, "deepstack_visual_indexes", None) or [])

@@ -194,8 +194,6 @@ class EngineCore:
 
         running = self.scheduler.running[:decoding]
         crossing = [i for i, r in enumerate(running) if r.sequence.length == self.model.long_rope[0] + 1]
-        if not crossing:
-            return
         for i in crossing:  # once in a request's life: one row at a time
             with self.stage("long_rope_recompute"):
                 recompute(self.model, running[i].sequence, self.cache.window(i, i + 1), self.lora_rows(i, i + 1),
