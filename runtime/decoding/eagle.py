@@ -27,7 +27,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from trt_llm.runtime.decoding.draft import Draft, SpecStats
 from trt_llm.runtime.sampling.grammar import mask_logits
@@ -333,7 +332,7 @@ def _accept(model: Model, request, r: _Row, nodes: list[int], logits: np.ndarray
     position = {n: j + 1 for j, n in enumerate(nodes)}
     emitted, path, node = [], [], -1
     while True:
-        step_logits = torch.from_numpy(logits[0 if node < 0 else position[node]])
+        step_logits = logits[0 if node < 0 else position[node]]
         # Structured output masks each verified token in turn, as vanilla decoding masks it.
         token = int(sampler.sample(mask_logits(step_logits[None], [s.constraint]), [row])[0])
         if num_logprobs:

@@ -30,7 +30,6 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from trt_llm.runtime.sampling.grammar import mask_logits
 from trt_llm.runtime.cache import reuse
@@ -294,16 +293,14 @@ class EngineCore:
         """Sample one token for each of `requests` (the running rows first, first + 1, ...) from
         logits [n, V] and append it; returns the running indexes of the ones that finished."""
         with self.stage("sample"):
-            step_logits = torch.from_numpy(logits)
-            allowed = mask_logits(step_logits, [r.sequence.constraint for r in requests])  # structured output
+            allowed = mask_logits(logits, [r.sequence.constraint for r in requests])  # structured output
             sampled = self.sampler.sample(allowed, [r.row for r in requests])
             tokens = sampled.tolist()
             with_logprobs = [i for i, r in enumerate(requests) if r.num_logprobs]
             # Each request's own K: a batch-uniform K is the caller's rule to set.
             for k in sorted({requests[i].num_logprobs for i in with_logprobs}):
                 picked = [i for i in with_logprobs if requests[i].num_logprobs == k]
-                index = torch.tensor(picked)
-                record_logprobs([requests[i].sequence for i in picked], step_logits[index], sampled[index], k)
+                record_logprobs([requests[i].sequence for i in picked], logits[picked], sampled[picked], k)
         now = time.perf_counter()
         return [first + i for i, (r, token) in enumerate(zip(requests, tokens))
                 if append_token(self.model.eos, r.sequence, token, now)]

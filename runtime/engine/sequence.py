@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 from trt_llm.runtime.sampling.sampler import log_softmax_topn, token_logprob
 
@@ -52,7 +52,7 @@ def append_token(eos: set[int], s: Sequence, token: int, now: float) -> bool:
     return s.finish_reason is not None
 
 
-def record_logprobs(rows: list[Sequence], logits: torch.Tensor, sampled: torch.Tensor, k: int) -> None:
+def record_logprobs(rows: list[Sequence], logits: np.ndarray, sampled: np.ndarray, k: int) -> None:
     """Per row: the top k tokens and the sampled one, log-softmax at temperature 1 over the model's
     own logits [n, V] (before logit bias)."""
     values, ids = log_softmax_topn(logits, k)
@@ -62,6 +62,6 @@ def record_logprobs(rows: list[Sequence], logits: torch.Tensor, sampled: torch.T
         s.token_logprobs.append(value)
 
 
-def record_step(s: Sequence, logits: torch.Tensor, token: int, k: int) -> None:
+def record_step(s: Sequence, logits: np.ndarray, token: int, k: int) -> None:
     """Log-probabilities of one row's step (logits [V])."""
-    record_logprobs([s], logits[None], torch.tensor([token]), k)
+    record_logprobs([s], logits[None], np.array([token], dtype=np.int64), k)

@@ -12,21 +12,27 @@ one thread is all they need.
 from __future__ import annotations
 
 import functools
+import sys
 from contextlib import contextmanager
 
-import torch
 from threadpoolctl import threadpool_limits
 
 
 @contextmanager
 def single_threaded_host_math():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    """Within: numpy's BLAS pool (threadpoolctl) at one thread, and torch's too when something has
+    already imported torch (a TensorRT backend, a library caller); the cpu runtime itself never
+    imports it, so this does not either."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    if torch is not None:
+        torch.set_num_threads(1)
     try:
         with threadpool_limits(limits=1, user_api="blas"):
             yield
     finally:
-        torch.set_num_threads(before)
+        if torch is not None:
+            torch.set_num_threads(before)
 
 
 def leaves_cores_to_the_engine(function):

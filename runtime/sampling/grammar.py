@@ -100,16 +100,14 @@ class Constraint:
         return self._matcher.get_error() if self._matcher.is_error() else None
 
 
-def mask_logits(logits, constraints: list["Constraint | None"]):
-    """logits [n, V] (a torch tensor) with each constrained row's disallowed tokens at -inf; the same
-    tensor when no row is constrained, else a copy (the caller's logits stay the model's own)."""
+def mask_logits(logits: np.ndarray, constraints: list["Constraint | None"]) -> np.ndarray:
+    """logits [n, V] (a numpy array) with each constrained row's disallowed tokens at -inf; the same
+    array when no row is constrained, else a copy (the caller's logits stay the model's own)."""
     if not any(constraints):
         return logits
-    import torch
-
-    masked = logits.clone()
+    masked = np.array(logits, copy=True, order="C")
     for row, constraint in enumerate(constraints):
         if constraint is not None:
-            allowed = torch.from_numpy(constraint.allowed())
-            masked[row, : len(allowed)].masked_fill_(~allowed, float("-inf"))
+            allowed = constraint.allowed()
+            masked[row, : len(allowed)][~allowed] = -np.inf
     return masked

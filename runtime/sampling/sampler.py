@@ -1,13 +1,13 @@
 """Token sampling for the decode loop.
 
-Backend-agnostic torch: the engine hands over float32 logits [B, V], one row per
-active sequence. Filtering follows Hugging Face ``generate``: logit bias, then
-temperature, then top-k, then top-p, then a multinomial draw.
+numpy on the host: the engine hands over float32 logits [B, V] (a numpy array), one row per active
+sequence. Filtering follows Hugging Face ``generate``: logit bias, then temperature, then top-k,
+then top-p, then a multinomial draw. Greedy is argmax (ties to the lowest index, as torch.argmax).
 
-Each request (an "original row") owns its own ``torch.Generator``, so what it
-samples does not depend on which other requests share its batch or where its row
-sits in the logits; finished rows leave the batch and ``rows`` maps the current
-logits rows back to the original ones.
+Each request (an "original row") owns its own ``numpy.random.Generator`` (PCG64, seeded from the
+request's seed) and takes exactly one uniform draw from it per sampled token, so what it samples
+does not depend on which other requests share its batch or where its row sits in the logits;
+finished rows leave the batch and ``rows`` maps the current logits rows back to the original ones.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
 __all__ = ["SamplingParams", "Sampler", "log_softmax_topn", "token_logprob"]
 
@@ -55,8 +55,9 @@ class Sampler:
 
     ``params[r]`` and ``seeds[r]`` belong to original row r. A None seed is
     replaced by a random one at construction (kept in ``self.seeds`` so a run can
-    be reproduced). The same seed gives the same tokens on the same device; CPU
-    and CUDA generators give different streams.
+    be reproduced). The same seed gives the same draws everywhere (numpy's PCG64,
+    one uniform per sampled token), so the same tokens wherever the logits agree,
+    whatever backend computed them.
     """
 
     def __init__(self, params: Sequence[SamplingParams], seeds: Sequence[int | None] | None = None):
@@ -68,11 +69,9 @@ class Sampler:
         self.seeds: list[int] = []
         self._greedy: list[bool] = []
         self._filter_key: list[tuple[float, int, float]] = []
-        # Generators are created on first use, on the device the logits live on
-        # (torch.multinomial needs the generator on the tensor's device).
-        self._gens: list[torch.Generator | None] = []
+        self._gens: list[np.random.Generator | None] = []  # made on a row's first sampled token
         # Bias preprocessed once into (ids, values, max id); None = row has no bias.
-        self._bias: list[tuple[torch.Tensor, torch.Tensor, int] | None] = []
+        self._bias: list[tuple[np.ndarray, np.ndarray, int] | None] = []
         self._sampled_rows = 0  # rows that are not greedy
         self._free: list[int] = []  # released rows, reused by add()
         for p, seed in zip(params, seeds):
@@ -82,8 +81,8 @@ class Sampler:
         """One more original row (a request joining a running engine); returns its row index, a
         released one when there is one (a server's sampler stays as large as its batch)."""
         if params.logit_bias:
-            ids = torch.tensor(list(params.logit_bias.keys()), dtype=torch.int64)
-            vals = torch.tensor(list(params.logit_bias.values()), dtype=torch.float32)
+            ids = np.array(list(params.logit_bias.keys()), dtype=np.int64)
+            vals = np.array(list(params.logit_bias.values()), dtype=np.float32)
             bias = (ids, vals, int(ids.max()))
         else:
             bias = None
@@ -113,67 +112,59 @@ class Sampler:
 
     # -- public API ---------------------------------------------------------
 
-    def sample(self, logits: torch.Tensor, rows: Sequence[int] | None = None) -> torch.Tensor:
-        """Next token per row of ``logits`` [B, V] -> int64 [B] on logits.device.
+    def sample(self, logits: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray:
+        """Next token per row of ``logits`` [B, V] -> int64 [B].
 
         ``rows[i]`` is the original row index of logits row i (default: identity,
         which requires B == len(params)).
         """
+        logits = np.asarray(logits)
         rows = self._check_rows(logits, rows)
         logits = self._biased(logits, rows)
+        out = logits.argmax(-1).astype(np.int64, copy=False)  # greedy rows; sampled rows are overwritten below
         if self._all_greedy or all(self._greedy[r] for r in rows):
-            if logits.device.type == "cpu":
-                # numpy's argmax: torch's, run between ONNX Runtime calls, wakes its own thread pool
-                # against ORT's spinning threads (measured ~6 ms vs ~0.2 ms per step at batch 8).
-                return torch.from_numpy(logits.numpy().argmax(-1))
-            return logits.argmax(dim=-1)  # the common cheap case: one kernel
-        if any(self._greedy[r] for r in rows):
-            out = logits.argmax(dim=-1)  # sampled rows are overwritten below
-        else:
-            out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
-        # Rows with the same settings are filtered together (a few kernels per
-        # group rather than per row). Every op works row by row on same-shaped
-        # rows, so a row's result does not depend on its group-mates.
+            return out
+        # Rows with the same settings are filtered together (a few array ops per group rather than
+        # per row). Every op works row by row on same-shaped rows, so a row's result does not depend
+        # on its group-mates.
         groups: dict[tuple[float, int, float], list[int]] = {}
         for i, r in enumerate(rows):
             if not self._greedy[r]:
                 groups.setdefault(self._filter_key[r], []).append(i)
         for (temperature, top_k, top_p), idx in groups.items():
-            pos = torch.tensor(idx, device=logits.device)
-            probs, ids = _filter(logits.index_select(0, pos), temperature, top_k, top_p)
-            # One draw per row with that request's own generator.
-            choice = torch.cat([
-                torch.multinomial(probs[m], 1, generator=self._generator(rows[i], logits.device))
-                for m, i in enumerate(idx)
-            ])
-            out[pos] = choice if ids is None else ids.gather(1, choice[:, None]).squeeze(1)
+            part = logits if len(idx) == len(logits) else logits[idx]  # (idx is then every row, in order)
+            for i, (weights, ids) in zip(idx, _filter(part, temperature, top_k, top_p)):
+                # One uniform draw per row from that request's own generator.
+                choice = _draw(weights, self._generator(rows[i]).random())
+                out[i] = choice if ids is None else ids[choice]
         return out
 
-    def apply_bias(self, logits: torch.Tensor, rows: Sequence[int] | None = None) -> torch.Tensor:
+    def apply_bias(self, logits: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray:
         """``logits`` plus each row's logit bias; the input itself is never modified
         (returned as is when no active row has a bias)."""
+        logits = np.asarray(logits)
         return self._biased(logits, self._check_rows(logits, rows))
 
-    def _biased(self, logits: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+    def _biased(self, logits: np.ndarray, rows: Sequence[int]) -> np.ndarray:
         biased = [(i, self._bias[r]) for i, r in enumerate(rows) if self._bias[r] is not None]
         if not biased:
             return logits
         vocab = logits.shape[-1]
-        # contiguous: an expand()ed input would otherwise share storage across rows
-        out = logits.clone(memory_format=torch.contiguous_format)
+        # a contiguous copy: a broadcast input would otherwise share its memory across rows
+        out = np.array(logits, copy=True, order="C")
         for i, (ids, vals, max_id) in biased:
             if max_id >= vocab:
                 raise ValueError(f"logit_bias token id {max_id} out of range for vocab {vocab}")
-            out[i, ids.to(out.device)] += vals.to(out.device, out.dtype)
+            out[i, ids] += vals.astype(out.dtype, copy=False)
         return out
 
     def log_softmax_topn(
         self,
-        logits: torch.Tensor,
+        logits: np.ndarray,
         n: int,
         rows: Sequence[int] | None = None,
         include_bias: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[np.ndarray, np.ndarray]:
         """:func:`log_softmax_topn`, optionally of the biased logits."""
         if include_bias:
             logits = self.apply_bias(logits, rows)
@@ -181,11 +172,11 @@ class Sampler:
 
     def token_logprob(
         self,
-        logits: torch.Tensor,
-        ids: torch.Tensor,
+        logits: np.ndarray,
+        ids: np.ndarray,
         rows: Sequence[int] | None = None,
         include_bias: bool = False,
-    ) -> torch.Tensor:
+    ) -> np.ndarray:
         """:func:`token_logprob`, optionally of the biased logits."""
         if include_bias:
             logits = self.apply_bias(logits, rows)
@@ -193,8 +184,8 @@ class Sampler:
 
     # -- internals ----------------------------------------------------------
 
-    def _check_rows(self, logits: torch.Tensor, rows: Sequence[int] | None) -> Sequence[int]:
-        if logits.dim() != 2:
+    def _check_rows(self, logits: np.ndarray, rows: Sequence[int] | None) -> Sequence[int]:
+        if logits.ndim != 2:
             raise ValueError(f"logits must be [B, V], got shape {tuple(logits.shape)}")
         batch = logits.shape[0]
         if rows is None:
@@ -208,64 +199,125 @@ class Sampler:
                 raise IndexError(f"row {r} out of range for {len(self.params)} params")
         return rows
 
-    def _generator(self, r: int, device: torch.device) -> torch.Generator:
+    def _generator(self, r: int) -> np.random.Generator:
         gen = self._gens[r]
         if gen is None:
-            gen = self._gens[r] = torch.Generator(device=device)
-            gen.manual_seed(self.seeds[r])
+            gen = self._gens[r] = np.random.Generator(np.random.PCG64(self.seeds[r] % (1 << 64)))
         return gen
 
 
-def _filter(
-    x: torch.Tensor, temperature: float, top_k: int, top_p: float
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _topk(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest of each row of x [n, V], sorted descending, ties to the lower id (what a stable
+    full sort gives, whatever the batch): (values [n, k], ids [n, k] int64). A partition finds the
+    k-th value: no full sort of the vocabulary."""
+    vocab = x.shape[-1]
+    if k >= vocab:
+        ids = np.argsort(-x, axis=-1, kind="stable")
+    else:
+        ids = np.empty((len(x), k), dtype=np.int64)
+        for i, row in enumerate(x):  # row by row: small temporaries, and numpy's partition is per row anyway
+            kth = np.partition(row, vocab - k)[vocab - k]
+            picked = np.flatnonzero(row >= kth)  # ascending ids
+            if len(picked) > k:  # tokens tied at the k-th value: the lowest ids of them
+                above = np.flatnonzero(row > kth)
+                picked = np.sort(np.concatenate([above, np.flatnonzero(row == kth)[: k - len(above)]]))
+            ids[i] = picked
+        # The ids ascending, so the stable sort by value breaks ties towards the lower id.
+        ids = np.take_along_axis(ids, np.argsort(-np.take_along_axis(x, ids, -1), axis=-1, kind="stable"), -1)
+    ids = ids.astype(np.int64, copy=False)
+    return np.take_along_axis(x, ids, -1), ids
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    """float32 softmax over the last axis, as torch.softmax: shifted by the row's max."""
+    peak = x.max(-1, keepdims=True)
+    e = np.exp(x - np.where(np.isfinite(peak), peak, 0.0).astype(x.dtype))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """Which of `probs` [m] (sorted descending) top-p keeps, bool [m]. A token is dropped when the
+    tokens strictly above it already reach top_p: the kept prefix is the smallest one with mass >=
+    top_p, as in transformers' TopPLogitsWarper. The best token always survives (mass above it is
+    0 < top_p); (above > 0: a top_p below float32's smallest number rounds to 0 and must not drop it)."""
+    above = probs.cumsum(-1, dtype=np.float32) - probs
+    return ~((above >= np.float32(top_p)) & (above > 0))
+
+
+def _filter(x: np.ndarray, temperature: float, top_k: int, top_p: float) -> list[tuple[np.ndarray, np.ndarray | None]]:
     """Temperature, top-k, top-p on (biased) logits x [n, V], as generate() does.
 
-    Returns unnormalised sampling weights [n, m] (torch.multinomial does not need
-    them to sum to 1) and ids [n, m] mapping column j to its token id, or None
-    when column j is token j.
+    Returns per row (sampling weights [m], zero for a dropped token: _draw does not need them to sum
+    to 1; ids [m] mapping column j to its token id, or None when column j is token j).
     """
-    x = x.float()
+    x = x.astype(np.float32, copy=False)  # read only: the caller's logits stay as they are
     if temperature != 1.0:
-        scaled = x / temperature
-        if torch.isposinf(scaled).any() or torch.isnan(scaled).any():
-            # A temperature so small that the logits overflow (in float32 it may even be 0): its limit,
-            # the best token (ties shared), instead of the inf - inf that makes every weight NaN.
-            best = x == x.amax(dim=-1, keepdim=True)
-            scaled = torch.zeros_like(x).masked_fill(~best, float("-inf"))
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            scaled = x / np.float32(temperature)  # float32, where a tiny temperature is 0 or overflows
+        peak = scaled.max(-1)
+        # A temperature so small that a row's logits overflow (in float32 it may even be 0): its limit,
+        # the best token (ties shared), instead of the inf - inf that makes every weight NaN.
+        bad = np.isnan(scaled).any(-1) | (peak == np.inf) | ((peak == -np.inf) & np.isfinite(x.max(-1)))
+        if bad.any():
+            best = x[bad] == x[bad].max(-1, keepdims=True)
+            scaled[bad] = np.where(best, np.float32(0.0), np.float32(-np.inf))
         x = scaled
-    ids = None
     if 0 < top_k < x.shape[-1]:
-        # topk instead of a full sort: O(V) for small k, and sorted descending,
-        # which is what top-p needs next.
-        x, ids = torch.topk(x, top_k, dim=-1)
-    probs = torch.softmax(x, dim=-1)
-    if top_p < 1.0:  # 1.0 means off (as in generate), not "keep all but fp dust"
-        if ids is None:
-            probs, ids = torch.sort(probs, dim=-1, descending=True)
-        # Drop a token when the tokens strictly above it already reach top_p: the
-        # kept prefix is the smallest one with mass >= top_p, as in transformers'
-        # TopPLogitsWarper. The best token always survives (mass above it is
-        # 0 < top_p). Masking instead of slicing avoids a device->host sync and
-        # keeps rows the same shape.
-        above = probs.cumsum(dim=-1) - probs
-        # (above > 0: a top_p below float32's smallest number rounds to 0 and must not drop the best.)
-        probs = probs.masked_fill((above >= top_p) & (above > 0), 0.0)
-    return probs, ids
+        # top-k first: sorted descending, which is what top-p needs next.
+        x, ids = _topk(x, top_k)
+        probs = _softmax(x)
+        if top_p < 1.0:  # 1.0 means off (as in generate), not "keep all but fp dust"
+            probs[~_nucleus(probs, top_p)] = 0.0
+        return list(zip(probs, ids))
+    probs = _softmax(x)
+    if top_p >= 1.0:
+        return [(row, None) for row in probs]
+    rows = []
+    for row in probs:
+        # The nucleus is usually a few tokens of the vocabulary: the best k, sorted, widened until its
+        # last one is dropped (then every later one is too), instead of sorting all V.
+        k = 64
+        while True:
+            values, ids = _topk(row[None], min(k, len(row)))
+            keep = _nucleus(values[0], top_p)
+            if not keep[-1] or k >= len(row):
+                break
+            k *= 8
+        rows.append((np.where(keep, values[0], np.float32(0.0)), ids[0]))
+    return rows
 
 
-def log_softmax_topn(logits: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _draw(weights: np.ndarray, u: float) -> int:
+    """The column that uniform draw u in [0, 1) picks from non-negative weights [m] (inverse CDF in
+    float64); a zero-weight column is never picked."""
+    cdf = np.cumsum(weights, dtype=np.float64)
+    if not cdf[-1] > 0 or not np.isfinite(cdf[-1]):
+        raise ValueError("sampling weights contain NaN or inf, or none is positive")
+    choice = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+    if choice >= len(cdf) or weights[choice] <= 0:  # u * total rounded up to the total
+        choice = int(np.flatnonzero(weights > 0)[-1])
+    return choice
+
+
+def _logsumexp(x: np.ndarray) -> np.ndarray:
+    """log(sum(exp(x))) over the last axis, keepdims, in float32: max + log-sum-exp of the shifted row."""
+    peak = x.max(-1, keepdims=True)
+    peak = np.where(np.isfinite(peak), peak, np.float32(0.0)).astype(np.float32)
+    return peak + np.log(np.exp(x - peak).sum(-1, keepdims=True))
+
+
+def log_softmax_topn(logits: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """The n most likely tokens per row under log-softmax (temperature 1) of
     ``logits`` [B, V]: (values [B, n] float32 sorted descending, ids [B, n] int64).
     n is clipped to V."""
-    logits = logits.float()
-    values, ids = torch.topk(logits, min(n, logits.shape[-1]), dim=-1)
+    logits = np.asarray(logits, dtype=np.float32)
+    values, ids = _topk(logits, min(n, logits.shape[-1]))
     # log_softmax(x)_i = x_i - logsumexp(x); no need to normalise the whole vocab.
-    return values - torch.logsumexp(logits, dim=-1, keepdim=True), ids
+    return values - _logsumexp(logits), ids
 
 
-def token_logprob(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """log-softmax (temperature 1) of token ids[i] in row i of ``logits`` [B, V] -> [B]."""
-    logits = logits.float()
-    chosen = logits.gather(-1, ids.to(logits.device, torch.int64).view(-1, 1)).squeeze(-1)
-    return chosen - torch.logsumexp(logits, dim=-1)
+def token_logprob(logits: np.ndarray, ids) -> np.ndarray:
+    """log-softmax (temperature 1) of token ids[i] in row i of ``logits`` [B, V] -> [B] float32."""
+    logits = np.asarray(logits, dtype=np.float32)
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1, 1)
+    return (np.take_along_axis(logits, ids, -1) - _logsumexp(logits))[:, 0]
