@@ -8,10 +8,12 @@ checkpoint loaders. Exit status: 0 written, 2 nothing written (the message says 
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from pathlib import Path
 
 from trt_llm.build.compile import SUPPORTED_DTYPES, BuildError, CompileOptions, compile_bundle
-from trt_llm.build.engine_dir import BundleError
+from trt_llm.build.engine_dir import BundleError, read_bundle
 from trt_llm.build.staging import OutputDirError
 from trt_llm.common.cli_args import Interrupted, OneLineParser, signals_interrupt
 
@@ -39,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.backend not in SUPPORTED_DTYPES:
                 raise BuildError(f"backend: {args.backend!r} is not a backend; choose one of "
                                  f"{', '.join(SUPPORTED_DTYPES)}")
+            check_graphs(args.bundle, read_bundle(args.bundle))
             out = compile_bundle(args.bundle, args.output, options, progress=not args.quiet)
         except (BundleError, BuildError, OutputDirError) as error:
             print(f"{PROG}: error: {error}", file=sys.stderr)
@@ -48,6 +51,38 @@ def main(argv: list[str] | None = None) -> int:
             return interrupt.exit_status
     print(f"engine directory written: {out}", file=sys.stderr)
     return 0
+
+
+def check_graphs(bundle: str | Path, manifest: dict) -> None:
+    """Every graph of the bundle whole before anything is compiled: a graph file that does not parse,
+    or a weights file shorter than its tensors need (a copy cut short), is a BundleError naming the
+    file, not an ONNX or protobuf traceback from deep inside the compile."""
+    import onnx
+
+    bundle = Path(bundle)
+    for name, entry in manifest["components"].items():
+        relative = entry.get("graph") if isinstance(entry, dict) else None
+        if relative is None:
+            continue
+        damaged = f"{bundle}: {relative} ({name} graph) is damaged"
+        try:
+            model = onnx.load(str(bundle / relative), load_external_data=False)
+        except Exception as error:  # protobuf's DecodeError and the like: the file is cut short or corrupt
+            reason = " ".join(str(error).split()) or type(error).__name__
+            raise BundleError(f"{damaged}: {reason}; export the bundle again") from None
+        sizes: dict[str, int] = {}
+        for tensor in model.graph.initializer:
+            if tensor.data_location != onnx.TensorProto.EXTERNAL:
+                continue
+            info = {entry.key: entry.value for entry in tensor.external_data}
+            location = (bundle / relative).parent / info.get("location", "")
+            if location not in sizes:
+                sizes[location] = os.path.getsize(location) if location.is_file() else -1
+            end = int(info.get("offset", 0)) + int(info.get("length", 0))
+            if end > sizes[location]:
+                where = os.path.relpath(location, bundle)
+                raise BundleError(f"{bundle}: {where} ({name} weights) is damaged: tensor {tensor.name!r} ends at "
+                                  f"byte {end:,}, the file has {max(sizes[location], 0):,}; export the bundle again")
 
 
 if __name__ == "__main__":

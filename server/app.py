@@ -10,7 +10,8 @@
 Every refusal is an OpenAI error object ({"error": {"message", "type", "param", "code"}}) with a 4xx
 status: 400 a body that does not validate (the message names the field), 401 a missing or wrong
 key, 404 an unknown model, 413 a body over the limit, 429 a full queue (with Retry-After), 504 a
-request past its timeout. A 5xx means the engine itself failed.
+request past its timeout. A 5xx means the engine itself failed. A client that leaves before its
+answer has its request aborted, one warning line in the log, and 499 in /metrics (nothing is sent).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -26,7 +28,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -37,7 +39,15 @@ from trt_llm.server.convert import BadRequest, convert
 from trt_llm.server.engine import EngineStopped, Job, QueueFull, ServingEngine, Update
 from trt_llm.runtime.engine import DEFAULT_PREFILL_CHUNK
 from trt_llm.server.metrics import Metrics
-from trt_llm.server.protocol import ChatCompletionRequest, CompletionRequest
+from trt_llm.schemas._errors import describe, did_you_mean, show
+from trt_llm.server.protocol import PART_TYPES, UNION_FIELDS, ChatCompletionRequest, CompletionRequest
+
+log = logging.getLogger(__name__)
+
+# The routes /metrics counts answers of (trt_llm_requests, by route and status), whatever answered:
+# the route, a refused body (400), the key check (401) or the size limit (413).
+COUNTED_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/audio/transcriptions")
+CLIENT_GONE = 499  # the status counted for a client that left before its answer (nginx's "client closed request")
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error",
@@ -59,6 +69,17 @@ class ServerConfig:
     kv_cache_budget: int = 1 << 30  # bytes of reused keys and values
     prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK  # prompt tokens a pass (runtime/engine/engine_core.py)
     latency_target: float | None = None  # streams' time between tokens while prompts go in, in decode steps
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer; its job is already aborted."""
+
+
+def client_gone(route: str, tokens: int) -> Response:
+    """One line in the log for a client that left (its job aborted); the answer nobody reads."""
+    log.warning("%s: the client disconnected before its answer; the request was aborted after %d generated "
+                "tokens", route, tokens)
+    return Response(status_code=CLIENT_GONE)
 
 
 class HttpError(Exception):
@@ -134,22 +155,15 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
         return await _complete(body, request, "/v1/completions")
 
     async def _complete(body, request: Request, route: str):
-        try:
-            job = await _submit(body)
-        except HttpError as error:
-            metrics.requests.labels(route, str(error.status)).inc()
-            raise
+        job = await _submit(body)
         answer = _Answer(body, job, runner, config.model_name)
         if body.stream:
-            metrics.requests.labels(route, "200").inc()
-            return StreamingResponse(_stream(job, answer, request), media_type="text/event-stream",
+            return StreamingResponse(_stream(job, answer, request, route), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         try:
             await _wait(job, request, answer)
-        except HttpError as error:
-            metrics.requests.labels(route, str(error.status)).inc()
-            raise
-        metrics.requests.labels(route, "200").inc()
+        except ClientGone:
+            return client_gone(route, answer.tokens)
         return answer.whole()
 
     async def _submit(body) -> Job:
@@ -200,7 +214,7 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
                 job.checked = now
                 if await request.is_disconnected():
                     engine.abort(job)
-                    raise asyncio.CancelledError
+                    raise ClientGone
             try:
                 update = await asyncio.wait_for(job.updates.get(), timeout=0.25)
             except TimeoutError:
@@ -216,13 +230,15 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
             if update.finished:
                 return
 
-    async def _stream(job: Job, answer: "_Answer", request: Request):
+    async def _stream(job: Job, answer: "_Answer", request: Request, route: str):
         finished = False
         try:
             yield _sse(answer.chunk(Update([], ""), first=True))
             while not finished:
                 try:
                     update = await _next(job, request)
+                except ClientGone:
+                    return
                 except HttpError as error:  # past its timeout, or the engine failed: say so, then end
                     yield _sse({"error": {"message": error.message, "type": ERROR_TYPES.get(error.status),
                                           "param": None, "code": error.code}})
@@ -238,11 +254,12 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
         finally:
             if not finished:  # the client went away mid-stream: free its row now
                 engine.abort(job)
+                client_gone(route, answer.tokens)
 
     from trt_llm.server.transcriptions import add_transcriptions  # it imports this module's HttpError
 
     add_transcriptions(app, runner, metrics, config, _enqueue, _next)
-    _add_limits(app, config)
+    _add_limits(app, config, metrics)
     return app
 
 
@@ -259,15 +276,74 @@ def _preparation_message(message: str) -> tuple[str, str | None]:
 
 
 def _validation_message(errors) -> tuple[str, str | None]:
-    first = errors[0]
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(location) or None
-    if first.get("type") == "json_invalid":
+    """A body that does not validate: the message names each field and what is wrong with it (the
+    first three), and error.param is the first field, as OpenAI's errors do."""
+    if any(e.get("type") == "json_invalid" for e in errors):
+        first = next(e for e in errors if e.get("type") == "json_invalid")
         return f"the body is not valid JSON: {first.get('msg')}", None
-    if first.get("type") == "extra_forbidden":
-        return f"{param}: unknown or unsupported parameter", param
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{param or 'body'}: {first.get('msg')}{more}", param
+    # A misspelt key first: it is why a field is missing.
+    errors = sorted(errors, key=lambda e: e.get("type") != "extra_forbidden")
+    missing = {tuple(_location(e)[:-1]): [] for e in errors}
+    for e in errors:
+        if e.get("type") == "missing":
+            missing[tuple(_location(e)[:-1])].append(str(_location(e)[-1]))
+    shown = []
+    for e in errors[:3]:
+        location = _location(e)
+        shown.append(f"{'.'.join(map(str, location)) or 'body'}: {_describe(e, missing.get(tuple(location[:-1]), []))}")
+    more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+    param = ".".join(map(str, _location(errors[0]))) or None
+    return "; ".join(shown) + more, param
+
+
+def _location(error) -> list:
+    """The error's field path in the body: without FastAPI's "body", the tags pydantic adds for a
+    union's branch (protocol._either's "str" / "parts", a content part's type) or a dict's key; a
+    part's missing or unknown type is its "type" field."""
+    loc = list(error.get("loc", ()))
+    if loc[:1] == ["body"]:
+        loc = loc[1:]
+    out = []
+    for i, part in enumerate(loc):
+        before = loc[i - 1] if i else None
+        if part in ("str", "parts") and before in UNION_FIELDS:
+            continue
+        if i > 1 and loc[i - 2] == "parts" and isinstance(before, int) and isinstance(part, str) and i < len(loc) - 1:
+            continue  # the content part's own tag ("input_audio"), followed by its real field
+        if part == "[key]":
+            continue
+        out.append(part)
+    if error.get("type") in ("union_tag_invalid", "union_tag_not_found"):
+        out.append(str((error.get("ctx") or {}).get("discriminator", "type")).strip("'"))
+    return out
+
+
+def _describe(error, missing_siblings: list[str]) -> str:
+    kind, ctx, value = error.get("type"), error.get("ctx") or {}, error.get("input")
+    if kind == "extra_forbidden":
+        return f"unknown or unsupported parameter{did_you_mean(str(_location(error)[-1]), missing_siblings)}"
+    if kind == "literal_error":
+        return f"{show(value)} is not supported; use {_choices(ctx.get('expected', ''))}"
+    if kind == "union_tag_invalid":  # a content part's type (the one discriminated union)
+        tag = ctx.get("tag", "")
+        why = " (video input is not supported yet)" if "video" in str(tag) else ""
+        return f"{show(tag)} is not supported{why}; use {_or(PART_TYPES)}"
+    if kind == "union_tag_not_found":
+        return f"required field missing ({_or(PART_TYPES)})"
+    if kind == "str_or_list_type":
+        return f"{error.get('msg')}, got {show(value)}"
+    if kind == "value_error":
+        return str(error.get("msg", "")).removeprefix("Value error, ")
+    return describe(error)
+
+
+def _choices(expected: str) -> str:
+    """pydantic's "'a', 'b' or 'c'" as "a, b or c"."""
+    return expected.replace("'", "")
+
+
+def _or(names) -> str:
+    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
 
 
 class _Answer:
@@ -357,8 +433,9 @@ class _Answer:
         return out
 
 
-def _add_limits(app: FastAPI, config: ServerConfig) -> None:
-    """The API key, the body size limit and (only when asked for) CORS, as ASGI middleware."""
+def _add_limits(app: FastAPI, config: ServerConfig, metrics: Metrics) -> None:
+    """The API key, the body size limit and (only when asked for) CORS, as ASGI middleware, inside
+    the counter of every answer."""
     if config.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -367,6 +444,27 @@ def _add_limits(app: FastAPI, config: ServerConfig) -> None:
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)
     if config.api_keys:
         app.add_middleware(ApiKey, keys=config.api_keys)
+    app.add_middleware(RequestCounter, metrics=metrics)  # the last added is the outermost
+
+
+class RequestCounter:
+    """trt_llm_requests{route, status} for every answer of the API routes, refusals included (a body
+    that does not validate, a missing key, one over the size limit), by the status sent."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] not in COUNTED_ROUTES:
+            return await self.app(scope, receive, send)
+        route = scope["path"]
+
+        async def counted(message):
+            if message["type"] == "http.response.start":
+                self.metrics.requests.labels(route, str(message["status"])).inc()
+            await send(message)
+
+        return await self.app(scope, receive, counted)
 
 
 class ApiKey:
@@ -420,5 +518,6 @@ class BodyLimit:
             return await too_large(scope, receive, send)
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(BaseException):
+    """Raised from the body's receive: a BaseException, so that FastAPI's body parsing (which turns
+    any Exception into "There was an error parsing the body", 400) lets it through to BodyLimit."""

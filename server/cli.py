@@ -10,7 +10,8 @@ import os
 import sys
 from pathlib import Path
 
-from trt_llm.common.cli_args import OneLineParser, byte_size, capped_threads, positive_int, steps_above_one
+from trt_llm.common.cli_args import (OneLineParser, byte_size, capped_threads, port_number, positive_float, positive_int,
+                                     steps_above_one)
 from trt_llm.runtime.engine import DEFAULT_PREFILL_CHUNK
 
 PROG = "trt-llm-serve"
@@ -21,7 +22,7 @@ def parse_args(argv: list[str] | None):
     p = OneLineParser(prog=PROG, description="Serve an engine over an OpenAI-compatible HTTP API.")
     p.add_argument("--engine-dir", required=True, help="engine directory from trt-llm-build")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port_number, default=8000, help="port to listen on (default 8000; 0: any free port)")
     p.add_argument("--model-name", help="the model's name in the API (default: the engine directory's name)")
     p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                    help="serve a LoRA adapter as model NAME (repeatable)")
@@ -30,7 +31,8 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--max-batch-size", type=positive_int, help="requests decoding together (default: the engine's)")
     p.add_argument("--max-queue", type=positive_int, default=256, help="requests waiting for a row before 429")
     p.add_argument("--max-body-bytes", type=positive_int, default=4 << 20)
-    p.add_argument("--request-timeout", type=float, default=None, help="seconds before a request is aborted (504)")
+    p.add_argument("--request-timeout", type=positive_float, default=None,
+                   help="seconds before a request is aborted (504)")
     p.add_argument("--allowed-local-media-path", type=Path, help="folder local image/audio paths may come from")
     p.add_argument("--cors-origin", action="append", default=[], help="allow browser calls from this origin")
     p.add_argument("--no-prefix-cache", action="store_true",
@@ -114,11 +116,32 @@ def main(argv: list[str] | None = None) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not config.api_keys:
         log.warning("listening on %s without an API key: anyone who reaches this address can use the model",
                     args.host)
+    server = _announcing(uvicorn.Server)(uvicorn.Config(app, host=args.host, port=args.port,
+                                                        log_level="info" if args.verbose else "warning"))
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning")
+        server.run()
     except SystemExit as stopped:  # uvicorn's startup failure (the address in use: it said so in one line)
         return EXIT_UNUSABLE if stopped.code == 3 else stopped.code
-    return 0
+    except KeyboardInterrupt:
+        pass
+    return 0 if server.started else EXIT_UNUSABLE
+
+
+def _announcing(server_class):
+    """uvicorn's Server, printing where it listens once its sockets are bound, whatever the log level
+    (`--port 0` takes any free port: this line says which)."""
+
+    class Announcing(server_class):
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            if self.started:
+                for listening in self.servers:
+                    for sock in listening.sockets:
+                        host, port = sock.getsockname()[:2]
+                        print(f"{PROG}: listening on http://{f'[{host}]' if ':' in host else host}:{port}",
+                              file=sys.stderr, flush=True)
+
+    return Announcing
 
 
 def build_app(engine_dir, config, threads: int, spec_decode: bool = True):

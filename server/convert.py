@@ -77,12 +77,21 @@ def _message(index: int, message, media_root: Path | None) -> dict:
         elif part.type == "image_url":
             parts.append({"type": "image", "image": media_source(part.image_url.url, media_root, f"{where}.image_url.url")})
         else:
-            try:
-                base64.b64decode(part.input_audio.data, validate=True)
-            except (binascii.Error, ValueError):
-                raise BadRequest(f"{where}.input_audio.data: not base64", param=f"{where}.input_audio.data") from None
-            parts.append({"type": "audio", "audio": f"data:audio/{part.input_audio.format};base64,{part.input_audio.data}"})
+            parts.append({"type": "audio", "audio": _audio_source(part.input_audio, media_root, f"{where}.input_audio.data")})
     return {"role": role, "content": parts}
+
+
+def _audio_source(audio, media_root: Path | None, param: str) -> str:
+    """input_audio.data: the clip's bytes in base64 (OpenAI's form), or, like an image part's url, a
+    data: URL or a file:// URL inside the allowed folder."""
+    if audio.data.startswith(("data:", "file://")):
+        return media_source(audio.data, media_root, param)
+    try:
+        base64.b64decode(audio.data, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRequest(f"{param}: not base64 (send the clip's bytes in base64, or a data:audio/...;base64, URL)",
+                         param=param) from None
+    return f"data:audio/{audio.format};base64,{audio.data}"
 
 
 def media_source(url: str, media_root: Path | None, param: str) -> str:
@@ -104,6 +113,8 @@ def media_source(url: str, media_root: Path | None, param: str) -> str:
     if media_root is None:
         raise BadRequest(f"{param}: local media paths are off (start the server with --allowed-local-media-path)",
                          param=param, status=403)
+    if "\0" in url:  # no file system takes it (and Path.resolve raises a bare "embedded null byte")
+        raise BadRequest(f"{param}: {url!r} is not a valid path (it holds a NUL character)", param=param)
     path = Path(url.removeprefix("file://"))
     if not path.is_absolute():
         path = media_root / path

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic_core import PydanticCustomError
 
 from trt_llm.schemas.input_file import MAX_LOGIT_BIAS, MAX_TEXT_BYTES
 
@@ -42,7 +43,8 @@ class ImagePart(_Body):
 
 
 class InputAudio(_Body):
-    data: str = Field(min_length=1, description="base64 audio bytes")
+    data: str = Field(min_length=1, description="the clip's bytes in base64 (OpenAI's form), or a data:audio/...;base64, "
+                                                "URL, or a file:// URL under --allowed-local-media-path")
     format: Literal["wav", "mp3", "flac"]
 
 
@@ -52,11 +54,29 @@ class AudioPart(_Body):
 
 
 ContentPart = Annotated[Union[TextPart, ImagePart, AudioPart], Field(discriminator="type")]
+PART_TYPES = ("text", "image_url", "input_audio")
+
+
+def _str_or_list(value) -> str | None:
+    """The branch of a string-or-list field: only that branch validates, so an error names what is
+    wrong inside a list (a part's field) instead of "not a string (and 1 more)". app.py drops the
+    tag ("str" / "parts") from the error's location."""
+    if isinstance(value, str):
+        return "str"
+    return "parts" if isinstance(value, list) else None
+
+
+def _either(text, items, what: str):
+    return Annotated[Union[Annotated[text, Tag("str")], Annotated[items, Tag("parts")]],
+                     Discriminator(_str_or_list, custom_error_type="str_or_list_type", custom_error_message=what)]
+
+
+UNION_FIELDS = ("content", "stop", "prompt")  # the fields typed with _either
 
 
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart]
+    content: _either(str, list[ContentPart], "expected a string or an array of content parts")
     name: str | None = None
 
 
@@ -91,7 +111,7 @@ class _Sampling(_Body):
     top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
     top_k: int = Field(0, ge=0, description="extension: 0 = off")
     max_tokens: int | None = Field(None, ge=1)
-    stop: str | list[Annotated[str, Field(min_length=1)]] | None = None
+    stop: _either(str, list[Annotated[str, Field(min_length=1)]], "expected a string or an array of strings") | None = None
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     logit_bias: dict[str, Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]] | None = None
     n: Literal[1] = Field(1, description="one choice per request")
@@ -144,8 +164,22 @@ class ChatCompletionRequest(_Sampling):
         return max(1, self.top_logprobs or 0) if self.logprobs else 0
 
 
+def _one_prompt(value):
+    """A list prompt must be one string: token ids and batches of prompts are refused by name."""
+    if isinstance(value, list):
+        if value and all(isinstance(v, (int, list)) and not isinstance(v, bool) for v in value):
+            raise PydanticCustomError("prompt_tokens", "token ids are not supported; send the prompt as a string")
+        if not value:
+            raise PydanticCustomError("prompt_count", "an empty array; send the prompt as a string")
+        if len(value) != 1:
+            raise PydanticCustomError("prompt_count", "a list of {count} prompts; this server completes one prompt "
+                                      "per request (send each as a request of its own)", {"count": len(value)})
+    return value
+
+
 class CompletionRequest(_Sampling):
-    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] = Field(
+    prompt: Annotated[_either(str, Annotated[list[str], Field(min_length=1, max_length=1)],
+                              "expected a string (or an array of one string)"), BeforeValidator(_one_prompt)] = Field(
         description="one raw prompt (a list of one string is accepted)")
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: Literal[False] = False

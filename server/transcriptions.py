@@ -30,7 +30,7 @@ from trt_llm.runtime.media.sources import _shown
 from trt_llm.runtime.text.prompt import PromptError
 from trt_llm.schemas.input_file import InputSettings
 from trt_llm.schemas.input_file import Request as InputRequest
-from trt_llm.server.app import HttpError
+from trt_llm.server.app import ClientGone, HttpError, client_gone
 from trt_llm.server.convert import BadRequest, _validated
 from trt_llm.server.engine import Job
 
@@ -63,18 +63,17 @@ def add_transcriptions(app: FastAPI, runner, metrics, config, enqueue, next_upda
 
     @app.post(ROUTE, openapi_extra=_OPENAPI)
     async def transcriptions(request: Request):
+        # Every answer is counted by app.py's RequestCounter.
+        _check_engine(runner)
+        if not forms:
+            raise HttpError(501, f"{ROUTE} needs the python-multipart package on the server "
+                                 "(pip install 'trt-llm[server]')", code="not_installed")
+        fields, data, filename = await _read_form(request)
+        job = await _submit(fields, data, filename)
         try:
-            _check_engine(runner)
-            if not forms:
-                raise HttpError(501, f"{ROUTE} needs the python-multipart package on the server "
-                                     "(pip install 'trt-llm[server]')", code="not_installed")
-            fields, data, filename = await _read_form(request)
-            job = await _submit(fields, data, filename)
             text = await _collect(job, request)
-        except HttpError as error:
-            metrics.requests.labels(ROUTE, str(error.status)).inc()
-            raise
-        metrics.requests.labels(ROUTE, "200").inc()
+        except ClientGone:
+            return client_gone(ROUTE, len(job.prepared.sequence.generated))
         if fields.get("response_format", "json") == "text":
             return PlainTextResponse(text)
         s = job.prepared.sequence

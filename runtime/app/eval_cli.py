@@ -8,6 +8,7 @@ Exit status: 0 done; 2 the text, an engine directory or a flag is unusable.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import sys
@@ -20,12 +21,23 @@ PROG = "trt-llm-eval"
 EXIT_UNUSABLE = 2
 
 
+MIN_CONTEXT = 3  # a chunk's second half must hold a token predicted from a position of that half
+
+
+def context_tokens(value: str) -> int:
+    number = positive_int(value)
+    if number < MIN_CONTEXT:
+        raise argparse.ArgumentTypeError(f"{number} is below {MIN_CONTEXT} (the second half of each chunk is scored: "
+                                         f"a chunk of {number} has no token to score)")
+    return number
+
+
 def parse_args(argv):
     p = OneLineParser(prog=PROG, description="Perplexity and, against a reference engine, KL divergence.")
     p.add_argument("text", type=Path, help="a UTF-8 text file")
     p.add_argument("--engine-dir", required=True, help="the engine to evaluate")
     p.add_argument("--reference-dir", help="an engine of the same model and tokenizer to compare with")
-    p.add_argument("--context", type=positive_int, default=512,
+    p.add_argument("--context", type=context_tokens, default=512,
                    help="tokens per chunk (default 512, at most the engines' max_input_len); the second half "
                         "of each chunk is scored")
     p.add_argument("--max-tokens", type=positive_int, help="use only the text's first N tokens")

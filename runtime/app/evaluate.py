@@ -21,10 +21,15 @@ from trt_llm.runtime.engine.step import Step
 def open_model(engine_dir, threads: int = 0) -> Model:
     from trt_llm.runtime.backends.embedding import load_embedding
     from trt_llm.runtime.backends.engines import open_engine
+    from trt_llm.runtime.requests.lora import batch_inputs
 
     embedding = load_embedding(engine_dir.component_path("llm", "embedding"), engine_dir.manifest["model"]["dtype"],
                                engine_dir.dims)
-    return model_of(engine_dir, open_engine(engine_dir, threads), embedding)
+    model = model_of(engine_dir, open_engine(engine_dir, threads), embedding)
+    layout = engine_dir.manifest.get("lora")
+    # An engine built with LoRA inputs takes them on every call: the base model's (no adapter).
+    model.base_lora = batch_inputs([None], layout, embedding.dtype) if layout else None
+    return model
 
 
 def chunks(token_ids: list[int], context: int) -> list[list[int]]:
@@ -41,7 +46,7 @@ def chunk_log_softmax(model: Model, chunk: list[int]) -> np.ndarray:
                 np.array([n], np.int32), np.arange(n, dtype=np.int32)[None],
                 np.empty((1, n, model.vocab_size), np.float32), *model.eagle_io(1, n))
     step.inputs.update(model.media_inputs([None], step.inputs_embeds, past, np.array([n])))
-    model.engine.run(step, cache)
+    model.engine.run(step, cache, getattr(model, "base_lora", None))
     logits = step.logits[0].astype(np.float64)
     peak = logits.max(-1, keepdims=True)
     return logits - peak - np.log(np.exp(logits - peak).sum(-1, keepdims=True))

@@ -37,6 +37,10 @@ def run_continuous(runner, loaded, settings, formatter, responses: list) -> None
             pending.append((runner.prepare(index, slot, settings, formatter), messages))
         except (PromptError, ValueError) as error:
             responses.append(runner.error(index, index % size, str(error), messages))
+        except Exception as error:  # whatever a request asks for, the others still run
+            from trt_llm.runtime.requests.runner import unprepared
+
+            responses.append(runner.error(index, index % size, unprepared(index, error), messages))
     static_batches: dict[int, list] = {}
     for p, _ in pending:
         static_batches.setdefault(p.index // size, []).append(p)

@@ -56,7 +56,7 @@ def _files(name: str, path: str) -> tuple[Path, Path]:
         weights, config = location, location.parent / "adapter_config.json"
     for f in (weights, config):
         if not f.is_file():
-            raise LoraError(f"LoRA adapter {name!r}: {f} not found")
+            raise LoraError(f"LoRA adapter {name!r}: {str(f)!r} not found")  # quoted: a NUL or newline shows escaped
     return weights, config
 
 

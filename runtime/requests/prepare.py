@@ -40,6 +40,13 @@ class Prepared:
     context_policies: tuple[str, str] = ("use_cache", "including_generated_tokens")  # lookup, commit
 
 
+def one_line(message: str) -> str:
+    """A library's message on one line: its lines joined, a caret line under a quoted source dropped
+    (the regex parser's "^" marks nothing once the lines are joined)."""
+    lines = [line.strip() for line in message.splitlines()]
+    return " ".join(line for line in lines if line and set(line) - set("^~ "))
+
+
 def request_seed(seed: int | None, index: int) -> int | None:
     # One stream per request, derived from the file's seed and the request's index, so a request's
     # samples do not depend on its batch-mates or on the batch size.
@@ -126,7 +133,11 @@ class RequestPreparer:
             try:
                 sequence.constraint = self.grammars.constraint(request.response_format.model_dump(by_alias=True))
             except GrammarError as error:
-                raise ValueError(f"{where}.response_format.{error}") from None
+                raise ValueError(f"{where}.response_format.{one_line(str(error))}") from None
+            except ImportError as error:  # a broken install: this request fails, not the run
+                raise ValueError(f"{where}.response_format: structured output needs {error.name or 'llguidance'}, "
+                                 "which is not installed (it is a dependency of trt-llm: pip install "
+                                 "llguidance)") from None
         return Prepared(index, request, prompt, sequence, params, self._system_ids(where, prompt), adapter,
                         request_seed(settings.seed, index),
                         context_policies=request.resolved_context_policies(settings))

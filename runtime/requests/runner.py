@@ -148,6 +148,8 @@ class Runner:
                     prepared.append(self.prepare(index, slot, settings, formatter))
                 except (PromptError, ValueError) as error:
                     results[index] = self.error(index, batch_idx, str(error), loaded.messages(index))
+                except Exception as error:  # whatever a request asks for, the others still run
+                    results[index] = self.error(index, batch_idx, unprepared(index, error), loaded.messages(index))
 
         if prepared:
             apply_batch_rules(prepared, settings)
@@ -230,6 +232,13 @@ class Runner:
         if p.system_ids and len(p.system_ids) < len(s.prompt_ids):
             plan.kept, plan.save_kept = tuple(p.system_ids), p.save_group
         s.context = plan
+
+
+def unprepared(index: int, error: Exception) -> str:
+    """The message of a request whose preparation failed unexpectedly (a bug, a broken install): one
+    line; the traceback only with -v."""
+    log.info("requests[%d]: the preparation's traceback:", index, exc_info=error)
+    return f"requests[{index}]: could not be prepared: {type(error).__name__}: {error}"
 
 
 @leaves_cores_to_the_engine

@@ -36,6 +36,28 @@ def positive_int(value: str) -> int:
     return number
 
 
+def positive_float(value: str) -> float:
+    """A finite number above 0 (seconds, say)."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not 0 < number < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    return number
+
+
+def port_number(value: str) -> int:
+    """A TCP port, 0 to 65535 (0: any free port)."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is outside [0, 65535]")
+    return number
+
+
 def steps_above_one(value: str) -> float:
     """A latency target in decode steps: a number above 1 (a step itself takes one)."""
     try:
