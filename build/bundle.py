@@ -35,7 +35,9 @@ def write_embedding(checkpoint, path: Path, storage: str, blocks=None) -> None:
 
     from trt_llm.build.quantize.embedding import embedding_tensors
 
-    table = checkpoint.model.get_input_embeddings().weight.detach()
+    from trt_llm.build.checkpoint import TORCH_DTYPES
+
+    table = checkpoint.embedding_table(TORCH_DTYPES.get(storage))  # int8: as stored, quantized in slices
     save_file(embedding_tensors(table, storage, blocks if storage == "int8" else None), str(path))
 
 
@@ -87,7 +89,10 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
     dtype = TORCH_DTYPES[config.dtype]
     (directory / "llm").mkdir(parents=True, exist_ok=True)
     with steps.step("loading checkpoint"):
-        checkpoint = load_checkpoint(config.model, config.dtype, config.trust_remote_code)
+        # Streamed (each module read as it is converted) unless a step needs the whole model: AWQ's
+        # calibration runs it, an EAGLE draft is checked against its embedding and LM head.
+        stream = config.draft is None and config.quantization.method != "awq"
+        checkpoint = load_checkpoint(config.model, config.dtype, config.trust_remote_code, stream)
     if checkpoint.family.encoder_decoder:
         config = encoder_decoder_config(config, checkpoint)
 
@@ -124,7 +129,7 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
             graph = graphs.DecoderGraph(checkpoint.model, checkpoint.family, config.max_kv_cache_capacity, dtype,
                                         [g["name"] for g in lora_layout["groups"]] if lora_layout else [],
                                         feature_layers=draft.aux_layer_ids if draft is not None else None,
-                                        make_linear=make_linear, release_layers=True)
+                                        make_linear=make_linear, release_layers=True, weights=checkpoint.weights)
             dims, graph_deepstack, layers = graph.dims.to_dict(), graph.deepstack_layers, graph.layer_specs
             refuse_unsupported(graph, draft)
             export_decoder(graph, directory / "llm" / "model.onnx", dtype, lora_layout)

@@ -29,10 +29,23 @@ class Checkpoint:
     # dequantized) and its quantization_config; build/quantize/formats.py.
     published: dict | None = None
     published_config: dict | None = None
+    # The files the model's weights are read from as the build converts each module (its tensors
+    # are on the meta device until then): build/streamed_weights.py. None: the model holds them.
+    weights: object | None = None
+
+    def embedding_table(self, dtype: torch.dtype | None = None):
+        """The token embedding's weight, in `dtype` when the stored table is converted anyway (a
+        streamed one is then read straight into it: the table is never in memory twice)."""
+        table = self.model.get_input_embeddings()
+        if self.weights is None:
+            return table.weight.detach()
+        return self.weights.read(f"{self.weights.names[id(table)]}.weight", dtype=dtype)
 
 
 def _location(model: str) -> tuple[str, dict]:
-    """from_pretrained's first argument and extra keywords for `model`."""
+    """from_pretrained's first argument and extra keywords for `model`. A path that does not exist
+    is refused here, at once, rather than tried as a hub id: one that cannot be a hub id ("org/name")
+    always, and any when the hub is off (HF_HUB_OFFLINE) and its cache does not hold the model."""
     path = Path(model).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
@@ -42,30 +55,114 @@ def _location(model: str) -> tuple[str, dict]:
         if not (path / "config.json").is_file():
             raise CheckpointError(f"model: {model!r} is not a Hugging Face model directory (no config.json)")
         return str(path), {}
+    if not _hub_id(model):
+        raise CheckpointError(f"model: {model!r} does not exist")
+    if _hub_offline() and not _in_hub_cache(model):
+        raise CheckpointError(f"model: {model!r} does not exist (no such folder; HF_HUB_OFFLINE is set and "
+                              "the hub's cache does not hold it)")
     return model, {}  # a hub id; from_pretrained resolves it (or says why it cannot)
+
+
+def model_family(model: str, trust_remote_code: bool = False) -> ModelFamily:
+    """The family of `model` from its config alone (no weights read): what the build checks the
+    config's sections against before it loads the checkpoint."""
+    from transformers import AutoConfig
+
+    location, extra = _location(model)
+    with _loading(model):
+        config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code, **extra)
+    return family_for(config)
+
+
+def _hub_id(model: str) -> bool:
+    """Whether `model` can name a hub repository ("name" or "org/name"; not "./name", "~/name",
+    "/abs/name" or "a/b/c")."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(model)
+    except HFValidationError:
+        return False
+    return True
+
+
+def _hub_offline() -> bool:
+    import os
+
+    return any(os.environ.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _in_hub_cache(model: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(model, "config.json"), str)
+
+
+def _gguf_damage(path: Path) -> str | None:
+    """Why the GGUF file `path` is not whole (its header cut short, or shorter than its tensors'
+    offsets and sizes say), or None when it is: then something else failed."""
+    from gguf import GGUFReader
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    class Extent(GGUFReader):  # the header only: where the tensors end, none of them mapped
+        def _build_tensors(self, start_offs, fields):
+            self.end = start_offs
+            for field in fields:
+                _, _, _, dims, raw_dtype, offset = field.parts
+                block, size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
+                count = 1
+                for dim in dims.tolist():
+                    count *= int(dim)
+                self.end = max(self.end, start_offs + int(offset[0]) + count * size // block)
+
+    size = path.stat().st_size
+    try:
+        end = Extent(path).end
+    except Exception as error:  # the header's own reads ran past the end of the file, or it is not GGUF
+        if "version" in str(error):  # a GGUF version the reader does not know: whole, not ours to read
+            return None
+        return f"{size} bytes; its header cannot be read"
+    if end > size:
+        return f"{size} bytes, its tensors need {end}"
+    return None
 
 
 @contextmanager
 def _loading(model: str) -> Iterator[None]:
     """A checkpoint that transformers cannot read (a truncated GGUF or safetensors file, a broken
-    config) is one CheckpointError, whatever the loader it failed in raised."""
+    config) is one CheckpointError, whatever the loader it failed in raised; a GGUF file shorter
+    than its header says is named as damaged."""
     try:
         yield
     except CheckpointError:
         raise
     except Exception as error:  # gguf, safetensors, json and transformers each raise their own kinds
+        path = Path(model).expanduser()
+        if path.suffix == ".gguf" and path.is_file():
+            try:
+                damage = _gguf_damage(path)
+            except Exception:  # the check is a better message, never a new failure
+                damage = None
+            if damage is not None:
+                raise CheckpointError(f"model: {model!r} is damaged or truncated ({damage})") from None
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise CheckpointError(f"model: cannot load {model!r}: {first[:300]}") from None
 
 
-def load_checkpoint(model: str, dtype: str, trust_remote_code: bool = False) -> Checkpoint:
+def load_checkpoint(model: str, dtype: str, trust_remote_code: bool = False, stream: bool = False) -> Checkpoint:
+    """stream: a text decoder's safetensors folder is not loaded but read module by module as the
+    build converts it (Checkpoint.weights), where its files allow (build/streamed_weights.py)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     location, extra = _location(model)
     with _loading(model):
         config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code, **extra)
     family = family_for(config)  # refuse an unsupported architecture before loading any weights
-    published, published_config = None, None
+    published, published_config, weights = None, None, None
+    if stream and not (extra or trust_remote_code or family.multimodal or family.vision or family.encoder_decoder):
+        with _loading(model):
+            weights = _streamed(Path(location), config)
     with _loading(model):
         # Weights load in fp32 and are cast by the graph builder: GGUF dequantisation and the rotary
         # tables are computed in fp32 either way.
@@ -75,6 +172,8 @@ def load_checkpoint(model: str, dtype: str, trust_remote_code: bool = False) -> 
             published_config = quantization_config(Path(location))
         if published_config is not None:  # GPTQ / AWQ: read without their kernels
             hf_model, published = load_published(Path(location), published_config)
+        elif weights is not None:
+            hf_model = weights.model
         else:
             if family.vision:  # the decoder and the vision tower
                 from transformers import AutoModelForImageTextToText as loader
@@ -92,7 +191,22 @@ def load_checkpoint(model: str, dtype: str, trust_remote_code: bool = False) -> 
         generation_config = GenerationConfig.from_pretrained(location, **extra)
     except OSError:
         generation_config = hf_model.generation_config
-    return Checkpoint(hf_model, tokenizer, generation_config, family, model, published, published_config)
+    return Checkpoint(hf_model, tokenizer, generation_config, family, model, published, published_config,
+                      weights)
+
+
+def _streamed(directory: Path, config):
+    """The folder's StreamedWeights over a meta-device model of `config` (`.model`), or None when
+    it is a GPTQ / AWQ folder or its files do not name every tensor as the model does."""
+    from transformers import AutoModelForCausalLM
+
+    from trt_llm.build.quantize.formats import quantization_config
+    from trt_llm.build.streamed_weights import StreamedWeights, meta_model
+
+    if quantization_config(directory) is not None:
+        return None
+    skeleton = meta_model(AutoModelForCausalLM, config)
+    return StreamedWeights.open(directory, skeleton)
 
 
 def eos_token_ids(checkpoint: Checkpoint) -> list[int]:

@@ -46,6 +46,9 @@ def compile_cpu(graph_path: Path, quantization: str = "none") -> Path:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    # Its kernels are made, not prepacked: the check then maps the weights without copying them (a
+    # prepacked MoE engine would be in the build's memory once more).
+    options.add_session_config_entry("session.disable_prepacking", "1")
     ort.InferenceSession(str(engine_path), options, providers=["CPUExecutionProvider"])
     return engine_path
 

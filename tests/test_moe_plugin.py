@@ -48,10 +48,9 @@ def tokens(*shape: int, seed: int = 1) -> torch.Tensor:
 
 def dequantized(moe: SparseMoe) -> SparseMoe:
     """The same block with its quantized experts as float weights."""
-    float_moe = SparseMoe(moe.router, op.dequantize(moe.gate_up, moe.gate_up_scales, moe.bits),
-                          op.dequantize(moe.down, moe.down_scales, moe.bits), moe.top_k, bool(moe.normalize), None,
-                          torch.float32)
-    return float_moe
+    gate_up = op.dequantize(moe.gate_up, moe.gate_up_scales, moe.bits)  # rows gate_i, up_i, ...
+    down = op.dequantize(moe.down, moe.down_scales, moe.bits)
+    return SparseMoe(moe.router, zip(gate_up, down), len(down), moe.top_k, bool(moe.normalize), 0, torch.float32)
 
 
 @pytest.mark.parametrize("normalize", [False, True])
@@ -90,7 +89,7 @@ def test_quantized_experts_are_their_dequantized_weights(name):
     with torch.no_grad():
         torch.testing.assert_close(moe(x), float_moe(x), rtol=1e-5, atol=1e-6)
     # The blocks are the float weights to round-to-nearest's step.
-    for weight, scales, original in ((float_moe.gate_up, moe.gate_up_scales, interleaved(hf.experts.gate_up_proj)),
+    for weight, scales, original in ((float_moe.gate_up, moe.gate_up_scales, torch.stack([interleaved(*g.chunk(2)) for g in hf.experts.gate_up_proj])),
                                      (float_moe.down, moe.down_scales, hf.experts.down_proj)):
         step = scales.repeat_interleave(original.shape[-1] // scales.shape[-1], dim=-1).abs()
         assert bool(((weight - original.detach()).abs() <= step * (1.0 if spec.bits == 4 else 0.5) + 1e-6).all())

@@ -124,3 +124,82 @@ def test_published_checkpoint_loads_exactly_and_matches_transformers(
     oracle = dequantized_copy(oracle, tmp_path / "oracle-head", QuantSpec(4, group), only=("lm_head",))
     lengths = assert_batch_matches_transformers(engine, oracle, PROMPTS, max_new=24)
     assert max(lengths) >= 16
+
+
+def write_gptq_moe(model_dir, out, group: int, seed: int = 0):
+    """A tiny Qwen3-MoE in GPTQ's layout, as published MoE checkpoints are: every decoder linear and
+    each expert's gate, up and down projections as symmetric 4-bit blocks (the router stays float);
+    returns the folder and {name: the dequantized weight [N, K]} computed by hand."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(seed)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    expected = {}
+
+    def put(name, n, k):
+        q = torch.randint(0, 16, (k, n), generator=generator)
+        scales = (torch.rand(k // group, n, generator=generator) * 0.02 + 0.005).half()
+        rows = torch.arange(k) // group
+        expected[name] = ((q - 8) * scales.float()[rows]).t()
+        state.update({f"{name}.qweight": _pack_rows(q), f"{name}.qzeros": _pack_columns(torch.full((k // group, n), 7)),
+                      f"{name}.scales": scales, f"{name}.g_idx": rows.to(torch.int32)})
+
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] in LINEARS and isinstance(module, torch.nn.Linear):
+            del state[f"{name}.weight"]
+            put(name, *module.weight.shape)
+        elif name.endswith(".experts"):
+            del state[f"{name}.gate_up_proj"], state[f"{name}.down_proj"]
+            experts, width, hidden = module.gate_up_proj.shape
+            for e in range(experts):
+                put(f"{name}.{e}.gate_proj", width // 2, hidden)
+                put(f"{name}.{e}.up_proj", width // 2, hidden)
+                put(f"{name}.{e}.down_proj", hidden, width // 2)
+    out.mkdir(parents=True)
+    save_file(state, str(out / "model.safetensors"))
+    config = model.config.to_dict()
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": False,
+                                     "sym": True, "checkpoint_format": "gptq"}
+    (out / "config.json").write_text(json.dumps(config))
+    for file in model_dir.iterdir():
+        if file.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
+            (out / file.name).write_bytes(file.read_bytes())
+    return out, expected
+
+
+def test_a_gptq_moe_keeps_each_experts_blocks(tmp_path, build_engine_for, caplog):
+    """A GPTQ Qwen3-MoE folder: each expert's three linears are read exactly and become the MoE op's
+    blocks as they are (its stacked experts dequantize to the hand-computed weights bit for bit, gate
+    and up rows interleaved), not quantized again; the engine builds and runs."""
+    import family_assets
+    from conftest import _cache_root
+    from test_families import requests_for, run
+    from trt_llm.build.checkpoint import load_checkpoint
+    from trt_llm.build.models.llama import DecoderGraph
+    from trt_llm.build.quantize.factory import factory_for
+    from trt_llm.plugins import moe as moe_op
+    from trt_llm.schemas.build_config import BuildConfig
+
+    source = family_assets.make_family_model("qwen3_moe", tmp_path / "source", _cache_root())
+    folder, expected = write_gptq_moe(source, tmp_path / "gptq", group=32)
+    config = BuildConfig(model=str(folder), output_dir=str(tmp_path / "unused"),
+                         quantization={"weights": "int4", "group_size": 32})
+    checkpoint = load_checkpoint(str(folder), "fp32")
+    experts = [name for name, blocks in checkpoint.published.items() if isinstance(blocks, list)]
+    assert experts and len(experts) == sum(1 for name in expected if name.endswith(".0.gate_proj"))
+    with caplog.at_level("WARNING"):
+        make_linear = factory_for(config, checkpoint, torch.float32)
+    assert not [r for r in caplog.records if "quantized again" in r.getMessage()]
+    graph = DecoderGraph(checkpoint.model, checkpoint.family, 64, torch.float32, make_linear=make_linear)
+    for layer, hf_layer in zip(graph.layers, checkpoint.model.model.layers):
+        if not hasattr(hf_layer.mlp, "experts"):
+            continue
+        name = make_linear.names[id(hf_layer.mlp.experts)]
+        gate_up = moe_op.dequantize(layer.mlp.gate_up, layer.mlp.gate_up_scales, 4)
+        down = moe_op.dequantize(layer.mlp.down, layer.mlp.down_scales, 4)
+        for e in range(gate_up.shape[0]):
+            assert torch.equal(gate_up[e, 0::2], expected[f"{name}.{e}.gate_proj"])
+            assert torch.equal(gate_up[e, 1::2], expected[f"{name}.{e}.up_proj"])
+            assert torch.equal(down[e], expected[f"{name}.{e}.down_proj"])
+    engine = build_engine_for(folder, quantization={"weights": "int4", "group_size": 32})
+    responses = run(engine, requests_for("qwen3_moe")[:2], batch_size=2)
+    assert all(r.finish_reason != "error" and r.output_token_ids for r in responses)

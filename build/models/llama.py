@@ -115,6 +115,13 @@ def rotary_rows(hf_rotary, config, layer_type: str, max_positions: int, dtype: t
     return torch.cat([cos, long_cos]), torch.cat([sin, long_sin])
 
 
+def release(module: nn.Module) -> None:
+    """Empty a checkpoint module's tensors once the graph has its own copies."""
+    for tensor in [*module.parameters(), *module.buffers()]:
+        if not tensor.is_meta:  # a streamed module's experts were never read into it
+            tensor.data = torch.empty(0, dtype=tensor.dtype)
+
+
 def text_decoder(hf_model):
     """The causal LM part of a checkpoint, with the attributes DecoderGraph reads: `model` (layers,
     norm, rotary_emb), `lm_head` and `config`. A vision-language model's is its language model."""
@@ -141,11 +148,13 @@ class DecoderGraph(nn.Module):
 
     def __init__(self, hf_model, family: "ModelFamily", max_positions: int, dtype: torch.dtype,
                  lora_groups: list[str] = (), feature_layers: list[int] | None = None, make_linear=linear,
-                 release_layers: bool = False):
+                 release_layers: bool = False, weights=None):
         """make_linear: every linear, the LM head included, is built by it (`linear`, or a
         quantizing build.quantize.factory.LinearFactory). release_layers: empty each of hf_model's
         decoder layers once it is converted (the build, which needs them no more: the checkpoint and
-        the graph are then never both in memory whole)."""
+        the graph are then never both in memory whole). weights: a build.streamed_weights
+        StreamedWeights when hf_model is on the meta device: each module is read from the files just
+        before it is converted (the experts one at a time), and emptied after."""
         super().__init__()
         vision_config = getattr(hf_model.config, "vision_config", None)
         hf_model = text_decoder(hf_model)
@@ -158,16 +167,25 @@ class DecoderGraph(nn.Module):
         self.lora_groups = list(lora_groups)  # packed projections with LoRA inputs, per layer
         self.feature_layers = list(feature_layers) if feature_layers else None
         act = activation(config)
+        # The LM head first: a large one (a 150k vocabulary) is read and quantized before the
+        # layers' weights have accumulated.
+        if weights is not None:
+            weights.load(hf_model.lm_head, dtype=None)  # as stored: the factory converts it in slices
+        self.lm_head = make_linear(hf_model.lm_head)
+        if weights is not None:
+            release(hf_model.lm_head)
         layers = []
         for layer, spec in zip(hf_model.model.layers, self.layer_specs):
+            if weights is not None:
+                weights.load(layer)
             layers.append(DecoderLayer(layer, self.dims, family, make_linear, spec,
-                                       self._mlp(layer.mlp, act, make_linear, dtype)))
-            if release_layers:  # every tensor of ours is a copy (frozen, packed, quantized)
-                for tensor in [*layer.parameters(), *layer.buffers()]:
-                    tensor.data = torch.empty(0, dtype=tensor.dtype)
+                                       self._mlp(layer.mlp, act, make_linear, dtype, weights)))
+            if release_layers or weights is not None:  # every tensor of ours is a copy (frozen, packed, quantized)
+                release(layer)
         self.layers = nn.ModuleList(layers)
+        if weights is not None:
+            weights.load(hf_model.model.norm)
         self.final_norm = norm_weight(hf_model.model.norm, family.gemma)
-        self.lm_head = make_linear(hf_model.lm_head)
         # Gemma scales the embedding by sqrt(hidden), rounded to the dtype the model runs in.
         self.embed_scale = float(torch.tensor(self.dims.hidden_size ** 0.5, dtype=dtype)) if family.gemma else None
         self.final_softcap = getattr(config, "final_logit_softcapping", None)
@@ -189,14 +207,16 @@ class DecoderGraph(nn.Module):
         cast_floats(self, dtype)
 
     @staticmethod
-    def _mlp(hf_mlp, act, make_linear, dtype: torch.dtype) -> nn.Module:
+    def _mlp(hf_mlp, act, make_linear, dtype: torch.dtype, weights=None) -> nn.Module:
         """A layer's MLP: gated, or a mixture of experts where the checkpoint has one (Qwen3-MoE: its
         `mlp_only_layers` and `decoder_sparse_step` already chose which), quantized as the linears are."""
         if hasattr(hf_mlp, "experts"):
             from trt_llm.build.models.moe import SparseMoe
 
             try:
-                return SparseMoe.from_hf(hf_mlp, getattr(make_linear, "spec", None), dtype)
+                kept = getattr(make_linear, "experts", None)  # a GPTQ / AWQ folder's expert blocks
+                published = kept.get(make_linear.names.get(id(hf_mlp.experts))) if kept else None
+                return SparseMoe.from_hf(hf_mlp, getattr(make_linear, "spec", None), dtype, weights, published)
             except ValueError as error:  # a quantization the experts cannot take: the build's one line
                 from trt_llm.build.compile import BuildError
 

@@ -10,7 +10,11 @@ The router is a plain float linear before the op (its logits are the op's input)
 the op's stacked weights: gate_up [E, 2I, H] with gate and up rows interleaved (the layout ONNX
 Runtime's kernels read; transformers' gate_up_proj is [gate | up]) and down [E, H, I], or their
 blocks of round-to-nearest integers and scales (build/quantize/rtn.py's rule, per expert) stored as
-the op's docstring says.
+the op's docstring says, or a GPTQ / AWQ checkpoint's own symmetric blocks, kept as they are.
+
+The experts arrive one at a time (a streamed build reads each from the checkpoint's files,
+build/streamed_weights.py) and are written into the stacked tensors as they come: a layer's experts
+are never in memory twice, nor in float32 whole when they are quantized.
 """
 
 from __future__ import annotations
@@ -20,22 +24,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trt_llm.build.models.layers import frozen
-from trt_llm.build.quantize import QuantSpec
+from trt_llm.build.quantize import QuantizedWeight, QuantSpec
 from trt_llm.build.quantize.rtn import quantize_rtn
 from trt_llm.plugins import moe as moe_op
 
 
-def interleaved(gate_up_proj: Tensor) -> Tensor:
-    """transformers' [E, 2I, H] ([gate | up] rows) -> the op's [E, 2I, H] (gate_i, up_i, ...)."""
-    experts, rows, hidden = gate_up_proj.shape
-    gate, up = gate_up_proj.view(experts, 2, rows // 2, hidden).unbind(1)
-    return torch.stack([gate, up], dim=2).reshape(experts, rows, hidden)
+def interleaved(gate: Tensor, up: Tensor) -> Tensor:
+    """An expert's gate and up [I, H] -> the op's gate_up rows [2I, H] (gate_i, up_i, ...)."""
+    return torch.stack([gate, up], dim=1).reshape(-1, gate.shape[-1])
 
 
-def quantize_experts(weight: Tensor, spec: QuantSpec, scale_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Stacked weights [E, N, K] -> the op's bytes uint8 [E, N, K * bits / 8] and scales [E, N, K / G]:
-    each expert by round to nearest in blocks of G along K (one expert at a time: a layer's experts
-    at once would take several copies of all of them in float32)."""
+def quantize_expert(weight: Tensor, spec: QuantSpec, scale_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """One expert's weight [N, K] -> the op's bytes uint8 [N, K * bits / 8] and scales [N, K / G], by
+    round to nearest in blocks of G along K (build/quantize/rtn.py's rule)."""
     if spec.fp8 or not spec.symmetric:
         raise ValueError(f"MoE experts take symmetric int4 / int8 blocks, not {spec.describe()}"
                          f"{'' if spec.symmetric else ' with zero points'}")
@@ -43,41 +44,92 @@ def quantize_experts(weight: Tensor, spec: QuantSpec, scale_dtype: torch.dtype) 
     group = spec.group_for(in_features)
     if in_features % group:
         raise ValueError(f"MoE experts: {in_features} inputs are not a whole number of blocks of {group}")
-    packed, scales = [], []
-    for expert in weight:
-        blocks = quantize_rtn(expert, spec, scale_dtype)
-        q, _ = blocks.values()  # [K, N] signed
-        packed.append(moe_op.pack(q.t(), spec.bits))
-        scales.append(blocks.scales.t())
-    return torch.stack(packed), torch.stack(scales).contiguous()
+    return op_blocks(quantize_rtn(weight, spec, scale_dtype))
+
+
+def op_blocks(*parts: QuantizedWeight) -> tuple[Tensor, Tensor]:
+    """QuantizedWeights [K, N_i] of symmetric blocks (one expert's projection, or its gate and up)
+    -> the op's bytes [sum N_i, K * bits / 8] and scales [sum N_i, K / G], the parts' rows
+    interleaved (gate_i, up_i, ...) when there are two."""
+    values = [p.values()[0].t() for p in parts]  # [N, K] signed
+    scales = [p.scales.t() for p in parts]
+    if len(parts) == 2:
+        values, scales = [interleaved(*values)], [interleaved(*scales)]
+    return moe_op.pack(values[0], parts[0].bits), scales[0].contiguous()
+
+
+def fits_the_op(parts: tuple[QuantizedWeight, ...], spec: QuantSpec) -> bool:
+    """A published expert's blocks are the op's as they are: symmetric, in input order, of the
+    build's bits and block size."""
+    return all(p.zero_points is None and p.input_order is None and p.offsets is None and not p.fp8
+               and p.bits == spec.bits and p.group_size == spec.group_for(p.in_features) for p in parts)
+
+
+class Stacked:
+    """The experts' tensors [E, ...], filled one expert at a time (a layer's experts are never in
+    memory twice: no list of them to stack)."""
+
+    def __init__(self, count: int):
+        self.count, self.tensors = count, None
+
+    def put(self, e: int, *parts: Tensor) -> None:
+        if self.tensors is None:
+            self.tensors = [torch.empty((self.count, *p.shape), dtype=p.dtype) for p in parts]
+        for stacked, part in zip(self.tensors, parts):
+            stacked[e] = part
 
 
 class SparseMoe(nn.Module):
     """Router linear + the MoE op. Build it with `from_hf`."""
 
-    def __init__(self, router: Tensor, gate_up: Tensor, down: Tensor, top_k: int, normalize: bool,
-                 spec: QuantSpec | None, dtype: torch.dtype):
+    def __init__(self, router: Tensor, experts, count: int, top_k: int, normalize: bool, bits: int,
+                 dtype: torch.dtype):
+        """experts: `count` of them, each as the op stores it: float (gate_up [2I, H] with gate and
+        up rows interleaved, down [H, I]), or with bits 4 / 8 (gate_up bytes, its scales, down bytes,
+        its scales), made as they are consumed (the streamed build reads them one by one)."""
         super().__init__()
         self.router = frozen(router.to(dtype))
-        self.top_k, self.normalize = top_k, int(normalize)
-        self.bits = 0 if spec is None else spec.bits
-        if spec is None:
-            self.gate_up, self.down = frozen(gate_up.to(dtype)), frozen(down.to(dtype))
+        self.top_k, self.normalize, self.bits = top_k, int(normalize), bits
+        stacked = Stacked(count)
+        for e, tensors in enumerate(experts):
+            stacked.put(e, *tensors)
+        if not bits:
+            gate_up, down = stacked.tensors  # fresh tensors of ours: no copy (frozen's) of a layer's experts
+            self.gate_up = nn.Parameter(gate_up.to(dtype), requires_grad=False)
+            self.down = nn.Parameter(down.to(dtype), requires_grad=False)
             self.gate_up_scales = self.down_scales = None
             return
-        gate_up_q, gate_up_scales = quantize_experts(gate_up, spec, dtype)
-        down_q, down_scales = quantize_experts(down, spec, dtype)
-        self.register_buffer("gate_up", gate_up_q)
-        self.register_buffer("down", down_q)
-        self.gate_up_scales, self.down_scales = frozen(gate_up_scales), frozen(down_scales)
+        gate_up, gate_up_scales, down, down_scales = stacked.tensors
+        self.register_buffer("gate_up", gate_up)
+        self.register_buffer("down", down)
+        self.gate_up_scales, self.down_scales = frozen(gate_up_scales.to(dtype)), frozen(down_scales.to(dtype))
 
     @classmethod
-    def from_hf(cls, block: nn.Module, spec: QuantSpec | None = None, dtype: torch.dtype = torch.float32) -> "SparseMoe":
+    def from_hf(cls, block: nn.Module, spec: QuantSpec | None = None, dtype: torch.dtype = torch.float32,
+                weights=None, published: list | None = None) -> "SparseMoe":
         """From a transformers Qwen3MoeSparseMoeBlock (its `gate`: weight [E, H], top_k, norm_topk_prob;
-        its `experts`: gate_up_proj [E, 2I, H], down_proj [E, H, I]); spec None keeps the experts float."""
+        its `experts`: gate_up_proj [E, 2I, H] as [gate | up] rows, down_proj [E, H, I]); spec None
+        keeps the experts float. weights: a build.streamed_weights.StreamedWeights the experts are
+        read from (the block's own tensors are then on the meta device). published: a GPTQ / AWQ
+        checkpoint's blocks of each expert, (gate, up, down) QuantizedWeights, kept as they are when
+        `spec` takes them (fits_the_op), else quantized again from their dequantized weights."""
         gate, experts = block.gate, block.experts
-        return cls(gate.weight.detach(), interleaved(experts.gate_up_proj.detach()), experts.down_proj.detach(),
-                   gate.top_k, gate.norm_topk_prob, spec, dtype)
+        count = experts.gate_up_proj.shape[0]
+        if weights is not None:
+            weights.load(gate)
+            floats = weights.experts(experts)
+        else:
+            floats = ((*experts.gate_up_proj[e].detach().chunk(2, dim=0), experts.down_proj[e].detach())
+                      for e in range(count))
+        if spec is not None and published is not None and all(fits_the_op(parts, spec) for parts in published):
+            each = ((*op_blocks(g, u), *op_blocks(d)) for g, u, d in published)
+        elif spec is None:
+            each = ((interleaved(g, u).to(dtype), d.to(dtype)) for g, u, d in floats)
+        else:
+            each = ((*quantize_expert(interleaved(g, u), spec, dtype), *quantize_expert(d, spec, dtype))
+                    for g, u, d in floats)
+        return cls(gate.weight.detach(), each, count, gate.top_k, gate.norm_topk_prob,
+                   0 if spec is None else spec.bits, dtype)
 
     def forward(self, x: Tensor, lora: dict | None = None) -> Tensor:
         """lora: the decoder layer's LoRA pairs, none of which are the experts' (the build refuses them)."""

@@ -9,6 +9,7 @@ from torch import Tensor
 from trt_llm.build.quantize import QuantizedWeight
 
 EMBEDDING_BLOCK = 32
+ROWS_AT_ONCE = 1 << 14  # rows converted at once
 
 
 def embedding_tensors(table: Tensor, storage: str, blocks: QuantizedWeight | None = None) -> dict[str, Tensor]:
@@ -22,10 +23,14 @@ def embedding_tensors(table: Tensor, storage: str, blocks: QuantizedWeight | Non
             return {"embedding": q.t().to(torch.int8).contiguous(), "scales": blocks.scales.t().float().contiguous()}
         width = table.shape[1]
         group = EMBEDDING_BLOCK if width % EMBEDDING_BLOCK == 0 else width
-        grouped = table.float().reshape(table.shape[0], -1, group)
-        scales = grouped.abs().amax(dim=-1, keepdim=True) / 127
-        scales = torch.where(scales == 0, torch.ones_like(scales), scales)
-        rows = torch.round(grouped / scales).clamp(-127, 127).to(torch.int8).reshape(table.shape)
-        return {"embedding": rows.contiguous(), "scales": scales[..., 0].contiguous()}
-    return {"embedding": table.to({"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[storage])
-            .contiguous()}
+        rows = torch.empty(table.shape, dtype=torch.int8)
+        scales = torch.empty(table.shape[0], width // group)
+        for start in range(0, table.shape[0], ROWS_AT_ONCE):  # slices: no float32 copy of the whole table
+            grouped = table[start: start + ROWS_AT_ONCE].float().reshape(-1, width // group, group)
+            scale = grouped.abs().amax(dim=-1, keepdim=True) / 127
+            scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+            rows[start: start + ROWS_AT_ONCE] = torch.round(grouped / scale).clamp(-127, 127).reshape(-1, width)
+            scales[start: start + ROWS_AT_ONCE] = scale[..., 0]
+        return {"embedding": rows, "scales": scales}
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[storage]
+    return {"embedding": table.to(dtype).contiguous()}

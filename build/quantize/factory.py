@@ -33,6 +33,9 @@ class LinearFactory:
         self.quantized: list[str] = []  # the names of the linears made quantized, in order
         self.embedding_blocks: QuantizedWeight | None = None  # a GGUF's Q8_0 token embedding
         self.kept_types: dict[str, str] = {}  # name -> GGUF type, of the published blocks kept
+        # A GPTQ / AWQ MoE's experts kept as they are: experts module name -> each expert's
+        # (gate, up, down) QuantizedWeights (build/models/moe.SparseMoe.from_hf)
+        self.experts: dict[str, list] = {}
 
     def summary(self, quantization, embedding: str) -> dict:
         """The manifest's model.quantization (schemas/manifest.Quantization)."""
@@ -106,8 +109,10 @@ def factory_for(config, checkpoint, dtype: torch.dtype):
         apply_awq(checkpoint.model, checkpoint.tokenizer, spec, text)
         return LinearFactory(checkpoint.model, dtype, spec, head_spec=head_spec)
     if checkpoint.published:
-        return LinearFactory(checkpoint.model, dtype, spec, folder_published(checkpoint, spec, config.backend),
-                             head_spec=head_spec)
+        factory = LinearFactory(checkpoint.model, dtype, spec, folder_published(checkpoint, spec, config.backend),
+                                head_spec=head_spec)
+        factory.experts = experts_published(checkpoint, spec)
+        return factory
     if gguf:
         return gguf_factory(checkpoint, dtype, spec, head_spec, config.backend)
     return LinearFactory(checkpoint.model, dtype, spec, head_spec=head_spec)
@@ -132,8 +137,28 @@ def gguf_factory(checkpoint, dtype: torch.dtype, spec: QuantSpec, head_spec: Qua
 
 def published_group(checkpoint) -> int | None:
     """The group size of a GPTQ / AWQ folder's blocks (0: one per column)."""
-    groups = {w.group_size for w in checkpoint.published.values()}
+    groups = {w.group_size for w in _linears(checkpoint.published).values()}
     return groups.pop() if len(groups) == 1 else None
+
+
+def _linears(published: dict) -> dict[str, QuantizedWeight]:
+    """A folder's published linears (without a MoE's experts, which are lists of them)."""
+    return {name: w for name, w in published.items() if isinstance(w, QuantizedWeight)}
+
+
+def experts_published(checkpoint, spec: QuantSpec) -> dict[str, list]:
+    """The MoE experts a GPTQ / AWQ folder has blocks for that the MoE op takes as they are
+    (build/models/moe.fits_the_op: symmetric, no act-order, the build's bits and block size); the
+    others are quantized again from their dequantized weights, and the build says so."""
+    from trt_llm.build.models.moe import fits_the_op
+
+    experts = {name: w for name, w in checkpoint.published.items() if not isinstance(w, QuantizedWeight)}
+    kept = {name: blocks for name, blocks in experts.items() if all(fits_the_op(parts, spec) for parts in blocks)}
+    if len(kept) < len(experts):
+        log.warning("%s: the experts of %d of its %d MoE layers are not symmetric %s blocks in input order; "
+                    "they are dequantized and quantized again", checkpoint.source, len(experts) - len(kept),
+                    len(experts), spec.describe())
+    return kept
 
 
 def folder_published(checkpoint, spec: QuantSpec, backend: str) -> dict[str, QuantizedWeight]:
@@ -141,13 +166,14 @@ def folder_published(checkpoint, spec: QuantSpec, backend: str) -> dict[str, Qua
     on a TensorRT backend, when they are symmetric: its dequantize takes no zero points). Otherwise
     they are requantized from the dequantized weights, and the build says so."""
     fmt = checkpoint.published_config["quant_method"].upper()
-    kept = {name: w for name, w in checkpoint.published.items()
+    linears = _linears(checkpoint.published)
+    kept = {name: w for name, w in linears.items()
             if not spec.fp8 and spec.bits == w.bits and w.group_size == spec.group_for(w.in_features)}
     if backend != "cpu":
         kept = {name: w for name, w in kept.items() if w.zero_points is None}
-    if len(kept) < len(checkpoint.published):
+    if len(kept) < len(linears):
         log.warning("%s: %d of its %d %s weights do not fit %s%s; they are dequantized and quantized again",
-                    checkpoint.source, len(checkpoint.published) - len(kept), len(checkpoint.published), fmt,
+                    checkpoint.source, len(linears) - len(kept), len(linears), fmt,
                     spec.describe(), " with symmetric blocks (TensorRT)" if backend != "cpu" else "")
     return kept
 

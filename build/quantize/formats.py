@@ -94,9 +94,13 @@ def awq_weight(tensors: dict[str, Tensor], config: dict, name: str) -> Quantized
 
 def load_published(model_dir: Path, config: dict, dtype: torch.dtype = torch.float32):
     """(the float HF model with dequantized linears, {module name: QuantizedWeight}) of a GPTQ / AWQ
-    folder. The model is built from its config (transformers would want the format's own kernels)."""
+    folder. The model is built from its config (transformers would want the format's own kernels).
+    A mixture of experts' stacked experts module maps to a list of each expert's (gate, up, down)
+    QuantizedWeights (published checkpoints quantize every expert's three linears)."""
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trt_llm.build.streamed_weights import EXPERT_PARTS, is_experts
 
     model_dir = Path(model_dir)
     hf_config = AutoConfig.from_pretrained(model_dir)
@@ -110,13 +114,26 @@ def load_published(model_dir: Path, config: dict, dtype: torch.dtype = torch.flo
     for file in files:
         state.update(load_file(str(file)))
     read = gptq_weight if config["quant_method"] == "gptq" else awq_weight
-    published, plain = {}, {}
-    for name, module in model.named_modules():
-        if not isinstance(module, nn.Linear) or f"{name}.qweight" not in state:
-            continue
+
+    def blocks_of(name: str) -> QuantizedWeight:
         parts = {key: state.pop(f"{name}.{key}") for key in ("qweight", "qzeros", "scales", "g_idx")
                  if f"{name}.{key}" in state}
-        published[name] = read(parts, config, name)
+        return read(parts, config, name)
+
+    published, plain = {}, {}
+    for name, module in model.named_modules():
+        if is_experts(module) and f"{name}.0.gate_proj.qweight" in state:
+            # A MoE's experts, one linear each in the file: (gate, up, down) per expert; the model's
+            # stacked tensors get their dequantized weights (gate_up_proj is [gate | up]).
+            experts = [tuple(blocks_of(f"{name}.{e}.{part}") for part in EXPERT_PARTS)
+                       for e in range(module.gate_up_proj.shape[0])]
+            published[name] = experts
+            plain[f"{name}.gate_up_proj"] = torch.stack([torch.cat([g.dequantize(), u.dequantize()])
+                                                         for g, u, _ in experts])
+            plain[f"{name}.down_proj"] = torch.stack([d.dequantize() for *_, d in experts])
+        if not isinstance(module, nn.Linear) or f"{name}.qweight" not in state:
+            continue
+        published[name] = blocks_of(name)
         plain[f"{name}.weight"] = published[name].dequantize()
     missing, unexpected = model.load_state_dict({**state, **plain}, strict=False)
     missing = [key for key in missing if not key.endswith("rotary_emb.inv_freq")]

@@ -13,7 +13,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from trt_llm.build.quantize import QuantizedWeight, QuantSpec
+from trt_llm.build.quantize import QuantizedWeight, QuantSpec, concat
+
+# Output rows quantized at once: a large matrix (a 262k-row LM head) goes in slices, so its float32
+# copy and temporaries never exist whole. Blocks run along K, so the slices' results side by side are
+# the whole's exactly.
+ROWS_AT_ONCE = 1 << 14
 
 
 def blocks(weight: Tensor, group_size: int) -> Tensor:
@@ -28,6 +33,8 @@ def blocks(weight: Tensor, group_size: int) -> Tensor:
 
 def quantize_rtn(weight: Tensor, spec: QuantSpec, scale_dtype: torch.dtype) -> QuantizedWeight:
     """nn.Linear's weight [N, K] -> its QuantizedWeight (scales in `scale_dtype`, the graph's)."""
+    if weight.shape[0] > ROWS_AT_ONCE:
+        return concat([quantize_rtn(part, spec, scale_dtype) for part in weight.split(ROWS_AT_ONCE)])
     in_features = weight.shape[1]
     if spec.fp8:
         return _quantize_fp8(weight, scale_dtype)

@@ -88,7 +88,7 @@ def _path_source(source: str, base_dir: Path | None, kind: str) -> tuple[bytes, 
     if not path.is_absolute():
         path = (Path(base_dir) if base_dir is not None else Path.cwd()) / path
     path = path.absolute()
-    name = _shown(source) if str(path) == source else f"{_shown(source)} ({path})"
+    name = _shown(source) if str(path) == source else f"{_shown(source)} ({str(path)!r})"
     return _read_file(path, name, kind), name
 
 
@@ -100,7 +100,7 @@ def _file_url_source(source: str, kind: str) -> tuple[bytes, str]:
     path = unquote(parts.path)
     if not path.startswith("/"):
         raise MediaError(f"{kind} {_shown(source)}: a file URL needs an absolute path (file:///absolute/path)")
-    name = f"{_shown(source)} ({path})"
+    name = f"{_shown(source)} ({str(path)!r})"
     return _read_file(Path(path), name, kind), name
 
 
