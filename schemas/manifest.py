@@ -61,6 +61,7 @@ class Quantization(BaseModel):
     method: str
     embedding: Literal["fp32", "fp16", "bf16", "int8"]
     quantized_linears: int = Field(ge=0)
+    quantized_expert_layers: int = Field(0, ge=0)  # MoE layers whose experts are weight-only blocks
     kept_blocks: dict[str, int] = Field(default_factory=dict)  # a GGUF file's own blocks, by type
 
 

@@ -197,6 +197,8 @@ def test_quantized_experts_build_and_run(weights, family_model, build_engine_for
     engine = build_engine_for(model, quantization={"weights": weights, "group_size": 32})
     graph = onnx_ops(engine / "llm" / "model.cpu.onnx")
     assert "QMoE" in graph and "MoE" not in graph
+    summary = json.loads((engine / "manifest.json").read_text())["model"]["quantization"]
+    assert summary["quantized_expert_layers"] == 2  # layer 1 is dense (mlp_only_layers)
     responses = run(engine, requests_for("qwen3_moe")[:2], batch_size=2)
     floats = run(build_engine_for(model), requests_for("qwen3_moe")[:2], batch_size=2)
     for quantized, exact in zip(responses, floats):

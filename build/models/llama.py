@@ -214,9 +214,9 @@ class DecoderGraph(nn.Module):
             from trt_llm.build.models.moe import SparseMoe
 
             try:
-                kept = getattr(make_linear, "experts", None)  # a GPTQ / AWQ folder's expert blocks
-                published = kept.get(make_linear.names.get(id(hf_mlp.experts))) if kept else None
-                return SparseMoe.from_hf(hf_mlp, getattr(make_linear, "spec", None), dtype, weights, published)
+                if hasattr(make_linear, "moe"):  # a quantizing factory
+                    return make_linear.moe(hf_mlp, weights)
+                return SparseMoe.from_hf(hf_mlp, None, dtype, weights)
             except ValueError as error:  # a quantization the experts cannot take: the build's one line
                 from trt_llm.build.compile import BuildError
 

@@ -36,6 +36,7 @@ class LinearFactory:
         # A GPTQ / AWQ MoE's experts kept as they are: experts module name -> each expert's
         # (gate, up, down) QuantizedWeights (build/models/moe.SparseMoe.from_hf)
         self.experts: dict[str, list] = {}
+        self.quantized_experts: list[str] = []  # the experts modules made quantized, in order
 
     def summary(self, quantization, embedding: str) -> dict:
         """The manifest's model.quantization (schemas/manifest.Quantization)."""
@@ -46,7 +47,19 @@ class LinearFactory:
         if self.embedding_blocks is not None and embedding == "int8":
             kept["Q8_0"] = kept.get("Q8_0", 0) + 1  # the token embedding
         return {"weights": quantization.weights, "group_size": self.spec.group_size, "method": quantization.method,
-                "embedding": embedding, "quantized_linears": len(self.quantized), "kept_blocks": kept}
+                "embedding": embedding, "quantized_linears": len(self.quantized),
+                "quantized_expert_layers": len(self.quantized_experts), "kept_blocks": kept}
+
+    def moe(self, block: nn.Module, weights=None) -> nn.Module:
+        """A MoE block (transformers' sparse block) as build/models/moe.SparseMoe with its experts
+        quantized as `spec` says, or the checkpoint's own expert blocks (`experts`) where it has them.
+        weights: the streamed checkpoint the experts are read from (build/streamed_weights.py)."""
+        from trt_llm.build.models.moe import SparseMoe
+
+        name = self.names.get(id(block.experts), "")
+        moe = SparseMoe.from_hf(block, self.spec, self.dtype, weights, self.experts.get(name))
+        self.quantized_experts.append(name)
+        return moe
 
     def __call__(self, *parts: nn.Linear) -> Linear | QuantizedLinear | ConcatenatedLinear:
         names = [self.names.get(id(p), "") for p in parts]
