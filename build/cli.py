@@ -8,24 +8,59 @@ same folder. `--export-only` stops after the first and leaves the bundle in outp
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 from pathlib import Path
 
 from trt_llm.build.compile import BuildError, CompileOptions, backend_version, check_backend, compile_in_place, engine_config
+from trt_llm.build.engine_dir import ENGINE, MANIFEST
 from trt_llm.build.progress import Steps
 from trt_llm.build.staging import OutputDirError, staged
 from trt_llm.common.cli_args import Interrupted, OneLineParser, signals_interrupt
 from trt_llm.schemas.build_config import BuildConfig, ConfigError, load_build_config
 
+log = logging.getLogger(__name__)
+
+
+def refuse_engine_for_bundle(out: Path) -> None:
+    """--export-only never replaces an engine directory with a bundle (a rebuilt bundle, yes)."""
+    try:
+        kind = json.loads((out / MANIFEST).read_text(encoding="utf-8")).get("kind")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return  # no manifest of ours: staging's own check says what it is
+    if kind == ENGINE:
+        raise OutputDirError(f"output_dir: {os.path.abspath(out)!r} holds an engine, which --export-only would "
+                             "replace with a bundle; nothing was touched. Choose another output_dir for the bundle")
+
+
+def drop_unused_sections(config: BuildConfig) -> BuildConfig:
+    """`vision:` / `audio:` on a model without that encoder: one warning each, and the section set
+    back to its defaults (the manifest records no limits the engine does not have). Read from the
+    checkpoint's config alone, before any weights load; only when the config sets one."""
+    given = [key for key in ("vision", "audio") if key in config.model_fields_set]
+    if not given:
+        return config
+    from trt_llm.build.checkpoint import model_family
+
+    family = model_family(config.model, config.trust_remote_code)
+    has = {"vision": family.vision, "audio": family.audio is not None}
+    unused = [key for key in given if not has[key]]
+    for key in unused:
+        log.warning("%s: ignored: %s has no %s encoder", key, family.architecture, key)
+    return config.model_copy(update={key: type(getattr(config, key))() for key in unused}) if unused else config
+
 
 def build_engine(config: BuildConfig, progress: bool = True, export_only: bool = False) -> Path:
     """Build the engine directory described by `config` (or only its bundle); returns its path."""
     from trt_llm.build.bundle import export_bundle
+    from trt_llm.build.eagle.stage import check_draft_source
 
     tensorrt_version = None
-    if not export_only:
+    if export_only:
+        refuse_engine_for_bundle(Path(config.output_dir))
+    else:
         # Before the minutes of loading and exporting: a backend that cannot take this config, or a
         # missing TensorRT, is a one-line error now.
         check_backend(config)
@@ -34,6 +69,9 @@ def build_engine(config: BuildConfig, progress: bool = True, export_only: bool =
     steps = Steps(3 if export_only else 4, "export" if export_only else "build", progress)
     try:
         with staged(out) as staging:
+            # Before the checkpoint loads: a draft folder that is not there, sections the model has no use for.
+            check_draft_source(config)
+            config = drop_unused_sections(config)
             manifest = export_bundle(config, staging, steps)
             if not export_only:
                 # the export's max_input_len: an encoder-decoder's is cut to its decoder positions
@@ -51,6 +89,13 @@ def quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    # A GGUF's conversion bar is tqdm's own, past disable_progress_bar: transformers' wrapper, which
+    # honours it, takes its place.
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_loading
+    except ImportError:  # a transformers without it has no such bar either
+        return
+    gguf_loading.tqdm = hf_logging.tqdm
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from ._errors import format_errors, json_type
@@ -73,6 +73,22 @@ class VisionBuildConfig(BaseModel):
             raise PydanticCustomError("tokens_order", "{v} is larger than max_image_tokens ({n})", {"v": v, "n": total})
         return v
 
+    @model_validator(mode="after")
+    def _default_per_image_in_range(self) -> "VisionBuildConfig":
+        # The field validator checks a per-image limit that was given; against its default, the limits
+        # given are checked here, at load (the compile reads the whole section back and would fail then).
+        if "max_image_tokens_per_image" not in self.model_fields_set:
+            per_image = self.max_image_tokens_per_image
+            if self.max_image_tokens < per_image:
+                raise PydanticCustomError(
+                    "tokens_order", "max_image_tokens {v} is smaller than max_image_tokens_per_image's default "
+                    "({n}); set max_image_tokens_per_image too", {"v": self.max_image_tokens, "n": per_image})
+            if self.min_image_tokens > per_image:
+                raise PydanticCustomError(
+                    "tokens_order", "min_image_tokens {v} is larger than max_image_tokens_per_image's default "
+                    "({n}); set max_image_tokens_per_image too", {"v": self.min_image_tokens, "n": per_image})
+        return self
+
 
 class AudioBuildConfig(BaseModel):
     """Clip limits of an audio model's engine, in mel frames (10 ms each; the reference's defaults).
@@ -91,6 +107,15 @@ class AudioBuildConfig(BaseModel):
         if isinstance(low, int) and v < low:
             raise PydanticCustomError("frames_order", "{v} is smaller than min_mel_frames ({n})", {"v": v, "n": low})
         return v
+
+    @model_validator(mode="after")
+    def _default_max_in_range(self) -> "AudioBuildConfig":
+        # As VisionBuildConfig's: a given min_mel_frames against max_mel_frames' default, at load.
+        if "max_mel_frames" not in self.model_fields_set and self.min_mel_frames > self.max_mel_frames:
+            raise PydanticCustomError(
+                "frames_order", "min_mel_frames {v} is larger than max_mel_frames' default ({n}); set "
+                "max_mel_frames too", {"v": self.min_mel_frames, "n": self.max_mel_frames})
+        return self
 
 
 def int8_group_size(backend: str) -> int:
@@ -248,25 +273,28 @@ def load_build_config(path: str | Path) -> BuildConfig:
                                        for key in ("model", "output_dir")})
 
     base = path.resolve().parent
-    model = Path(config.model).expanduser()
-    if not model.is_absolute() and (base / model).exists():
-        model = base / model
     output_dir = Path(config.output_dir).expanduser()
     if not output_dir.is_absolute():
         output_dir = base / output_dir
-    update = {"model": str(model), "output_dir": str(output_dir)}
+    update = {"model": _in_folder(config.model, base), "output_dir": str(output_dir)}
     if config.quantization.calibration is not None:
         calibration = Path(_expand_vars("quantization.calibration", config.quantization.calibration, path)).expanduser()
         if not calibration.is_absolute():
             calibration = base / calibration
         update["quantization"] = config.quantization.model_copy(update={"calibration": str(calibration)})
     if config.draft is not None:
-        draft = Path(_expand_vars("draft.model", config.draft.model, path)).expanduser()
-        if not draft.is_absolute() and (base / draft).exists():
-            draft = base / draft
-        update["draft"] = config.draft.model_copy(update={"model": str(draft)})
-    # str(Path("org/name")) keeps a hub id intact; only "~" expansion could alter a non-path.
+        draft = _in_folder(_expand_vars("draft.model", config.draft.model, path), base)
+        update["draft"] = config.draft.model_copy(update={"model": draft})
     return config.model_copy(update=update)
+
+
+def _in_folder(value: str, base: Path) -> str:
+    """A model or draft path found in the config's folder `base` as its path there; anything else
+    as written ("~" expanded): "./name" stays a path that does not exist, not the hub id "name"."""
+    path = Path(value).expanduser()
+    if not path.is_absolute() and (base / path).exists():
+        return str(base / path)
+    return os.path.expanduser(value)
 
 
 __all__ = ["BuildConfig", "DraftBuildConfig", "LoraBuildConfig", "QuantizationConfig", "LORA_MODULES", "ConfigError", "load_build_config",

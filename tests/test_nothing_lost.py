@@ -120,7 +120,8 @@ def test_truncated_gguf_is_one_line(tmp_path, capsys):
     config.write_text(f"model: {truncated}\noutput_dir: engine\n")
     assert build_main([str(config), "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith(f"trt-llm-build: error: model: cannot load {str(truncated)!r}")
+    assert len(err.splitlines()) == 1 and err.startswith(f"trt-llm-build: error: model: {str(truncated)!r} is damaged "
+                                                         "or truncated")
     assert not (tmp_path / "engine").exists()
 
 

@@ -14,11 +14,18 @@ class DraftError(ValueError):
     pass
 
 
+def check_draft_source(config) -> None:
+    """A `draft:` folder that does not exist, named in one line (before the base is loaded)."""
+    if config.draft is not None and not Path(config.draft.model).expanduser().exists():
+        raise DraftError(f"draft.model: {config.draft.model!r} does not exist")
+
+
 def load_eagle_draft(config, checkpoint: Checkpoint):
     """The draft of `config.draft`, checked against the base (a missing embedding or LM head is
     taken from the base)."""
     from trt_llm.build.eagle.formats import load_draft
 
+    check_draft_source(config)
     if checkpoint.family.multimodal:
         raise DraftError(f"draft: an EAGLE draft on a multimodal model ({checkpoint.family.architecture}) is "
                          "not supported yet: its verification would need the image or audio rows (and a VLM's "
