@@ -210,3 +210,18 @@ def test_tensorrt_rtx_builds_a_plan_ahead_of_time(tmp_path, name):
     config.add_optimization_profile(profile)
     plan = builder.build_serialized_network(network, config)
     assert plan is not None and plan.nbytes > 0
+
+
+@pytest.mark.parametrize("bits,group", [(4, 32), (4, 0), (8, 32)])
+def test_experts_quantize_by_the_linears_rule(bits, group):
+    """quantize_expert (the op's layout, computed directly) gives round-to-nearest's blocks of
+    build/quantize/rtn.py bit for bit, a block of zeros included."""
+    from trt_llm.build.models.moe import op_blocks, quantize_expert
+    from trt_llm.build.quantize.rtn import quantize_rtn
+
+    weight = torch.randn(48, 64, generator=torch.Generator().manual_seed(3)) * 0.05
+    weight[2, :32] = 0
+    for scale_dtype in (torch.float32, torch.float16):
+        got = quantize_expert(weight, QuantSpec(bits, group), scale_dtype)
+        want = op_blocks(quantize_rtn(weight, QuantSpec(bits, group), scale_dtype))
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
