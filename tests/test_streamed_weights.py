@@ -7,6 +7,7 @@ slices."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,8 +22,20 @@ from trt_llm.build.quantize import QuantSpec
 from trt_llm.build.quantize.factory import LinearFactory
 
 
-def _saved(family: str, out, dtype=torch.float32, shard: str | None = None):
-    source = family_assets.make_family_model(family, out / "source", _cache_root())
+@pytest.fixture(scope="module")
+def family_source(tmp_path_factory):
+    """Factory: the tiny checkpoint of a family, made once for the module."""
+    made = {}
+
+    def make(family: str):
+        if family not in made:
+            made[family] = family_assets.make_family_model(family, tmp_path_factory.mktemp(family), _cache_root())
+        return made[family]
+
+    return make
+
+
+def _saved(source, out, dtype=torch.float32, shard: str | None = None):
     if dtype == torch.float32 and shard is None:
         return source
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
@@ -47,8 +60,8 @@ def _graph(checkpoint, quantized: bool) -> dict[str, torch.Tensor]:
     ("gemma3", torch.float32, None, False),
     ("phi3", torch.bfloat16, None, True),
 ], ids=["moe-bf16-sharded-int4", "moe-fp32", "gemma3-tied", "phi3-bf16-int4"])
-def test_the_streamed_graph_is_the_loaded_one(family, dtype, shard, quantized, tmp_path):
-    folder = _saved(family, tmp_path, dtype, shard)
+def test_the_streamed_graph_is_the_loaded_one(family, dtype, shard, quantized, tmp_path, family_source):
+    folder = _saved(family_source(family), tmp_path, dtype, shard)
     if shard:
         assert (folder / "model.safetensors.index.json").is_file()
     if family == "qwen3_moe":  # as published: one tensor per expert and projection
@@ -67,10 +80,13 @@ def test_the_streamed_graph_is_the_loaded_one(family, dtype, shard, quantized, t
         assert torch.equal(got[name], want[name]), name
 
 
-def test_stacked_experts_are_read_one_at_a_time(tmp_path):
+def test_stacked_experts_are_read_one_at_a_time(tmp_path, family_source):
     """A folder with the experts stacked (transformers' own layout) streams too."""
-    source = family_assets.make_family_model("qwen3_moe", tmp_path / "source", _cache_root())
+    import shutil
+
     from safetensors.torch import load_file, save_file
+
+    source = Path(shutil.copytree(family_source("qwen3_moe"), tmp_path / "stacked"))
 
     state = load_file(str(source / "model.safetensors"))
     stacked = {}
@@ -93,9 +109,12 @@ def test_stacked_experts_are_read_one_at_a_time(tmp_path):
         assert torch.equal(got[name], want[name]), name
 
 
-def test_a_folder_under_other_names_is_loaded_whole(tmp_path):
-    source = family_assets.make_family_model("mistral", tmp_path / "source", _cache_root())
+def test_a_folder_under_other_names_is_loaded_whole(tmp_path, family_source):
+    import shutil
+
     from safetensors.torch import load_file, save_file
+
+    source = Path(shutil.copytree(family_source("mistral"), tmp_path / "renamed"))
 
     state = load_file(str(source / "model.safetensors"))
     state = {key.replace("model.", "transformer.", 1): value for key, value in state.items()}
@@ -109,8 +128,8 @@ def test_a_folder_under_other_names_is_loaded_whole(tmp_path):
     assert _streamed(source, AutoConfig.from_pretrained(source)) is None
 
 
-def test_a_large_tensor_is_read_in_slices(tmp_path, monkeypatch):
-    folder = _saved("mistral", tmp_path, torch.bfloat16)
+def test_a_large_tensor_is_read_in_slices(tmp_path, monkeypatch, family_source):
+    folder = _saved(family_source("mistral"), tmp_path, torch.bfloat16)
     checkpoint = load_checkpoint(str(folder), "fp32", stream=True)
     whole = checkpoint.weights.read("model.embed_tokens.weight", dtype=torch.float16)
     monkeypatch.setattr(streamed_weights, "SLICE_BYTES", 1000)  # a few rows a slice
