@@ -37,6 +37,9 @@ RANGES = {
     "num_logprobs": f"[0, {MAX_NUM_LOGPROBS}]",
     "logit_bias": f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
     "top_p": "(0, 1]",
+    "presence_penalty": "[-2, 2]",
+    "frequency_penalty": "[-2, 2]",
+    "min_p": "[0, 1]",
 }
 
 _STRICT_IGNORE = ConfigDict(strict=True, extra="ignore")
@@ -83,6 +86,20 @@ LogitBias = Annotated[dict[TokenId, Bias], Field(
     json_schema_extra={"additionalProperties": False},  # only token-id keys (patternProperties)
     description="Sparse map from token id (decimal string) to an additive logit bias.")]
 NumLogprobs = Annotated[int, Field(ge=0, le=MAX_NUM_LOGPROBS)]
+# The penalties and min_p, with OpenAI's and transformers' ranges.
+OpenAIPenalty = Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)]
+def _positive(value: float) -> float:
+    # (Field(gt=0) would say "0 must be greater than 0.0": pydantic keeps a float bound as a float.)
+    if not value > 0:
+        raise PydanticCustomError("repetition_penalty", "{value} must be > 0 (1 = off)",
+                                  {"value": int(value) if value.is_integer() else value})
+    return value
+
+
+RepetitionPenalty = Annotated[float, Field(allow_inf_nan=False, json_schema_extra={"exclusiveMinimum": 0}),
+                              AfterValidator(_positive)]
+MinP = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+PENALTY_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
 
 
 # --- messages ----------------------------------------------------------------------------------
@@ -196,6 +213,16 @@ class Request(BaseModel):
         None, description="Overrides the top-level context_cache_lookup_policy.")
     context_cache_commit_policy: CommitPolicy | None = Field(
         None, description="Overrides the top-level context_cache_commit_policy.")
+    presence_penalty: OpenAIPenalty | None = Field(None, description="Overrides the top-level presence_penalty.")
+    frequency_penalty: OpenAIPenalty | None = Field(None, description="Overrides the top-level frequency_penalty.")
+    repetition_penalty: RepetitionPenalty | None = Field(
+        None, description="Overrides the top-level repetition_penalty.")
+    min_p: MinP | None = Field(None, description="Overrides the top-level min_p.")
+
+    def resolved_penalties(self, settings: InputSettings) -> dict[str, float]:
+        """presence_penalty, frequency_penalty, repetition_penalty, min_p: the request's own, else the file's."""
+        return {name: getattr(settings, name) if getattr(self, name) is None else getattr(self, name)
+                for name in PENALTY_FIELDS}
 
     def resolved_logit_bias(self, settings: InputSettings) -> dict[int, float]:
         """The request's map if it has one (even an empty one), else the file's default."""
@@ -227,6 +254,15 @@ class InputSettings(BaseModel):
     logit_bias: LogitBias | None = None
     max_generate_length: int = Field(256, ge=1)
     num_logprobs: NumLogprobs = 0
+    presence_penalty: OpenAIPenalty = Field(
+        0.0, description="OpenAI's: each token generated so far loses this from its logit (0 = off).")
+    frequency_penalty: OpenAIPenalty = Field(
+        0.0, description="OpenAI's: each token generated so far loses this times its count from its logit (0 = off).")
+    repetition_penalty: RepetitionPenalty = Field(
+        1.0, description="transformers': each token of the prompt or generated so far has its logit divided by "
+        "this (multiplied where negative); 1 = off.")
+    min_p: MinP = Field(0.0, description="Sampling drops a token less likely than min_p times the most likely "
+                                         "one (0 = off).")
     apply_chat_template: bool = True
     add_generation_prompt: bool = True
     enable_thinking: bool = False

@@ -51,6 +51,8 @@ def convert(body: ChatCompletionRequest | CompletionRequest, lora: dict[str, str
     if chat and body.response_format is not None:
         request["response_format"] = body.response_format.model_dump(exclude_none=True, by_alias=True)
     settings = {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
+                "presence_penalty": body.presence_penalty, "frequency_penalty": body.frequency_penalty,
+                "repetition_penalty": body.repetition_penalty, "min_p": body.min_p,
                 "max_generate_length": body.new_tokens or capacity, "seed": body.seed,
                 "apply_chat_template": chat, "add_generation_prompt": True,
                 "enable_thinking": body.thinking if chat else False, "available_lora_weights": lora}

@@ -6,7 +6,7 @@ prepared, limited and sampled exactly as the input file's would be (runtime/requ
 
 Unknown fields are refused (400 naming the field) rather than silently ignored, except a few that
 only describe the caller (`user`, `metadata`, `store`, `service_tier`). A parameter this server
-cannot honour (n > 1, penalties, tools, echo, suffix, best_of) is refused, never dropped.
+cannot honour (n > 1, tools, echo, suffix, best_of) is refused, never dropped.
 """
 
 from __future__ import annotations
@@ -117,8 +117,11 @@ class _Sampling(_Body):
     n: Literal[1] = Field(1, description="one choice per request")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: Literal[0, 0.0] = 0
-    frequency_penalty: Literal[0, 0.0] = 0
+    presence_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
+    repetition_penalty: float = Field(1.0, gt=0, allow_inf_nan=False,
+                                      description="extension (vLLM's): transformers' repetition penalty, 1 = off")
+    min_p: float = Field(0.0, ge=0, le=1, allow_inf_nan=False, description="extension (vLLM's): 0 = off")
     disable_spec_decode: bool = Field(False, description="extension: vanilla decoding for this request")
     user: str | None = None
     metadata: dict[str, Any] | None = None

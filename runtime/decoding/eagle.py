@@ -10,7 +10,7 @@ Each round, per running row:
     sampler (greedy = argmax, otherwise temperature/top-k/top-p with its seeded generator); while
     the sampled token is a child in the tree the walk goes on, and the first one that is not ends
     the round as the bonus token.
-Every emitted token is drawn from the base model's own (biased, filtered) distribution with one draw
+Every emitted token is drawn from the base model's own (biased, penalised, filtered) distribution with one draw
 of the row's generator, exactly as vanilla decoding draws it: the output is the vanilla output,
 greedy or sampled, and the draft only decides how many tokens one base pass yields.
  5. the accepted nodes' keys and values move to contiguous slots after the root's.
@@ -333,8 +333,10 @@ def _accept(model: Model, request, r: _Row, nodes: list[int], logits: np.ndarray
     emitted, path, node = [], [], -1
     while True:
         step_logits = logits[0 if node < 0 else position[node]]
-        # Structured output masks each verified token in turn, as vanilla decoding masks it.
-        token = int(sampler.sample(mask_logits(step_logits[None], [s.constraint]), [row])[0])
+        # Structured output masks each verified token in turn, as vanilla decoding masks it; the
+        # penalties see the counts of the path before it (append_token keeps them), as vanilla's do.
+        counts = [s.counts if sampler.params[row].penalised else None]
+        token = int(sampler.sample(mask_logits(step_logits[None], [s.constraint]), [row], counts)[0])
         if num_logprobs:
             record_step(s, step_logits, token, num_logprobs)
         emitted.append(token)

@@ -294,7 +294,9 @@ class EngineCore:
         logits [n, V] and append it; returns the running indexes of the ones that finished."""
         with self.stage("sample"):
             allowed = mask_logits(logits, [r.sequence.constraint for r in requests])  # structured output
-            sampled = self.sampler.sample(allowed, [r.row for r in requests])
+            sampled = self.sampler.sample(allowed, [r.row for r in requests],  # penalties read each row's counts
+                                          [r.sequence.counts if self.sampler.params[r.row].penalised else None
+                                           for r in requests])
             tokens = sampled.tolist()
             with_logprobs = [i for i, r in enumerate(requests) if r.num_logprobs]
             # Each request's own K: a batch-uniform K is the caller's rule to set.

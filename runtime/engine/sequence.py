@@ -14,6 +14,60 @@ STOP_WORDS = "stop-words"
 ABORTED = "aborted"
 
 
+class TokenCounts:
+    """A sequence's token counts for the sampler's penalties, kept as its tokens join (never recounted):
+    the distinct ids of its prompt and generated tokens (transformers' repetition penalty) and how
+    often each id was generated (OpenAI's presence and frequency penalties). Sparse: arrays of the
+    ids seen so far, grown by doubling, so a step reads them without a pass over the vocabulary."""
+
+    def __init__(self, prompt_ids, generated=()):
+        seen = np.unique(np.asarray(prompt_ids, dtype=np.int64))
+        self._seen_set = set(seen.tolist())
+        self._seen = np.empty(max(16, 2 * len(seen)), dtype=np.int64)
+        self._seen[: len(seen)] = seen
+        self._n_seen = len(seen)
+        self._slot: dict[int, int] = {}  # generated id -> its index in _ids / _counts
+        self._ids = np.empty(16, dtype=np.int64)
+        self._counts = np.empty(16, dtype=np.int32)
+        for token in generated:
+            self.add(token)
+
+    def add(self, token: int) -> None:
+        """One more generated token."""
+        token = int(token)
+        if token not in self._seen_set:
+            self._seen_set.add(token)
+            self._seen = _push(self._seen, self._n_seen, token)
+            self._n_seen += 1
+        slot = self._slot.get(token)
+        if slot is None:
+            slot = self._slot[token] = len(self._slot)
+            self._ids = _push(self._ids, slot, token)
+            self._counts = _push(self._counts, slot, 0)
+        self._counts[slot] += 1
+
+    @property
+    def seen(self) -> np.ndarray:
+        """The distinct ids of the prompt and the generated tokens, int64 [n] (a view: read only)."""
+        return self._seen[: self._n_seen]
+
+    @property
+    def generated(self) -> tuple[np.ndarray, np.ndarray]:
+        """(the distinct generated ids int64 [m], how often each was generated int32 [m]) (views)."""
+        m = len(self._slot)
+        return self._ids[:m], self._counts[:m]
+
+
+def _push(array: np.ndarray, index: int, value) -> np.ndarray:
+    """array[index] = value, the array doubled first when full; returns the (maybe new) array."""
+    if index >= len(array):
+        grown = np.empty(2 * len(array), dtype=array.dtype)
+        grown[: len(array)] = array
+        array = grown
+    array[index] = value
+    return array
+
+
 @dataclass
 class Sequence:
     prompt_ids: list[int]
@@ -30,15 +84,26 @@ class Sequence:
     # With log-probabilities on: per step, the top-K (ids, logprobs) and the sampled token's logprob.
     top_logprobs: list[tuple[list[int], list[float]]] = field(default_factory=list)
     token_logprobs: list[float] = field(default_factory=list)
+    _counts: TokenCounts | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.generated)
 
+    @property
+    def counts(self) -> TokenCounts:
+        """Its token counts for the sampler's penalties: made from its tokens when first asked for
+        (a request with penalties, at its first sampled token), then kept by append_token."""
+        if self._counts is None:
+            self._counts = TokenCounts(self.prompt_ids, self.generated)
+        return self._counts
+
 
 def append_token(eos: set[int], s: Sequence, token: int, now: float) -> bool:
     """Append one generated token; True when that finishes the sequence (and says why)."""
     s.generated.append(token)
+    if s._counts is not None:
+        s._counts.add(token)
     if s.constraint is not None:
         s.constraint.accept(token)
     if s.first_token_time is None:

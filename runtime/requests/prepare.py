@@ -126,7 +126,8 @@ class RequestPreparer:
         if outside:
             raise ValueError(f"{where}.logit_bias: token id {outside[0]} is outside the vocabulary "
                              f"(size {self.vocab_size})")
-        params = SamplingParams(settings.temperature, settings.top_k, settings.top_p, bias or None)
+        params = SamplingParams(settings.temperature, settings.top_k, settings.top_p, bias or None,
+                                **request.resolved_penalties(settings))
         detokenizer = IncrementalDetokenizer(self.token_bytes, request.stop_list())
         sequence = Sequence(prompt.token_ids, max_new, detokenizer, constraint=rules, media=media)
         if request.response_format is not None and rules is None:  # (a transcription's is "text" or refused)

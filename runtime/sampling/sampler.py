@@ -1,8 +1,13 @@
 """Token sampling for the decode loop.
 
 numpy on the host: the engine hands over float32 logits [B, V] (a numpy array), one row per active
-sequence. Filtering follows Hugging Face ``generate``: logit bias, then temperature, then top-k,
-then top-p, then a multinomial draw. Greedy is argmax (ties to the lowest index, as torch.argmax).
+sequence. The order is Hugging Face ``generate``'s (``_get_logits_processor``): the logits processors
+first, logit bias (its SequenceBiasLogitsProcessor), then the repetition penalty
+(RepetitionPenaltyLogitsProcessor: over the prompt and generated tokens), then OpenAI's presence and
+frequency penalties (over the generated tokens, where generate puts a caller's own processor); then,
+for sampled rows only, the warpers: temperature, top-k, top-p, min-p, and a multinomial draw. Greedy
+is argmax of the processed logits (ties to the lowest index, as torch.argmax). The penalties read
+each row's token counts (engine/sequence.py's TokenCounts), which the caller passes.
 
 Each request (an "original row") owns its own ``numpy.random.Generator`` (PCG64, seeded from the
 request's seed) and takes exactly one uniform draw from it per sampled token, so what it samples
@@ -15,8 +20,12 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # (engine/sequence.py imports this module)
+    from trt_llm.runtime.engine.sequence import TokenCounts
 
 __all__ = ["SamplingParams", "Sampler", "log_softmax_topn", "token_logprob"]
 
@@ -25,15 +34,23 @@ __all__ = ["SamplingParams", "Sampler", "log_softmax_topn", "token_logprob"]
 class SamplingParams:
     """Per-request sampling settings.
 
-    temperature 0 means greedy (argmax after bias); top_k 0 turns top-k off;
-    top_p 1.0 turns top-p off. ``logit_bias`` maps token id -> value added to that
-    token's logit (applies to greedy and sampled rows alike).
+    temperature 0 means greedy (argmax after bias and penalties); top_k 0 turns top-k off;
+    top_p 1.0 turns top-p off; min_p 0 turns min-p off. ``logit_bias`` maps token id -> value
+    added to that token's logit (applies to greedy and sampled rows alike, as the penalties do).
+    presence_penalty / frequency_penalty (OpenAI's, in [-2, 2], 0 = off): each token generated
+    so far loses presence + frequency * its count from its logit. repetition_penalty
+    (transformers', > 0, 1 = off): each token of the prompt or generated so far has its logit
+    divided by it (multiplied, where the logit is negative).
     """
 
     temperature: float = 1.0
     top_k: int = 50
     top_p: float = 0.8
     logit_bias: dict[int, float] | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:  # also rejects NaN
@@ -44,10 +61,22 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.logit_bias and min(self.logit_bias) < 0:
             raise ValueError("logit_bias token ids must be >= 0")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0.0 < self.repetition_penalty < float("inf"):
+            raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalised(self) -> bool:
+        """Whether sampling this request needs its token counts (a penalty is on)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
 
 class Sampler:
@@ -68,7 +97,7 @@ class Sampler:
         self.params: list[SamplingParams] = []
         self.seeds: list[int] = []
         self._greedy: list[bool] = []
-        self._filter_key: list[tuple[float, int, float]] = []
+        self._filter_key: list[tuple[float, int, float, float]] = []
         self._gens: list[np.random.Generator | None] = []  # made on a row's first sampled token
         # Bias preprocessed once into (ids, values, max id); None = row has no bias.
         self._bias: list[tuple[np.ndarray, np.ndarray, int] | None] = []
@@ -87,7 +116,8 @@ class Sampler:
         else:
             bias = None
         row = {"params": params, "seeds": secrets.randbits(63) if seed is None else int(seed),
-               "_greedy": params.greedy, "_filter_key": (params.temperature, params.top_k, params.top_p),
+               "_greedy": params.greedy,
+               "_filter_key": (params.temperature, params.top_k, params.top_p, params.min_p),
                "_gens": None, "_bias": bias}
         self._sampled_rows += not params.greedy
         if self._free:
@@ -112,32 +142,75 @@ class Sampler:
 
     # -- public API ---------------------------------------------------------
 
-    def sample(self, logits: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray:
+    def sample(self, logits: np.ndarray, rows: Sequence[int] | None = None,
+               counts: Sequence[TokenCounts | None] | None = None) -> np.ndarray:
         """Next token per row of ``logits`` [B, V] -> int64 [B].
 
         ``rows[i]`` is the original row index of logits row i (default: identity,
-        which requires B == len(params)).
+        which requires B == len(params)). ``counts[i]``: the token counts of logits row i's
+        sequence (engine/sequence.py's ``Sequence.counts``), needed where its request has a
+        penalty (None elsewhere).
         """
         logits = np.asarray(logits)
         rows = self._check_rows(logits, rows)
-        logits = self._biased(logits, rows)
+        logits = self._penalised(self._biased(logits, rows), logits, rows, counts)  # processors, greedy too
         out = logits.argmax(-1).astype(np.int64, copy=False)  # greedy rows; sampled rows are overwritten below
         if self._all_greedy or all(self._greedy[r] for r in rows):
             return out
         # Rows with the same settings are filtered together (a few array ops per group rather than
         # per row). Every op works row by row on same-shaped rows, so a row's result does not depend
         # on its group-mates.
-        groups: dict[tuple[float, int, float], list[int]] = {}
+        groups: dict[tuple[float, int, float, float], list[int]] = {}
         for i, r in enumerate(rows):
             if not self._greedy[r]:
                 groups.setdefault(self._filter_key[r], []).append(i)
-        for (temperature, top_k, top_p), idx in groups.items():
+        for (temperature, top_k, top_p, min_p), idx in groups.items():
             part = logits if len(idx) == len(logits) else logits[idx]  # (idx is then every row, in order)
-            for i, (weights, ids) in zip(idx, _filter(part, temperature, top_k, top_p)):
+            for i, (weights, ids) in zip(idx, _filter(part, temperature, top_k, top_p, min_p)):
                 # One uniform draw per row from that request's own generator.
                 choice = _draw(weights, self._generator(rows[i]).random())
                 out[i] = choice if ids is None else ids[choice]
         return out
+
+    def processed(self, logits: np.ndarray, rows: Sequence[int] | None = None,
+                  counts: Sequence[TokenCounts | None] | None = None) -> np.ndarray:
+        """The logits processors of ``generate`` on ``logits`` [B, V]: each row's logit bias, then its
+        repetition penalty, then its presence and frequency penalties (``counts`` as in sample). The
+        input itself is never modified (returned as is when no active row has any of them)."""
+        logits = np.asarray(logits)
+        rows = self._check_rows(logits, rows)
+        return self._penalised(self._biased(logits, rows), logits, rows, counts)
+
+    def _penalised(self, logits: np.ndarray, given: np.ndarray, rows: Sequence[int],
+                   counts: Sequence[TokenCounts | None] | None) -> np.ndarray:
+        """`logits` (the biased `given`, or `given` itself) with each penalised row's penalties."""
+        todo = [i for i, r in enumerate(rows) if self.params[r].penalised]
+        if not todo:
+            return logits
+        if counts is None or len(counts) != len(rows):
+            raise ValueError("rows with penalties need their token counts: pass counts= (one per logits row)")
+        if logits is given:  # not copied yet: a contiguous copy, the caller's array stays as it is
+            logits = np.array(logits, copy=True, order="C")
+        dtype = logits.dtype
+        for i in todo:
+            p, c = self.params[rows[i]], counts[i]
+            if c is None:
+                raise ValueError(f"row {rows[i]} has penalties but no token counts")
+            if p.repetition_penalty != 1.0:
+                # transformers' RepetitionPenaltyLogitsProcessor: once per distinct token, whatever its count
+                ids = c.seen
+                score = logits[i, ids]
+                finfo = np.finfo(dtype)  # an extreme penalty: neither 0 nor inf in the logits' dtype (no 0 / 0)
+                penalty = dtype.type(min(max(p.repetition_penalty, float(finfo.smallest_subnormal)), float(finfo.max)))
+                with np.errstate(over="ignore"):
+                    score = np.where(score < 0, score * penalty, score / penalty)
+                score[score == np.inf] = finfo.max  # an overflow is its limit, not an inf that makes softmax NaN
+                logits[i, ids] = score
+            if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
+                # OpenAI's: logit[t] -= presence * (count[t] > 0) + frequency * count[t], generated tokens only
+                ids, n = c.generated
+                logits[i, ids] -= dtype.type(p.presence_penalty) + dtype.type(p.frequency_penalty) * n.astype(dtype)
+        return logits
 
     def apply_bias(self, logits: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray:
         """``logits`` plus each row's logit bias; the input itself is never modified
@@ -244,8 +317,9 @@ def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
     return ~((above >= np.float32(top_p)) & (above > 0))
 
 
-def _filter(x: np.ndarray, temperature: float, top_k: int, top_p: float) -> list[tuple[np.ndarray, np.ndarray | None]]:
-    """Temperature, top-k, top-p on (biased) logits x [n, V], as generate() does.
+def _filter(x: np.ndarray, temperature: float, top_k: int, top_p: float,
+            min_p: float = 0.0) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    """Temperature, top-k, top-p, min-p on (processed) logits x [n, V], as generate() does.
 
     Returns per row (sampling weights [m], zero for a dropped token: _draw does not need them to sum
     to 1; ids [m] mapping column j to its token id, or None when column j is token j).
@@ -268,10 +342,10 @@ def _filter(x: np.ndarray, temperature: float, top_k: int, top_p: float) -> list
         probs = _softmax(x)
         if top_p < 1.0:  # 1.0 means off (as in generate), not "keep all but fp dust"
             probs[~_nucleus(probs, top_p)] = 0.0
-        return list(zip(probs, ids))
+        return [(_min_p(row, min_p), row_ids) for row, row_ids in zip(probs, ids)]
     probs = _softmax(x)
     if top_p >= 1.0:
-        return [(row, None) for row in probs]
+        return [(_min_p(row, min_p), None) for row in probs]
     rows = []
     for row in probs:
         # The nucleus is usually a few tokens of the vocabulary: the best k, sorted, widened until its
@@ -283,8 +357,18 @@ def _filter(x: np.ndarray, temperature: float, top_k: int, top_p: float) -> list
             if not keep[-1] or k >= len(row):
                 break
             k *= 8
-        rows.append((np.where(keep, values[0], np.float32(0.0)), ids[0]))
+        rows.append((_min_p(np.where(keep, values[0], np.float32(0.0)), min_p), ids[0]))
     return rows
+
+
+def _min_p(weights: np.ndarray, min_p: float) -> np.ndarray:
+    """transformers' MinPLogitsWarper on the probabilities that survived the filters before it
+    (weights [m], zero for a dropped token): a token whose probability is below min_p times the
+    best one's is dropped (the best token always stays). A ratio of probabilities, so it does not
+    matter that top-p's survivors are not renormalised here. In place; 0 = off."""
+    if min_p > 0.0:
+        weights[weights < np.float32(min_p) * weights.max()] = 0.0
+    return weights
 
 
 def _draw(weights: np.ndarray, u: float) -> int:
