@@ -40,6 +40,12 @@ def compile_cpu(graph_path: Path, quantization: str = "none") -> Path:
         onnx.save_model(model, engine_path)
     else:
         onnx.save_model(model, engine_path, save_as_external_data=True, location=ENGINE_NAME + ".data")
+    if any(node.op_type == "DequantizeLinear" for node in model.graph.node):
+        # Weight-only matmuls: ONNX Runtime's fusion of DequantizeLinear + MatMul into MatMulNBits is
+        # most of a session's creation (SmolLM2-135M int4: ~500 of ~620 ms); done once here, the
+        # session at run time loads the fused graph without optimising it (also the load check).
+        optimise_offline(engine_path)
+        return engine_path
     # Fail at build time, not at run time, if ONNX Runtime cannot load what we wrote.
     import onnxruntime as ort
 
@@ -51,6 +57,86 @@ def compile_cpu(graph_path: Path, quantization: str = "none") -> Path:
     options.add_session_config_entry("session.disable_prepacking", "1")
     ort.InferenceSession(str(engine_path), options, providers=["CPUExecutionProvider"])
     return engine_path
+
+
+def optimise_offline(engine_path: Path) -> Path:
+    """Write ONNX Runtime's optimised graph of `engine_path` beside it (runtime/backends/ort_engine.py's
+    OFFLINE: the graph, its weights and what it was made with), which the runtime loads without
+    optimising again where ONNX Runtime's version, the machine's architecture and the matmuls'
+    accuracy level are the ones recorded. Extended level, not all: the layout transformations of the
+    last level depend on the machine's instruction set, the extended fusions do not. Prepacked weights
+    are not saved (the packing is the machine's; saved or not, measured no faster to load)."""
+    import json
+
+    import onnxruntime as ort
+
+    from trt_llm.runtime.backends import ort_engine
+
+    optimised, record = ort_engine.offline_paths(engine_path)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(ort_engine.MATMUL_ACCURACY_LEVEL))
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    options.optimized_model_filepath = str(optimised)
+    options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                     optimised.name + ".data")
+    options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    ort.InferenceSession(str(engine_path), options, providers=["CPUExecutionProvider"])
+    share_unchanged_weights(optimised, engine_path)
+    record.write_text(json.dumps(ort_engine.offline_key(), indent=2) + "\n")
+    return optimised
+
+
+ALIGNMENT = 4096  # a weight's offset in a data file we write: page-aligned, so ONNX Runtime can map it
+
+
+def share_unchanged_weights(optimised: Path, lowered: Path) -> None:
+    """The optimised graph's initializers that ONNX Runtime left as they were (a MoE's experts, norms,
+    the embedding-sized LM head of a float engine) read from the lowered graph's own weight file; its
+    data file keeps only what the optimisation made (MatMulNBits' repacked weights). Without this the
+    engine directory would hold every weight twice on disk."""
+    import os
+
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    folder = optimised.parent
+    graph = onnx.load(str(optimised), load_external_data=False)
+    original = {t.name: ExternalDataInfo(t) for t in onnx.load(str(lowered), load_external_data=False).graph.initializer
+                if uses_external_data(t)}
+
+    def read(location: str, offset, length) -> bytes:
+        with open(folder / location, "rb") as data:
+            data.seek(offset or 0)
+            return data.read(length) if length else data.read()
+
+    data_name = optimised.name + ".data"
+    compact = folder / (data_name + ".compact")
+    with open(compact, "wb") as out:
+        for tensor in graph.graph.initializer:
+            if not uses_external_data(tensor):
+                continue
+            info = ExternalDataInfo(tensor)
+            blob = read(info.location, info.offset, info.length)
+            source = original.get(tensor.name)
+            if source is not None and source.length == len(blob) and read(source.location, source.offset,
+                                                                         source.length) == blob:
+                _point(tensor, source.location, source.offset or 0, len(blob))
+                continue
+            out.write(b"\0" * (-out.tell() % ALIGNMENT))
+            _point(tensor, data_name, out.tell(), len(blob))
+            out.write(blob)
+    os.replace(compact, folder / data_name)
+    onnx.save_model(graph, str(optimised))
+
+
+def _point(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    """An initializer's external data entry (onnx's own helper wants the bytes in the proto first)."""
+    del tensor.external_data[:]
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    tensor.data_location = onnx.TensorProto.EXTERNAL
 
 
 def fuse_rms_norms(model: onnx.ModelProto) -> onnx.ModelProto:

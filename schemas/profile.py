@@ -67,6 +67,16 @@ class TimeToFirstToken(BaseModel):
     per_request_ms: dict[str, float] = Field(description="request_idx -> time to first token (ms).")
 
 
+class StartupStats(BaseModel):
+    """Where a cold run's time before its first token went (the loads themselves are `stages`:
+    load_engine_dir, load_embedding, load_session, load_tokenizer), from the process's start (Linux:
+    its start time in /proc, 10 ms ticks; elsewhere from the profiler's creation)."""
+    model_config = _FORBID
+    before_run_ms: float = Field(ge=0, description="Process start -> the run begins: the interpreter, the "
+                                 "imports and the flags.")
+    to_first_token_ms: float = Field(ge=0, description="Process start -> the run's first token (0: none).")
+
+
 class Profile(BaseModel):
     model_config = _FORBID
     prefill: PrefillStats
@@ -75,8 +85,10 @@ class Profile(BaseModel):
     multimodal: MultimodalStats
     time_to_first_token: TimeToFirstToken
     stages: dict[str, StageStats] = Field(description="Per-stage timing statistics.")
-    peak_memory_mb: float = Field(ge=0, description="Peak resident memory of the process.")
+    startup: StartupStats | None = Field(None, description="A cold run's time before its first token.")
+    peak_memory_mb: float = Field(ge=0, description="Peak resident memory of the process (its high-water "
+                                  "mark: the weights' pages, the sessions' buffers and the KV pool).")
     wall_time_s: float = Field(ge=0)
 
 
-__all__ = ["Profile", "StageStats"]
+__all__ = ["Profile", "StageStats", "StartupStats"]

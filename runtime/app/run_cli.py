@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,6 +131,8 @@ def _run(args, log, progress: _Progress) -> int:
     from trt_llm.runtime.requests.runner import Runner, RunError
     from trt_llm.schemas.input_file import InputFileError, load_input_file
 
+    # Made first, so that the profile's startup and load stages cover the whole run (its imports too).
+    profiler = Profiler() if (args.profile_output or args.dump_profile) else None
     try:
         output_path, profile_path = check_output_paths(args)
         loaded = load_input_file(args.input)
@@ -137,10 +140,10 @@ def _run(args, log, progress: _Progress) -> int:
         for warning in loaded.warnings:
             log.warning("%s", warning)
         threads = capped_threads(args.threads)
-        engine_dir = EngineDir.open(args.engine_dir)
+        with profiler.stage("load_engine_dir") if profiler else nullcontext():
+            engine_dir = EngineDir.open(args.engine_dir)
         budget = args.prompt_cache_budget_mb << 20 if args.prompt_cache_budget_mb else args.kv_cache_budget
         prefix_cache = ContextCache(engine_dir.identity, budget, args.kv_cache_dir)
-        profiler = Profiler() if (args.profile_output or args.dump_profile) else None
         draft = engine_dir.manifest["components"].get("draft")
         spec = resolve_spec(draft, engine_dir.manifest["backend"], args.draft_top_k, args.draft_steps,
                             args.verify_tree_size) if draft else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import weakref
 from pathlib import Path
 
@@ -11,6 +13,8 @@ from trt_llm.runtime.cache.cache_set import CacheSet, cache_set
 from trt_llm.runtime.engine.step import Step
 from trt_llm.schemas.graph_spec import past
 from trt_llm.schemas.layer_spec import full_layers
+
+log = logging.getLogger(__name__)
 
 
 # How long an idle intra-op thread spins for more work before it sleeps (ONNX Runtime's
@@ -33,6 +37,67 @@ SPIN_US = 20
 # transformers on the dequantized weights exactly.
 MATMUL_ACCURACY_LEVEL = 4
 
+# A quantized engine's graph as ONNX Runtime optimised it at build time (build/cpu_backend.py's
+# optimise_offline), beside the lowered graph: `<engine>.opt.onnx` (+ `.data`) and what it was made
+# with (`<engine>.opt.json`: offline_key()). Loaded without optimising it again where the key is this
+# runtime's; else (another ONNX Runtime, machine or accuracy level, or OFFLINE_ENV=0) the lowered graph
+# is optimised at session creation as before.
+OFFLINE_ENV = "TRT_LLM_ORT_OFFLINE"
+
+
+def offline_paths(engine_path: Path) -> tuple[Path, Path]:
+    """(the optimised graph, its record) of a lowered graph."""
+    stem = Path(engine_path).with_suffix("")
+    return stem.with_name(stem.name + ".opt.onnx"), stem.with_name(stem.name + ".opt.json")
+
+
+def offline_key() -> dict:
+    import platform
+
+    import onnxruntime as ort
+
+    return {"onnxruntime": ort.__version__, "machine": platform.machine(),
+            "matmul_accuracy_level": MATMUL_ACCURACY_LEVEL, "graph_optimization_level": "extended"}
+
+
+def offline_graph(engine_path: Path) -> Path | None:
+    """The optimised graph to load instead of `engine_path`, None where there is none this runtime may use."""
+    import json
+
+    optimised, record = offline_paths(engine_path)
+    if os.environ.get(OFFLINE_ENV, "1") == "0" or not optimised.is_file() or not record.is_file():
+        return None
+    try:
+        return optimised if json.loads(record.read_text()) == offline_key() else None
+    except (OSError, ValueError):
+        return None
+
+
+# Measuring knob (benchmarks/cold_start.py): extra session settings for every decoder session, e.g.
+# "session.disable_prepacking=1,enable_cpu_mem_arena=0,graph_optimization_level=0": a dotted key is
+# a session config entry, another a SessionOptions attribute (an integer or 0 / 1 for a flag).
+OPTIONS_ENV = "TRT_LLM_ORT_OPTIONS"
+
+
+def apply_env_options(options, spec: str | None) -> None:
+    """Apply OPTIONS_ENV's `key=value,...` to SessionOptions `options`."""
+    import onnxruntime as ort
+
+    for item in filter(None, (part.strip() for part in (spec or "").split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"{OPTIONS_ENV}: {item!r} is not key=value")
+        if "." in key:
+            options.add_session_config_entry(key, value)
+        elif key == "graph_optimization_level":
+            options.graph_optimization_level = ort.GraphOptimizationLevel(int(value))
+        elif isinstance(getattr(options, key, None), bool):
+            setattr(options, key, value not in ("0", "false", "False"))
+        elif hasattr(options, key):
+            setattr(options, key, int(value))
+        else:
+            raise ValueError(f"{OPTIONS_ENV}: SessionOptions has no {key!r}")
+
 
 class OrtEngine:
     def __init__(self, engine_path: Path, layers, threads: int = 0, spinning: bool = True):
@@ -53,8 +118,22 @@ class OrtEngine:
         options.intra_op_num_threads = threads  # 0 = ONNX Runtime's choice (all physical cores)
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        offline = offline_graph(engine_path)
+        if offline is not None:  # optimised at build time: only its kernels are made (and prepacked)
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        apply_env_options(options, os.environ.get(OPTIONS_ENV))
         self._ort = ort
-        self.session = ort.InferenceSession(str(engine_path), options, providers=["CPUExecutionProvider"])
+        self.graph_path = offline or Path(engine_path)  # the graph the session runs
+        try:
+            self.session = ort.InferenceSession(str(self.graph_path), options, providers=["CPUExecutionProvider"])
+        except Exception as error:  # a damaged optimised copy: the lowered graph still serves
+            if offline is None:
+                raise
+            log.warning("%s: cannot load (%s); optimising %s instead", offline,
+                        (str(error).strip().splitlines() or [type(error).__name__])[0][:200], engine_path)
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            self.graph_path = Path(engine_path)
+            self.session = ort.InferenceSession(str(engine_path), options, providers=["CPUExecutionProvider"])
         inputs = {i.name: i for i in self.session.get_inputs()}
         self.dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[inputs[past("key", 0)].type]
         if isinstance(layers, int):

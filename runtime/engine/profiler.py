@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import os
 import resource
 import statistics
 import time
 from collections import defaultdict
 from contextlib import contextmanager
 
-from trt_llm.schemas.profile import Profile, StageStats
+from trt_llm.schemas.profile import Profile, StageStats, StartupStats
+
+
+def process_started() -> float | None:
+    """When this process started, on time.perf_counter's clock (Linux: its start time in
+    /proc/self/stat, in clock ticks since boot; None elsewhere)."""
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        ticks = int(fields[19])  # field 22 of the whole line: starttime
+        since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+        now = time.perf_counter()
+        return now - (since_boot - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -27,6 +42,10 @@ def stage_stats(values_ms: list[float]) -> StageStats:
 class Profiler:
     def __init__(self):
         self.started = time.perf_counter()
+        process = process_started()
+        # A start "after" now is a clock we misread: then the run's start stands in for it.
+        self.process_started = process if process is not None and process <= self.started else self.started
+        self.first_token_at: float | None = None  # the run's first token, on perf_counter's clock
         self.stages: dict[str, list[float]] = defaultdict(list)
         self.counts: dict[str, int] = defaultdict(int)
         self.seconds: dict[str, float] = defaultdict(float)  # audio seconds of the requests, and encoded
@@ -39,6 +58,11 @@ class Profiler:
             yield
         finally:
             self.stages[name].append((time.perf_counter() - start) * 1000)
+
+    def first_token(self, at: float | None) -> None:
+        """A request's first token was chosen at `at` (perf_counter): the earliest is the run's."""
+        if at is not None and (self.first_token_at is None or at < self.first_token_at):
+            self.first_token_at = at
 
     def count(self, name: str, n: int = 1) -> None:
         self.counts[name] += n
@@ -81,6 +105,10 @@ class Profiler:
                 "p95_ms": _percentile(ttfts, 95) if ttfts else 0.0, "max_ms": ttfts[-1] if ttfts else 0.0,
                 "per_request_ms": {str(k): v for k, v in sorted(self.ttft_ms.items())}},
             stages={name: stage_stats(values) for name, values in sorted(self.stages.items()) if values},
+            startup=StartupStats(
+                before_run_ms=(self.started - self.process_started) * 1000,
+                to_first_token_ms=((self.first_token_at - self.process_started) * 1000
+                                   if self.first_token_at is not None else 0.0)),
             # ru_maxrss is in KiB on Linux.
             peak_memory_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             wall_time_s=wall,
@@ -103,6 +131,8 @@ def format_summary(profile: Profile) -> str:
            f"{p.multimodal.audio_encoder_ms_per_second:.1f} ms per second of audio, real-time factor "
            f"{p.multimodal.real_time_factor:.3f}"] if p.multimodal.clips else []),
         f"peak memory: {p.peak_memory_mb:.0f} MB, wall time {p.wall_time_s:.2f} s",
+        *([f"startup: {p.startup.before_run_ms:.0f} ms before the run (interpreter, imports), first token "
+           f"{p.startup.to_first_token_ms:.0f} ms after the process started"] if p.startup else []),
         "stage               count    mean ms  median ms     p95 ms     p99 ms     max ms",
     ]
     for name, s in p.stages.items():

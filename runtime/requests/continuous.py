@@ -47,7 +47,9 @@ def run_continuous(runner, loaded, settings, formatter, responses: list) -> None
     for batch in static_batches.values():
         apply_batch_rules(batch, settings)
 
-    core = runner.engine_core(size, "continuous")
+    # The pool holds the rows the file can fill (a file of one request: one row, not batch_size).
+    rows = max(1, min(size, len(pending)))
+    core = runner.engine_core(rows, "continuous")
     in_flight: dict[int, tuple] = {}  # request index -> (prepared, messages, admitted at)
     while pending or core.has_unfinished():
         # Top up the free rows just before they are taken (a request's prefix is looked up when it is
@@ -65,7 +67,7 @@ def run_continuous(runner, loaded, settings, formatter, responses: list) -> None
             for index, (_, messages, _) in sorted(in_flight.items()):
                 responses.append(runner.error(index, index % size, f"batch failed: {error}", messages))
             in_flight.clear()
-            core = runner.engine_core(size, "continuous")
+            core = runner.engine_core(rows, "continuous")
             continue
         for request in finished:
             prepared, messages, admitted = in_flight.pop(request.id)

@@ -58,14 +58,15 @@ class Runner:
         from trt_llm.runtime.backends.engines import open_engine
 
         self.engine_dir = engine_dir
+        self.profiler = profiler
         dims = engine_dir.dims
         embedding_path = engine_dir.component_path("llm", "embedding")
-        with loading("embedding", embedding_path):
+        with self._stage("load_embedding"), loading("embedding", embedding_path):
             embedding = load_embedding(embedding_path, engine_dir.manifest["model"]["dtype"], dims)
         eagle = engine_dir.manifest["model"].get("eagle") or {}
         # Under speculation the base and the draft sessions alternate: neither may spin (measured on
         # 2 cores: EAGLE3 0.53x -> 1.07x vanilla). Vanilla decoding spins briefly (OrtEngine.SPIN_US).
-        with loading("engine", engine_dir.component_path("llm", "engine")):
+        with self._stage("load_session"), loading("engine", engine_dir.component_path("llm", "engine")):
             engine = open_engine(engine_dir, threads, spinning=not (eagle and spec_decode))
         self.model = model_of(engine_dir, engine, embedding)
         self.draft = None
@@ -76,7 +77,7 @@ class Runner:
             spec = resolve_spec(engine_dir.manifest["components"]["draft"], engine_dir.manifest["backend"])
         self.spec = check_spec(spec, engine_dir) if self.draft else None
         self.spec_stats = SpecStats()
-        with loading("tokenizer", engine_dir.tokenizer_dir):
+        with self._stage("load_tokenizer"), loading("tokenizer", engine_dir.tokenizer_dir):
             self.tokenizer = Tokenizer.from_dir(engine_dir.tokenizer_dir)
         self.token_bytes = TokenBytes(self.tokenizer, vocab_size=dims["vocab_size"])
         self.limits = engine_dir.limits
@@ -182,6 +183,9 @@ class Runner:
                           context=self.prefix_cache, prefill_chunk=self.prefill_chunk, step_tokens=self.prefill_chunk,
                           mixed_steps=self.latency_target is not None, latency_target=self.latency_target)
 
+    def _stage(self, name: str):
+        return self.profiler.stage(name) if self.profiler else nullcontext()
+
     def formatter(self, settings: InputSettings, source: str | None = None) -> PromptFormatter:
         """The prompt formatter of a run: images and audio when the engine reads them, their relative
         paths from the input file's folder (source: its path)."""
@@ -208,6 +212,7 @@ class Runner:
         response = self.responses.response(p, batch_idx, started, messages)
         if self.profiler:
             self.profiler.ttft_ms[p.index] = response.time_to_first_token_ms
+            self.profiler.first_token(p.sequence.first_token_time)
         return response
 
     def plan_context(self, p: Prepared) -> None:
