@@ -91,8 +91,13 @@ def test_quantized_engine_is_optimised_at_build_time(int4_engine, tmp_path, monk
     lowered = int4_engine / "llm" / "model.cpu.onnx"
     optimised, record = ort_engine.offline_paths(lowered)
     assert optimised.is_file() and json.loads(record.read_text()) == ort_engine.offline_key()
-    ops = {n.op_type for n in onnx.load(optimised, load_external_data=False).graph.node}
+    graph = onnx.load(optimised, load_external_data=False)
+    ops = {n.op_type for n in graph.graph.node}
     assert "MatMulNBits" in ops and "DequantizeLinear" not in ops
+    # What the optimisation left as it was is read from the lowered graph's file, not copied
+    locations = {entry.value for t in graph.graph.initializer for entry in t.external_data if entry.key == "location"}
+    assert locations == {"model.onnx.data", optimised.name + ".data"}
+    assert (optimised.parent / (optimised.name + ".data")).stat().st_size < (lowered.parent / "model.onnx.data").stat().st_size
     layers = EngineDir.open(int4_engine).layers()
     assert OrtEngine(lowered, layers, threads=1).graph_path == optimised
 
