@@ -328,7 +328,7 @@ def test_unreadable_sources_are_one_line_errors(tmp_path, generated):
     Image.new("RGB", (16, 16)).save(ico)
 
     message = _error("missing.png", tmp_path)
-    assert f"'missing.png' ({tmp_path / 'missing.png'}): no such file" in message
+    assert f"'missing.png' ({str(tmp_path / 'missing.png')!r}): no such file" in message
     assert "no such file" in _error(f"file://{tmp_path}/missing.png")
     assert "is a directory" in _error("folder.png", tmp_path)
     assert f"'{tmp_path / 'empty.png'}': the file is empty" in _error(str(tmp_path / "empty.png"))
@@ -350,7 +350,7 @@ def test_unreadable_sources_are_one_line_errors(tmp_path, generated):
 def test_media_bytes_is_generic_over_the_kind(tmp_path):
     clip = tmp_path / "clip.wav"
     clip.write_bytes(b"RIFF....WAVE")
-    assert media_bytes("clip.wav", tmp_path, "audio") == (b"RIFF....WAVE", f"'clip.wav' ({clip})")
+    assert media_bytes("clip.wav", tmp_path, "audio") == (b"RIFF....WAVE", f"'clip.wav' ({str(clip)!r})")
     data, name = media_bytes("data:audio/wav;base64," + base64.b64encode(b"RIFF").decode(), None, "audio")
     assert data == b"RIFF" and name.startswith("'data:audio/wav")
     assert "not audio/*" in _error("data:image/png;base64,aGVsbG8=", kind="audio")

@@ -80,7 +80,11 @@ def test_quantized_engine_is_smaller_and_shares_the_bundle_weights(tiny_model, b
     model_dir = tiny_model("llama", hidden_size=256, intermediate_size=512, num_attention_heads=8, head_dim=32)
     full = build_engine_for(model_dir)
     small = build_engine_for(model_dir, quantization="int4")
-    size = {e: sum(f.stat().st_size for f in (e / "llm").iterdir()) for e in (full, small)}
+    # The optimised copy ONNX Runtime loads (tests/test_cold_start.py) holds the fused matmuls' weights
+    # once more: at most the bundle's weights again; the rest is 0.3x the float engine.
+    optimised = [f for f in (small / "llm").iterdir() if ".opt." in f.name]
+    assert sum(f.stat().st_size for f in optimised) <= (small / "llm" / "model.onnx.data").stat().st_size * 1.05
+    size = {e: sum(f.stat().st_size for f in (e / "llm").iterdir() if ".opt." not in f.name) for e in (full, small)}
     assert size[small] <= 0.3 * size[full], size
     cpu = onnx.load(small / "llm" / "model.cpu.onnx", load_external_data=False)
     locations = {e.value for t in cpu.graph.initializer for e in t.external_data if e.key == "location"}

@@ -115,7 +115,8 @@ def test_smollm2_q4_1_file_builds_into_int4_with_its_own_weights(smollm2_dir, sm
     assert summary["kept_blocks"] == {"Q4_1": 210, "Q8_0": 2}
 
     def size(e):
-        return sum(f.stat().st_size for f in (e / "llm").iterdir())
+        # without the optimised copy ONNX Runtime loads (its fused matmuls' weights once more)
+        return sum(f.stat().st_size for f in (e / "llm").iterdir() if ".opt." not in f.name)
 
     assert size(engine) <= 0.3 * size(smollm2_engine)
     monkeypatch.setattr(ort_engine, "MATMUL_ACCURACY_LEVEL", 1)
