@@ -157,10 +157,37 @@ Stop = Annotated[
                   custom_error_message="expected a string or an array of strings")]
 
 
+class ToolCallFunction(BaseModel):
+    model_config = _STRICT_IGNORE
+    name: NonEmptyStr
+    arguments: str | dict[str, Any] = Field(
+        description="The arguments as a JSON string (OpenAI's form) or an object; the chat template gets an object.")
+
+
+class ToolCall(BaseModel):
+    """An earlier assistant turn's call (OpenAI's shape), rendered by the chat template."""
+    model_config = _STRICT_IGNORE
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class Message(BaseModel):
     model_config = _STRICT_IGNORE
-    role: Literal["system", "user", "assistant"]
-    content: Content
+    role: Literal["system", "user", "assistant", "tool"]
+    content: Content = Field(description="Required, except in an assistant turn with tool_calls (then \"\").")
+    tool_calls: list[ToolCall] | None = Field(None, description="An assistant turn's function calls.")
+    tool_call_id: str | None = Field(None, description="A tool turn: the id of the call it answers.")
+    reasoning_content: str | None = Field(None, description="An assistant turn's reasoning (its <think> block).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _calls_need_no_content(cls, data: Any) -> Any:
+        # OpenAI's assistant turn that only calls tools has content null (or none at all).
+        if (isinstance(data, dict) and data.get("role") == "assistant" and data.get("tool_calls")
+                and data.get("content") is None):
+            return {**data, "content": ""}
+        return data
 
     def parts(self) -> list[TextContent | ImageContent | AudioContent | VideoContent]:
         """Content as a list of items; a plain string is one text item."""
@@ -201,6 +228,9 @@ CommitPolicy = Literal["including_generated_tokens", "prefill_state_only"]
 class Request(BaseModel):
     model_config = _STRICT_IGNORE
     messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
+    tools: list[dict[str, Any]] | None = Field(
+        None, description="Function definitions (OpenAI's tools: {type: function, function: {name, description, "
+        "parameters}}), given to the chat template as transformers' apply_chat_template(tools=...) does.")
     lora_name: str | None = Field(None, description="A key of available_lora_weights.")
     save_system_prompt_kv_cache: bool = False
     disable_spec_decode: bool = False

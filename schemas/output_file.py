@@ -32,6 +32,11 @@ class Response(BaseModel):
     request_idx: int = Field(ge=0, description="Index of the request in the input file.")
     batch_idx: int = Field(ge=0, description="Position of the request inside its batch.")
     output_text: str
+    reasoning_text: str | None = Field(
+        None, description="Beyond the reference: a reasoning model's <think> block (without its tags), when the "
+        "chat template has one and the output holds one; output_text stays the whole text.")
+    content_text: str | None = Field(
+        None, description="With reasoning_text: the answer after the block (output_text without it).")
     finish_reason: FinishReason
     error: str | None = Field(None, description="Why the request failed; only with finish_reason 'error'.")
     logprobs: list[list[LogprobCandidate]] | None = Field(

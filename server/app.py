@@ -39,6 +39,8 @@ from trt_llm.server.convert import BadRequest, convert
 from trt_llm.server.engine import EngineStopped, Job, QueueFull, ServingEngine, Update
 from trt_llm.runtime.engine import DEFAULT_PREFILL_CHUNK
 from trt_llm.server.metrics import Metrics
+from trt_llm.server.tool_calls import HermesParser, tool_parser_for
+from trt_llm.runtime.text.reasoning import ReasoningSplitter
 from trt_llm.schemas._errors import describe, did_you_mean, show
 from trt_llm.server.protocol import PART_TYPES, UNION_FIELDS, ChatCompletionRequest, CompletionRequest
 
@@ -69,6 +71,7 @@ class ServerConfig:
     kv_cache_budget: int = 1 << 30  # bytes of reused keys and values
     prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK  # prompt tokens a pass (runtime/engine/engine_core.py)
     latency_target: float | None = None  # streams' time between tokens while prompts go in, in decode steps
+    tool_call_parser: str = "auto"  # auto (from the chat template), hermes or none (server/tool_calls.py)
 
 
 class ClientGone(Exception):
@@ -155,8 +158,8 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
         return await _complete(body, request, "/v1/completions")
 
     async def _complete(body, request: Request, route: str):
-        job = await _submit(body)
-        answer = _Answer(body, job, runner, config.model_name)
+        job, tool_parser = await _submit(body)
+        answer = _Answer(body, job, runner, config.model_name, tool_parser)
         if body.stream:
             return StreamingResponse(_stream(job, answer, request, route), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
@@ -166,12 +169,23 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
             return client_gone(route, answer.tokens)
         return answer.whole()
 
-    async def _submit(body) -> Job:
+    async def _submit(body) -> tuple[Job, str | None]:
+        """The job, and the parser of its answer's tool calls (None: no calls are parsed)."""
         if body.model != config.model_name and body.model not in config.lora:
             raise HttpError(404, f"model {body.model!r} is not served here (GET /v1/models lists them)", "model",
                             "model_not_found")
         try:
             converted = convert(body, config.lora, capacity, config.media_root)
+            tool_parser = None
+            if converted.tool_calls:
+                tool_parser = tool_parser_for(runner.tokenizer._template(converted.request.tools),
+                                              config.tool_call_parser)
+                if tool_parser is None:
+                    why = ("--tool-call-parser none" if config.tool_call_parser == "none" else
+                           "this model's chat template has no tool-call format this server parses "
+                           "(--tool-call-parser hermes parses Hermes' <tool_call> format)")
+                    raise BadRequest(f"tools: tool calls are off here: {why}; send tool_choice 'none' or no tools",
+                                     param="tools")
             # Image sources are already checked and resolved (convert.media_source: data URLs, or files
             # inside --allowed-local-media-path).
             formatter = PromptFormatter(runner.tokenizer, converted.chat, True, converted.settings.enable_thinking,
@@ -183,7 +197,7 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
             raise HttpError(error.status, str(error), error.param, error.code) from None
         except (PromptError, ValueError) as error:
             raise HttpError(400, *_preparation_message(str(error))) from None
-        return _enqueue(prepared, converted.settings)
+        return _enqueue(prepared, converted.settings), tool_parser
 
     def _enqueue(prepared, settings) -> Job:
         """A prepared request as a job on the serving engine (429 when its queue is full, 503 while it
@@ -246,8 +260,8 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
                     break
                 span = answer.add(update)
                 finished = update.finished
-                if update.text or (update.token_ids and answer.with_logprobs) or finished:
-                    yield _sse(answer.chunk(update, span))
+                for chunk in answer.chunks(update, span):
+                    yield _sse(chunk)
             if answer.include_usage:
                 yield _sse(answer.usage_chunk())
             yield "data: [DONE]\n\n"
@@ -347,9 +361,12 @@ def _or(names) -> str:
 
 
 class _Answer:
-    """One request's answer as it grows: the whole response, or its stream of chunks."""
+    """One request's answer as it grows: the whole response, or its stream of chunks. A chat answer's
+    text goes through the reasoning split (runtime/text/reasoning.py, when the prompt's template has a
+    thinking block) and then the tool-call parser (server/tool_calls.py, when tools may be called),
+    update by update, streamed or not: the whole answer is exactly its chunks joined."""
 
-    def __init__(self, body, job: Job, runner, model_name: str):
+    def __init__(self, body, job: Job, runner, model_name: str, tool_parser: str | None = None):
         self.body, self.job, self.token_bytes, self.model = body, job, runner.token_bytes, model_name
         self.chat = isinstance(body, ChatCompletionRequest)
         self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -359,6 +376,11 @@ class _Answer:
         self.with_logprobs = body.logprobs is not None and body.logprobs is not False
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         self._offset = 0  # completions' text_offset of the next token
+        mode = job.prepared.prompt.reasoning if self.chat else None
+        self.splitter = ReasoningSplitter(mode) if mode is not None else None
+        self.parser = HermesParser(body.parallel_tool_calls) if self.chat and tool_parser == "hermes" else None
+        self.reasoning, self.content, self.tool_calls = "", "", []
+        self._delta = ("", "", [])  # the last update's reasoning, content and new calls
 
     @property
     def sequence(self):
@@ -369,18 +391,67 @@ class _Answer:
         self.text += update.text
         start = self.tokens
         self.tokens += len(update.token_ids)
+        if self.chat:
+            self._delta = self._parse(update.text, update.finished)
         return start, self.tokens
+
+    def _parse(self, text: str, finished: bool):
+        reasoning, content = ("", text) if self.splitter is None else self.splitter.feed(text)
+        if finished and self.splitter is not None:
+            more_reasoning, more_content = self.splitter.finish()
+            reasoning, content = reasoning + more_reasoning, content + more_content
+        calls = []
+        if self.parser is not None:
+            content, calls = self.parser.feed(content)
+            if finished:
+                more, later = self.parser.finish()
+                content, calls = content + more, calls + later
+        self.reasoning += reasoning
+        self.content += content
+        self.tool_calls += calls
+        return reasoning, content, calls
 
     def whole(self) -> dict:
         s = self.sequence
         logprobs = self._logprobs(0, len(s.generated))
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": self.text}, "logprobs": logprobs,
-                      "finish_reason": self._finish_reason()}
+            message = {"role": "assistant", "content": self.content or (None if self.tool_calls else "")}
+            if self.splitter is not None:
+                message["reasoning_content"] = self.reasoning if self.splitter.block else None
+            if self.tool_calls:
+                message["tool_calls"] = [call.openai() for call in self.tool_calls]
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": self._finish_reason()}
         else:
             choice = {"index": 0, "text": self.text, "logprobs": logprobs, "finish_reason": self._finish_reason()}
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": [choice], "usage": self._usage()}
+
+    def chunks(self, update: Update, span: tuple[int, int]) -> list[dict]:
+        """The chunks an update makes (none while its text is held back): a chat answer's reasoning
+        and content delta, then each new call as OpenAI streams one (its index, id and name, then
+        its arguments); the logprobs ride on the first, the finish reason on the last."""
+        with_logprobs = bool(update.token_ids) and self.with_logprobs
+        if not self.chat:
+            return [self.chunk(update, span)] if update.text or with_logprobs or update.finished else []
+        reasoning, content, calls = self._delta
+        deltas = []
+        if reasoning or content:
+            deltas.append({"reasoning_content": reasoning} if reasoning else {})
+            if content:
+                deltas[-1]["content"] = content
+        for call in calls:
+            deltas.append({"tool_calls": [{"index": call.index, "id": call.id, "type": "function",
+                                           "function": {"name": call.name, "arguments": ""}}]})
+            deltas.append({"tool_calls": [{"index": call.index, "function": {"arguments": call.arguments}}]})
+        if not deltas and (with_logprobs or update.finished):
+            deltas.append({})
+        out = []
+        for i, delta in enumerate(deltas):
+            last = i == len(deltas) - 1
+            finish = self._finish_reason() if update.finished and last else None
+            logprobs = self._logprobs(*span) if i == 0 and span[1] > span[0] else None
+            out.append(self._chunk({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}))
+        return out
 
     def chunk(self, update: Update, span: tuple[int, int] | None = None, first: bool = False) -> dict:
         finish = self._finish_reason() if update.finished else None
@@ -390,6 +461,9 @@ class _Answer:
             choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": update.text, "logprobs": logprobs, "finish_reason": finish}
+        return self._chunk(choice)
+
+    def _chunk(self, choice: dict) -> dict:
         chunk = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                  "created": self.created, "model": self.model, "choices": [choice]}
         if self.include_usage:
@@ -401,6 +475,8 @@ class _Answer:
                 "created": self.created, "model": self.model, "choices": [], "usage": self._usage()}
 
     def _finish_reason(self) -> str:
+        if self.tool_calls:
+            return "tool_calls"
         return "length" if self.sequence.finish_reason == MAX_LENGTH else "stop"
 
     def _usage(self) -> dict:

@@ -46,6 +46,9 @@ def parse_args(argv: list[str] | None):
                    help="while prompts go in, keep the running streams' time between tokens within this many "
                         "decode steps (chunks sized by measurement, decode steps in the same passes; 2 keeps them "
                         "within 2x, at the cost of the new prompts' time to first token)")
+    p.add_argument("--tool-call-parser", choices=("auto", "hermes", "none"), default="auto",
+                   help="how an answer's tool calls are parsed (default auto: hermes when the chat template "
+                        "mentions <tool_call>; none: tools are refused)")
     p.add_argument("--no-spec-decode", action="store_true", help="vanilla decoding even with an EAGLE draft")
     p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all physical cores)")
     p.add_argument("--ray-replicas", type=positive_int, default=None,
@@ -81,7 +84,7 @@ def server_config(args, engine_dir):
                         request_timeout_s=args.request_timeout, media_root=media,
                         cors_origins=tuple(args.cors_origin), save_prefixes=not args.no_prefix_cache,
                         kv_cache_budget=args.kv_cache_budget, prefill_chunk=args.prefill_chunk,
-                        latency_target=args.prefill_latency_target)
+                        latency_target=args.prefill_latency_target, tool_call_parser=args.tool_call_parser)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,7 @@ class Converted:
     request: Request
     settings: InputSettings
     chat: bool  # the chat template applies (chat completions) or the prompt is raw (completions)
+    tool_calls: bool = False  # the answer may call the request's tools (tool_choice auto)
 
 
 def convert(body: ChatCompletionRequest | CompletionRequest, lora: dict[str, str], capacity: int,
@@ -42,6 +43,9 @@ def convert(body: ChatCompletionRequest | CompletionRequest, lora: dict[str, str
         messages = [{"role": "user", "content": body.text}]
     request = {"messages": messages, "disable_spec_decode": body.disable_spec_decode,
                "num_logprobs": body.num_logprobs}
+    calls = chat and tool_choice(body) == "auto"
+    if calls:  # "none": the model is not shown them
+        request["tools"] = [tool.model_dump(exclude_none=True) for tool in body.tools]
     if body.stop:  # a string, or a non-empty list (OpenAI sends [] for none)
         request["stop"] = body.stop
     if body.logit_bias:
@@ -56,7 +60,22 @@ def convert(body: ChatCompletionRequest | CompletionRequest, lora: dict[str, str
                 "max_generate_length": body.new_tokens or capacity, "seed": body.seed,
                 "apply_chat_template": chat, "add_generation_prompt": True,
                 "enable_thinking": body.thinking if chat else False, "available_lora_weights": lora}
-    return Converted(_validated(Request, request), _validated(InputSettings, settings), chat)
+    return Converted(_validated(Request, request), _validated(InputSettings, settings), chat, calls)
+
+
+def tool_choice(body: ChatCompletionRequest) -> str:
+    """"none" or "auto" (the default with tools, "none" without); what cannot be honoured without
+    forcing the grammar (required, a named function) is refused."""
+    choice = body.tool_choice
+    if choice is None:
+        return "auto" if body.tools else "none"
+    if not isinstance(choice, str) or choice == "required":
+        what = "'required'" if choice == "required" else f"a named function ({choice.function.name!r})"
+        raise BadRequest(f"tool_choice: {what} is not supported (the answer is not forced to call a tool); "
+                         "use 'auto' or 'none'", param="tool_choice")
+    if choice == "auto" and not body.tools:
+        raise BadRequest("tool_choice: 'auto' needs tools", param="tool_choice")
+    return choice
 
 
 def _validated(model, data: dict):
@@ -69,8 +88,16 @@ def _validated(model, data: dict):
 
 def _message(index: int, message, media_root: Path | None) -> dict:
     role = "system" if message.role == "developer" else message.role  # OpenAI's newer name for it
+    out = {"role": role}
+    if message.tool_calls:
+        out["tool_calls"] = [call.model_dump(exclude_none=True) for call in message.tool_calls]
+    for key in ("tool_call_id", "reasoning_content"):
+        if getattr(message, key) is not None:
+            out[key] = getattr(message, key)
+    if message.content is None:
+        return out
     if isinstance(message.content, str):
-        return {"role": role, "content": message.content}
+        return {**out, "content": message.content}
     parts = []
     for j, part in enumerate(message.content):
         where = f"messages[{index}].content[{j}]"
@@ -80,7 +107,7 @@ def _message(index: int, message, media_root: Path | None) -> dict:
             parts.append({"type": "image", "image": media_source(part.image_url.url, media_root, f"{where}.image_url.url")})
         else:
             parts.append({"type": "audio", "audio": _audio_source(part.input_audio, media_root, f"{where}.input_audio.data")})
-    return {"role": role, "content": parts}
+    return {**out, "content": parts}
 
 
 def _audio_source(audio, media_root: Path | None, param: str) -> str:

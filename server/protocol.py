@@ -6,7 +6,8 @@ prepared, limited and sampled exactly as the input file's would be (runtime/requ
 
 Unknown fields are refused (400 naming the field) rather than silently ignored, except a few that
 only describe the caller (`user`, `metadata`, `store`, `service_tier`). A parameter this server
-cannot honour (n > 1, tools, echo, suffix, best_of) is refused, never dropped.
+cannot honour (n > 1, tool_choice "required" or a named function, echo, suffix, best_of) is refused,
+never dropped.
 """
 
 from __future__ import annotations
@@ -74,10 +75,56 @@ def _either(text, items, what: str):
 UNION_FIELDS = ("content", "stop", "prompt")  # the fields typed with _either
 
 
+class FunctionCall(_Body):
+    name: str = Field(min_length=1)
+    arguments: str = Field(description="the arguments as a JSON object's text")
+
+
+class ToolCallBody(_Body):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: _either(str, list[ContentPart], "expected a string or an array of content parts")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: _either(str, list[ContentPart], "expected a string or an array of content parts") | None = Field(
+        None, description="required, except in an assistant turn with tool_calls")
     name: str | None = None
+    tool_calls: list[ToolCallBody] | None = Field(None, description="an assistant turn's function calls")
+    tool_call_id: str | None = Field(None, description="a tool turn: the id of the call it answers")
+    reasoning_content: str | None = Field(None, description="extension (vLLM's): an assistant turn's reasoning")
+
+    @model_validator(mode="after")
+    def _content_given(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (only an assistant turn with tool_calls may leave it out)")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only an assistant turn has tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool turn needs the tool_call_id of the call it answers")
+        return self
+
+
+class FunctionDefinition(_Body):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="a JSON Schema of the arguments")
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Body):
+    name: str = Field(min_length=1)
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(_Body):
@@ -143,6 +190,10 @@ class ChatCompletionRequest(_Sampling):
     response_format: ResponseFormat | None = None
     enable_thinking: bool | None = Field(None, description="extension: the chat template's thinking switch")
     chat_template_kwargs: ChatTemplateKwargs | None = None
+    tools: list[Tool] | None = Field(None, description="functions the model may call (the chat template shows them)")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="none or auto (the default with tools); required and a named function are refused")
+    parallel_tool_calls: bool = Field(True, description="false: the answer's first call only")
 
     @model_validator(mode="after")
     def _logprobs(self):

@@ -99,7 +99,7 @@ class RequestPreparer:
                                                         formatter.media_dir, where, self.vocab_size)
         else:
             try:
-                prompt = formatter.format(request.messages)
+                prompt = formatter.format(request.messages, request.tools)
             except PromptError as error:
                 raise PromptError(f"{where}.{error}") from None
         if self.vision is not None and media_parts(request.messages, "image"):

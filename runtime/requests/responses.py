@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 from trt_llm.runtime.requests.prepare import Prepared
+from trt_llm.runtime.text.reasoning import split_reasoning
 from trt_llm.runtime.text.token_bytes import TokenBytes
 from trt_llm.schemas.input_file import InputSettings, LoadedInput
 from trt_llm.schemas.output_file import LogprobCandidate, OutputFile, Response
@@ -24,11 +25,13 @@ class ResponseBuilder:
         if s.top_logprobs:
             logprobs = [[self.candidate(t, v) for t, v in zip(ids, values)] for ids, values in s.top_logprobs]
             sampled_tokens = [self.candidate(t, v) for t, v in zip(s.generated, s.token_logprobs)]
+        # The text is the generated tokens' bytes (special tokens skipped, the stop string and
+        # what follows cut off), decoded as UTF-8 with invalid bytes as U+FFFD.
+        text = s.detokenizer.finish()
+        reasoning, content = split_reasoning(text, p.prompt.reasoning)
         return Response(
-            request_idx=p.index, batch_idx=batch_idx,
-            # The text is the generated tokens' bytes (special tokens skipped, the stop string and
-            # what follows cut off), decoded as UTF-8 with invalid bytes as U+FFFD.
-            output_text=s.detokenizer.finish(),
+            request_idx=p.index, batch_idx=batch_idx, output_text=text, reasoning_text=reasoning,
+            content_text=content if reasoning is not None else None,
             finish_reason=s.finish_reason, messages=messages, logprobs=logprobs,
             sampled_tokens=sampled_tokens,
             formatted_system_prompt=p.prompt.system_text, formatted_complete_request=p.prompt.text,
