@@ -191,8 +191,8 @@ PART_MISTAKES = {
                    "use text, image_url or input_audio"),
     "part without a type": (_messages({"text": "hi"}), "messages.0.content.0.type",
                             "messages.0.content.0.type: required field missing (text, image_url or input_audio)"),
-    "null content": ({**GOOD, "messages": [{"role": "user", "content": None}]}, "messages.0.content",
-                     "messages.0.content: expected a string or an array of content parts, got null"),
+    "null content": ({**GOOD, "messages": [{"role": "user", "content": None}]}, "messages.0",
+                     "messages.0: content is required (only an assistant turn with tool_calls may leave it out)"),
     "typo in a part": (_messages({"type": "text", "txt": "hi"}), "messages.0.content.0.txt",
                        "messages.0.content.0.txt: unknown or unsupported parameter (did you mean 'text'?); "
                        "messages.0.content.0.text: required field missing"),
