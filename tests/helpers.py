@@ -94,3 +94,22 @@ def tokens_of_bypass(engine, folder, requests: list[dict], max_new: int, **setti
     responses, _ = reuse_run(engine, folder, requests, max_new, context_cache_lookup_policy="bypass", **settings)
     assert all(r.reused_tokens == 0 for r in responses)
     return [r.output_token_ids for r in responses]
+
+
+def tiny_eagle_engine(tiny_model, build_engine_for, tmp_path_factory):
+    """A 4-layer tiny Llama with a random EAGLE3 draft (it rarely guesses right), built for the session's
+    fixtures (tests/conftest.py)."""
+    from trt_llm.build.eagle.formats import save_draft_eagle_format
+    from trt_llm.build.eagle.model import Eagle3Draft
+
+    base = tiny_model("llama", num_hidden_layers=4)
+    config = AutoModelForCausalLM.from_pretrained(base).config
+    torch.manual_seed(0)
+    draft = Eagle3Draft(Eagle3Draft.config_for_base(config, draft_vocab_size=200))
+    for param in draft.parameters():
+        if param.requires_grad:
+            param.data.normal_(0, 0.2)
+    draft.set_vocab_map(torch.randperm(config.vocab_size)[:200].sort().values)
+    folder = tmp_path_factory.mktemp("draft")
+    save_draft_eagle_format(draft, folder)
+    return build_engine_for(base, draft={"model": str(folder), "max_draft_tree_size": 24, "max_verify_tree_size": 16})

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from helpers import PROMPTS, chat_request
+from helpers import PROMPTS, chat_request, tiny_eagle_engine
 from trt_llm.runtime.decoding import eagle
 from trt_llm.runtime.decoding.spec_config import SpecConfig
 from trt_llm.runtime.engine.step import Step
@@ -20,20 +20,7 @@ from trt_llm.schemas.input_file import parse_input_dict
 @pytest.fixture(scope="module")
 def engine(tiny_model, build_engine_for, tmp_path_factory):
     """A 4-layer tiny Llama with a random EAGLE3 draft (it rarely guesses right)."""
-    from trt_llm.build.eagle.formats import save_draft_eagle_format
-    from trt_llm.build.eagle.model import Eagle3Draft
-
-    base = tiny_model("llama", num_hidden_layers=4)
-    config = AutoModelForCausalLM.from_pretrained(base).config
-    torch.manual_seed(0)
-    draft = Eagle3Draft(Eagle3Draft.config_for_base(config, draft_vocab_size=200))
-    for param in draft.parameters():
-        if param.requires_grad:
-            param.data.normal_(0, 0.2)
-    draft.set_vocab_map(torch.randperm(config.vocab_size)[:200].sort().values)
-    folder = tmp_path_factory.mktemp("draft")
-    save_draft_eagle_format(draft, folder)
-    return build_engine_for(base, draft={"model": str(folder), "max_draft_tree_size": 24, "max_verify_tree_size": 16})
+    return tiny_eagle_engine(tiny_model, build_engine_for, tmp_path_factory)
 
 
 def run(engine_dir, data, spec_decode=True, spec=SpecConfig(4, 3, 10), scheduling="static"):

@@ -11,12 +11,12 @@ import json
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 from transformers.generation.logits_process import (LogitsProcessor, MinPLogitsWarper,
                                                     RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
                                                     TopKLogitsWarper, TopPLogitsWarper)
 
-from helpers import PROMPTS, _load, chat_request
+from helpers import PROMPTS, _load, chat_request, tiny_eagle_engine
 from trt_llm.runtime.engine.sequence import Sequence, TokenCounts, append_token
 from trt_llm.runtime.engine_dir import EngineDir
 from trt_llm.runtime.requests.runner import Runner
@@ -245,20 +245,7 @@ def test_out_of_range_values_are_that_requests_error(tiny):
 @pytest.fixture(scope="module")
 def eagle_engine(tiny_model, build_engine_for, tmp_path_factory):
     """test_eagle.py's engine: a 4-layer tiny Llama with a random EAGLE3 draft."""
-    from trt_llm.build.eagle.formats import save_draft_eagle_format
-    from trt_llm.build.eagle.model import Eagle3Draft
-
-    base = tiny_model("llama", num_hidden_layers=4)
-    config = AutoModelForCausalLM.from_pretrained(base).config
-    torch.manual_seed(0)
-    draft = Eagle3Draft(Eagle3Draft.config_for_base(config, draft_vocab_size=200))
-    for param in draft.parameters():
-        if param.requires_grad:
-            param.data.normal_(0, 0.2)
-    draft.set_vocab_map(torch.randperm(config.vocab_size)[:200].sort().values)
-    folder = tmp_path_factory.mktemp("draft")
-    save_draft_eagle_format(draft, folder)
-    return build_engine_for(base, draft={"model": str(folder), "max_draft_tree_size": 24, "max_verify_tree_size": 16})
+    return tiny_eagle_engine(tiny_model, build_engine_for, tmp_path_factory)
 
 
 @pytest.mark.parametrize("mode", ["greedy", "sampled"])

@@ -26,11 +26,16 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def positive_int(value: str) -> int:
+def _parsed(value: str, kind: type, what: str):
+    """`value` as an int or a float, or the flag's one-line error."""
     try:
-        number = int(value)
+        return kind(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+        raise argparse.ArgumentTypeError(f"{value!r} is not {what}") from None
+
+
+def positive_int(value: str) -> int:
+    number = _parsed(value, int, "an integer")
     if number < 1:
         raise argparse.ArgumentTypeError(f"{value} is below 1")
     return number
@@ -38,10 +43,7 @@ def positive_int(value: str) -> int:
 
 def positive_float(value: str) -> float:
     """A finite number above 0 (seconds, say)."""
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    number = _parsed(value, float, "a number")
     if not 0 < number < float("inf"):
         raise argparse.ArgumentTypeError(f"{value} is not a positive number")
     return number
@@ -49,10 +51,7 @@ def positive_float(value: str) -> float:
 
 def port_number(value: str) -> int:
     """A TCP port, 0 to 65535 (0: any free port)."""
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    number = _parsed(value, int, "an integer")
     if not 0 <= number <= 65535:
         raise argparse.ArgumentTypeError(f"{value} is outside [0, 65535]")
     return number
@@ -60,10 +59,7 @@ def port_number(value: str) -> int:
 
 def steps_above_one(value: str) -> float:
     """A latency target in decode steps: a number above 1 (a step itself takes one)."""
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    number = _parsed(value, float, "a number")
     if not number > 1:
         raise argparse.ArgumentTypeError(f"{value} is not above 1 (a decode step itself takes one)")
     return number
