@@ -62,7 +62,7 @@ def refuse_unsupported(graph, draft) -> None:
     """What a decoder's layers rule out, refused in one line before the export."""
     from trt_llm.build.compile import BuildError
 
-    long_rope = any(spec.rotary is not None and spec.rotary.long_rows for spec in graph.layer_specs)
+    long_rope = any(getattr(spec, "rotary", None) is not None and spec.rotary.long_rows for spec in graph.layer_specs)
     if draft is not None and graph.windows:
         # A tree's nodes sit in slots past their positions, and the window counts slots.
         raise BuildError("draft: an EAGLE draft on a model with sliding-window layers is not supported yet; "
@@ -113,6 +113,10 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
             dims, layers = graphs.export_llm(checkpoint.model, directory / "llm" / "model.onnx", dtype)
         else:
             hf_config = graphs.text_decoder(checkpoint.model).config
+            if config.lora and not getattr(graphs, "LORA", True):  # (a family module that takes no adapters)
+                from trt_llm.build.compile import BuildError
+
+                raise BuildError(f"lora: not supported for {checkpoint.family.architecture} yet; build without lora:")
             if config.lora:
                 first = graphs.text_decoder(checkpoint.model).model.layers[0]
                 packed = hasattr(first.self_attn, "qkv_proj")

@@ -102,7 +102,7 @@ def share_unchanged_weights(optimised: Path, lowered: Path) -> None:
 
     folder = optimised.parent
     graph = onnx.load(str(optimised), load_external_data=False)
-    original = {t.name: ExternalDataInfo(t) for t in onnx.load(str(lowered), load_external_data=False).graph.initializer
+    original = {t.name: ExternalDataInfo(t) for t in _initializers(onnx.load(str(lowered), load_external_data=False).graph)
                 if uses_external_data(t)}
 
     def read(location: str, offset, length) -> bytes:
@@ -113,7 +113,7 @@ def share_unchanged_weights(optimised: Path, lowered: Path) -> None:
     data_name = optimised.name + ".data"
     compact = folder / (data_name + ".compact")
     with open(compact, "wb") as out:
-        for tensor in graph.graph.initializer:
+        for tensor in _initializers(graph.graph):  # a Loop's body has its own (the delta rule's chunked form)
             if not uses_external_data(tensor):
                 continue
             info = ExternalDataInfo(tensor)
@@ -128,6 +128,15 @@ def share_unchanged_weights(optimised: Path, lowered: Path) -> None:
             out.write(blob)
     os.replace(compact, folder / data_name)
     onnx.save_model(graph, str(optimised))
+
+
+def _initializers(graph: onnx.GraphProto):
+    """Every initializer of `graph` and of the subgraphs of its nodes (Loop, If, Scan bodies)."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            for subgraph in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
+                yield from _initializers(subgraph)
 
 
 def _point(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:

@@ -33,8 +33,14 @@ def _example_inputs(graph: DecoderGraph, dtype: torch.dtype, lora_layout: dict |
     # A sliding group's slots: distinct too (13, 14, ...), and its lengths input.
     slots = {0: capacity, **{w: 13 + i for i, w in enumerate(graph.windows)}}
     # One tensor object per cache: the tracer would merge inputs that are the same object.
-    caches = [torch.zeros(batch, spec.kv_heads, slots[window_of(spec)], spec.head_dim, dtype=dtype)
-              for spec in graph.layer_specs for _ in ("key", "value")]
+    caches = []
+    for spec in graph.layer_specs:
+        if spec.kind == "recurrent":  # its states, fixed shapes
+            caches += [torch.zeros(batch, *state.shape, dtype=dtype if state.dtype == "model" else torch.float32)
+                       for state in spec.states]
+        else:
+            caches += [torch.zeros(batch, spec.kv_heads, slots[window_of(spec)], spec.head_dim, dtype=dtype)
+                       for _ in ("key", "value")]
     for _ in range(d.num_layers if lora_layout else 0):
         for group in lora_layout["groups"]:
             rank = _EXAMPLE_RANKS[group["name"]]

@@ -76,6 +76,25 @@ def npm_tokenizer():
 
 
 @pytest.fixture(scope="session")
+def family_model(tmp_path_factory):
+    """Factory: family_model(family) -> the tiny checkpoint's folder (tests/family_assets.py), each built once."""
+    import family_assets
+
+    built = {}
+
+    def make(family: str):
+        if family not in built:
+            try:
+                built[family] = family_assets.make_family_model(family, tmp_path_factory.mktemp(family),
+                                                                _cache_root())
+            except family_assets.assets.AssetUnavailable as exc:
+                pytest.skip(f"the {family} tokenizer is unavailable: {exc}")
+        return built[family]
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def build_engine_for(tmp_path_factory):
     """Factory: build_engine_for(model_dir, **config) -> engine directory, each built once."""
     from trt_llm.build.cli import build_engine

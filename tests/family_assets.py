@@ -41,6 +41,18 @@ FAMILIES = {
     "qwen3_moe": ("qwen3", "Qwen3MoeConfig", dict(
         num_hidden_layers=3, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
         norm_topk_prob=True, mlp_only_layers=[1], decoder_sparse_step=1, tie_word_embeddings=False)),
+    # Qwen3.5: Gated DeltaNet layers around one gated full-attention layer; head_dim 64 so that its
+    # partial rotary (a quarter) turns 16 dims, what ONNX Runtime's attention takes
+    "qwen3_5": ("qwen3", "Qwen3_5TextConfig", dict(
+        num_hidden_layers=4, layer_types=["linear_attention", "full_attention", "linear_attention",
+                                          "linear_attention"],
+        head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+        linear_value_head_dim=16, linear_conv_kernel_dim=4, tie_word_embeddings=False)),
+    # LFM2: short gated convolutions (with a bias) around one attention layer; its own tokenizer is
+    # not packaged, Qwen3's serves a random checkpoint as well
+    "lfm2": ("qwen3", "Lfm2Config", dict(
+        num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "conv"], head_dim=None,
+        conv_L_cache=3, conv_bias=True, block_auto_adjust_ff_dim=False, norm_eps=1e-5, tie_word_embeddings=True)),
 }
 
 

@@ -11,7 +11,6 @@ import pytest
 from transformers import AutoTokenizer
 
 import family_assets
-from conftest import _cache_root
 from family_assets import LONGROPE_ORIGINAL, WINDOW
 from helpers import PROMPTS, chat_request, hf_greedy
 from trt_llm.runtime.engine_dir import EngineDir
@@ -20,24 +19,7 @@ from trt_llm.schemas.input_file import parse_input_dict
 
 NEW = 12
 TEXT = "The lighthouse keeper counted the ships that passed the rocks at night, one by one, in the rain."
-FAMILIES = ["gemma3", "gemma2", "mistral", "phi3", "qwen3_moe"]
-
-
-@pytest.fixture(scope="session")
-def family_model(tmp_path_factory):
-    """Factory: family_model(family) -> the tiny checkpoint's folder, each built once."""
-    built = {}
-
-    def make(family: str):
-        if family not in built:
-            try:
-                built[family] = family_assets.make_family_model(family, tmp_path_factory.mktemp(family),
-                                                                _cache_root())
-            except family_assets.assets.AssetUnavailable as exc:
-                pytest.skip(f"the {family} tokenizer is unavailable: {exc}")
-        return built[family]
-
-    return make
+FAMILIES = ["gemma3", "gemma2", "mistral", "phi3", "qwen3_moe", "qwen3_5", "lfm2"]
 
 
 def requests_for(family: str) -> list[dict]:
@@ -156,7 +138,7 @@ def test_what_does_not_apply_is_refused_in_one_line(family_model, build_engine_f
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="TensorRT-RTX is not installed")
-@pytest.mark.parametrize("family", ["gemma3", "gemma2", "phi3", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["gemma3", "gemma2", "phi3", "qwen3_moe", "qwen3_5", "lfm2"])
 def test_tensorrt_rtx_plans_build_ahead_of_time(family, family_model, build_engine_for):
     """TensorRT-RTX parses each family's graph (its ops' function bodies inlined: the window, the
     soft-caps, partial rotary, the experts) and builds its plan without a GPU."""

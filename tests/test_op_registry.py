@@ -7,21 +7,22 @@ import pytest
 import torch
 
 from trt_llm import plugins
-from trt_llm.plugins import attention, cross_attention, moe, vision_attention, weight_only_matmul
+from trt_llm.plugins import attention, cross_attention, gated_delta_rule, moe, vision_attention, weight_only_matmul
 
 
 def test_our_ops_are_registered_with_every_facet():
-    assert plugins.ops() == (attention, cross_attention, moe, vision_attention, weight_only_matmul)
+    assert plugins.ops() == (attention, cross_attention, gated_delta_rule, moe, vision_attention, weight_only_matmul)
     assert plugins.translation_table() == {
         torch.ops.trt_llm.attention.default: attention.onnx_translation,
         torch.ops.trt_llm.cross_attention.default: cross_attention.onnx_translation,
+        torch.ops.trt_llm.gated_delta_rule.default: gated_delta_rule.onnx_translation,
         torch.ops.trt_llm.moe.default: moe.onnx_translation,
         torch.ops.trt_llm.vision_attention.default: vision_attention.onnx_translation,
         torch.ops.trt_llm.weight_only_matmul.default: weight_only_matmul.onnx_translation}
     assert plugins.domains() == {"trt"}
     names = sorted(f.name for f in plugins.function_protos())
-    assert names == sorted([*attention.OP_NAMES, *cross_attention.OP_NAMES, *moe.OP_NAMES, *vision_attention.OP_NAMES,
-                            *weight_only_matmul.OP_NAMES])
+    assert names == sorted([*attention.OP_NAMES, *cross_attention.OP_NAMES, *gated_delta_rule.OP_NAMES, *moe.OP_NAMES,
+                            *vision_attention.OP_NAMES, *weight_only_matmul.OP_NAMES])
 
 
 def test_an_op_is_one_new_file(tmp_path, monkeypatch):
@@ -52,13 +53,14 @@ def test_an_op_is_one_new_file(tmp_path, monkeypatch):
     plugins.ops.cache_clear()
     try:
         names = [module.__name__.rsplit(".", 1)[-1] for module in plugins.ops()]
-        assert names == ["attention", "cross_attention", "moe", "scale", "vision_attention", "weight_only_matmul"]
+        assert names == ["attention", "cross_attention", "gated_delta_rule", "moe", "scale", "vision_attention",
+                         "weight_only_matmul"]
         assert torch.ops.trt_llm_test.scale.default in plugins.translation_table()
         assert plugins.domains() == {"trt", "trt_test"}
         assert "Scale" in [f.name for f in plugins.function_protos()]
         model = onnx.ModelProto()
         plugins.lower_for_onnxruntime(model)
-        assert plugins.ops()[3].lowered == [model]
+        assert plugins.ops()[4].lowered == [model]
         plugins.finish_export(model)  # an op without the optional fix-up is skipped
     finally:
         plugins.ops.cache_clear()

@@ -36,7 +36,7 @@ class ModelDims:
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or self.hidden_size // self.num_heads
         self.vocab_size = config.vocab_size
-        self.rms_norm_eps = config.rms_norm_eps
+        self.rms_norm_eps = getattr(config, "norm_eps", None) or config.rms_norm_eps  # (LFM2 names it norm_eps)
 
     def to_dict(self) -> dict:
         return dict(vars(self))

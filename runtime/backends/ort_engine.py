@@ -135,7 +135,7 @@ class OrtEngine:
             self.graph_path = Path(engine_path)
             self.session = ort.InferenceSession(str(engine_path), options, providers=["CPUExecutionProvider"])
         inputs = {i.name: i for i in self.session.get_inputs()}
-        self.dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[inputs[past("key", 0)].type]
+        self.dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[inputs["inputs_embeds"].type]
         if isinstance(layers, int):
             shape = inputs[past("key", 0)].shape
             layers = full_layers(layers, shape[1], shape[3])
@@ -172,12 +172,16 @@ class OrtEngine:
         state = (cache.batch, cache.generation, extra_key)
         if self._bound is None or self._bound[0]() is not cache or self._bound[1:] != state:
             for name, output, buffer in cache.tensors():
-                # The same memory as past input and present output: the op updates it in place.
-                binding.bind_input(name, "cpu", 0, buffer.dtype, buffer.shape, buffer.ctypes.data)
+                # An attention cache: the same memory as past input and present output (the op updates
+                # it in place); a recurrent state: one or the other (runtime/cache/recurrent_cache.py).
+                if name is not None:
+                    binding.bind_input(name, "cpu", 0, buffer.dtype, buffer.shape, buffer.ctypes.data)
                 if output is not None:
                     binding.bind_output(output, "cpu", 0, buffer.dtype, buffer.shape, buffer.ctypes.data)
             for name, array in extra.items():
                 binding.bind_input(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
             self._bound = (weakref.ref(cache), *state)
         self.session.run_with_iobinding(binding)
+        if hasattr(cache, "finish_step"):
+            cache.finish_step()
         return step.logits

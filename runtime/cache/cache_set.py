@@ -8,13 +8,15 @@
     cache.move_slots(row, sources, start)   # EAGLE: the accepted tree nodes' keys and values, contiguous
     cache.make_room(past_lengths, width)    # before a step: the inputs it needs beyond the step's own
     cache.tensors()                         # (input, output, buffer) of every tensor the engine binds
+    cache.finish_step()                     # after an engine call: a recurrent group's new states current
     cache.read(row, start, stop)            # a row's keys and values of tokens start .. stop - 1, per layer
     cache.restore(row, length, parts)       # an empty row from saved parts of a prefix of `length` tokens
     cache.write_row(row, pairs)             # an encoder-decoder row's clip keys and values
 
 Groups (layers of one kind and geometry, `layer_spec.group_key`): `kv_cache.KVCache` for full and
 sliding attention, `cross_cache.CrossCache` for an encoder-decoder's cross inputs (its layers' self-
-attention is a KV group like any other). The same composite serves the TensorRT backends over device
+attention is a KV group like any other), `recurrent_cache.RecurrentCache` for recurrent layers' states
+(Gated DeltaNet, short convolutions: replaced, not appended to, at every step). The same composite serves the TensorRT backends over device
 groups (runtime/cache/device.py), so the engine core and strategies never know which they hold.
 Callers speak in tokens: a group maps tokens to its own slots.
 
@@ -29,6 +31,7 @@ import numpy as np
 
 from trt_llm.runtime.cache.cross_cache import CrossCache
 from trt_llm.runtime.cache.kv_cache import KVCache
+from trt_llm.runtime.cache.recurrent_cache import RecurrentCache
 from trt_llm.schemas.layer_spec import group_key, window_of
 
 
@@ -76,7 +79,19 @@ class CacheSet:
         return inputs
 
     def tensors(self) -> list:
+        """(input name or None, output name or None, buffer): an attention group's buffer is both
+        (written in place), a recurrent group's states are read from one buffer and written to another."""
         return [bound for group in self.groups for bound in group.tensors()]
+
+    def finish_step(self) -> None:
+        for group in self.groups:
+            if hasattr(group, "finish_step"):
+                group.finish_step()
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether some layers keep a recurrent state (no token slots to cut back or move)."""
+        return any(hasattr(group, "snapshot") for group in self.groups)
 
     @property
     def generation(self) -> int:
@@ -88,7 +103,7 @@ class CacheSet:
 
     @property
     def num_layers(self) -> int:
-        return 1 + max(layer for group in self._attention_groups() for layer in group.layers)
+        return 1 + max(layer for group in self.groups for layer in group.layers)
 
     def needed(self, length: int) -> list[int]:
         """Per layer: the first token a restored prefix of `length` tokens must give it."""
@@ -118,12 +133,29 @@ class CacheSet:
                 keys[layer], values[layer] = k, v
         return keys, values
 
-    def restore(self, row: int, length: int, parts: list[tuple[int, list, list]]) -> None:
+    def restore(self, row: int, length: int, parts: list[tuple[int, list, list]], states: list | None = None) -> None:
         """Fill the empty `row` with a prefix of `length` tokens. parts: (end, keys, values) per
-        layer, each array holding the tokens just before `end`."""
+        layer, each array holding the tokens just before `end`; states: the recurrent groups' after
+        token length - 1 (`snapshot`), which a model with recurrent layers needs."""
         for group in self._attention_groups():
             group.restore(row, length, [(end, [keys[i] for i in group.layers], [values[i] for i in group.layers])
                                         for end, keys, values in parts])
+        if self.recurrent:
+            if states is None:
+                raise ValueError("a prefix without recurrent states cannot be restored on a recurrent model")
+            for group in self._recurrent_groups():
+                count = len(group.snapshot(row))
+                group.load(row, states[:count])
+                states = states[count:]
+
+    def snapshot(self, row: int) -> list | None:
+        """Copies of `row`'s recurrent states (every recurrent group's, in order); None without any."""
+        if not self.recurrent:
+            return None
+        return [state for group in self._recurrent_groups() for state in group.snapshot(row)]
+
+    def _recurrent_groups(self) -> list:
+        return [group for group in self.groups if hasattr(group, "snapshot")]
 
     def _attention_groups(self) -> list:
         return [group for group in self.groups if hasattr(group, "read")]
@@ -142,14 +174,18 @@ def group_layers(layers) -> list[tuple[tuple, list[int]]]:
     return list(groups.items())
 
 
-def make_groups(layers, batch: int, capacity: int, widest: int | None, dtype, kv: Callable, cross: Callable) -> list:
-    """The cache groups of `layers`, made by `kv` (an attention group's class) and `cross` (the cross
-    inputs'): the host's or the device's."""
+def make_groups(layers, batch: int, capacity: int, widest: int | None, dtype, kv: Callable, cross: Callable,
+                recurrent: Callable | None = None) -> list:
+    """The cache groups of `layers`, made by `kv` (an attention group's class), `cross` (the cross
+    inputs') and `recurrent` (a recurrent group's): the host's or the device's."""
     groups = []
     for key, indices in group_layers(layers):
         first = layers[indices[0]]
         if key[0] == "recurrent":
-            raise ValueError("recurrent layers have no cache kind in this runtime yet")
+            if recurrent is None:
+                raise ValueError("recurrent layers (their states) are not served on this backend yet")
+            groups.append(recurrent(indices, batch, first.states, dtype))
+            continue
         groups.append(kv(len(indices), batch, first.kv_heads, capacity, first.head_dim, dtype, layers=indices,
                          window=window_of(first), widest=widest))
     crossing = [i for i, layer in enumerate(layers) if layer.kind == "cross"]
@@ -161,4 +197,4 @@ def make_groups(layers, batch: int, capacity: int, widest: int | None, dtype, kv
 def cache_set(layers, batch: int, capacity: int, dtype, widest: int | None = None) -> CacheSet:
     """The host caches (numpy) of `layers` for `batch` rows of `capacity` tokens; widest: the most new
     tokens one step gives a row (a sliding group's size depends on it; None: the capacity)."""
-    return CacheSet(make_groups(layers, batch, capacity, widest, dtype, KVCache, CrossCache), capacity)
+    return CacheSet(make_groups(layers, batch, capacity, widest, dtype, KVCache, CrossCache, RecurrentCache), capacity)

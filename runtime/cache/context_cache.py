@@ -14,7 +14,9 @@ Two kinds of records, under one byte budget:
   when no block is left to evict.
 
 Each record holds, per layer, the keys and values [Hkv, n, D] of its last n tokens (None where a
-layer keeps none: a sliding-window layer keeps only what its window still sees). With a directory,
+layer keeps none: a sliding-window layer keeps only what its window still sees, a recurrent layer
+keeps no tokens), and a hybrid model's recurrent states after its last token where they were
+snapshotted there (runtime/cache/reuse.py). With a directory,
 records are also written to disk (one safetensors file each, named by key, its metadata naming the
 format version and the engine), so a restarted process starts warm. A file that is corrupt, of
 another version or of another engine is skipped with one warning and never trusted.
@@ -47,10 +49,13 @@ class Entry:
     # positions, whose features the block's tokens gave (added when the request leaves: runtime/decoding/eagle.py)
     draft_keys: list[np.ndarray] | None = None
     draft_values: list[np.ndarray] | None = None
+    # A hybrid model's recurrent states after the record's last token (cache_set.CacheSet.snapshot),
+    # where its row was snapshotted there; a recurrent layer cannot resume from a record without them.
+    states: list[np.ndarray] | None = None
 
     @property
     def nbytes(self) -> int:
-        arrays = (*self.keys, *self.values, *(self.draft_keys or ()), *(self.draft_values or ()))
+        arrays = (*self.keys, *self.values, *(self.draft_keys or ()), *(self.draft_values or ()), *(self.states or ()))
         return sum(a.nbytes for a in arrays if a is not None)
 
 
@@ -164,6 +169,16 @@ class ContextCache:
         if self.directory:
             self._save(self._block_path(key), block, {"key": key})
 
+    def attach_states(self, key: str, states: list[np.ndarray]) -> None:
+        """Give a cached block the recurrent states at its end (nothing when it is gone or has them)."""
+        block = self.block(key)
+        if block is None or block.states is not None:
+            return
+        block.states = states
+        self.size_bytes += sum(a.nbytes for a in states)
+        if self.directory:
+            self._save(self._block_path(key), block, {"key": key})
+
     def touch(self, keys: list[str]) -> None:
         """A chain's blocks were used: give the keys in reverse chain order (its last block first),
         so that the budget evicts a chain from its tail and the prefix others share stays."""
@@ -203,8 +218,11 @@ class ContextCache:
                 tensors[f"key_{i}"], tensors[f"value_{i}"] = np.ascontiguousarray(k), np.ascontiguousarray(v)
         for i, (k, v) in enumerate(zip(entry.draft_keys or (), entry.draft_values or ())):
             tensors[f"draft_key_{i}"], tensors[f"draft_value_{i}"] = np.ascontiguousarray(k), np.ascontiguousarray(v)
+        for i, state in enumerate(entry.states or ()):
+            tensors[f"state_{i}"] = np.ascontiguousarray(state)
         metadata = {**metadata, "engine": self.engine_identity, "format": DISK_FORMAT,
                     "layers": str(len(entry.keys)), "draft_layers": str(len(entry.draft_keys or ())),
+                    "states": str(len(entry.states or ())),
                     "token_ids": json.dumps(list(entry.token_ids))}
         temporary = path.with_suffix(".tmp")
         try:
@@ -234,13 +252,14 @@ class ContextCache:
                 drafts = range(int(metadata.get("draft_layers", 0)))
                 draft_keys = [f.get_tensor(f"draft_key_{i}") for i in drafts] or None
                 draft_values = [f.get_tensor(f"draft_value_{i}") for i in drafts] or None
+                states = [f.get_tensor(f"state_{i}") for i in range(int(metadata.get("states", 0)))] or None
                 token_ids = tuple(json.loads(metadata["token_ids"]))
         except Exception as error:  # a truncated or foreign file: never use it
             return self._refuse(path, f"is unreadable ({error})")
         if any((k is None) != (v is None) or (k is not None and (k.shape != v.shape or k.shape[1] > len(token_ids)))
                for k, v in zip(keys, values)):
             return self._refuse(path, "has wrong shapes")
-        return Entry(token_ids, keys, values, draft_keys, draft_values)
+        return Entry(token_ids, keys, values, draft_keys, draft_values, states)
 
     def _refuse(self, path: Path, why: str) -> None:
         self._refused.add(path)

@@ -11,6 +11,13 @@ it for full attention, the last window - 1 tokens for a sliding-window layer (a 
 layer still held when it was committed: always the block's last window - 1 tokens, since a pass
 computes no more than the window cache holds beyond them). At least one prompt token is always
 computed: it gives the first logits.
+
+A hybrid model's recurrent layers keep no tokens, only a state after the last: a prefix is usable
+there only where its last record holds the row's states at its end. A row's states are snapshotted
+at the ends of the passes that reach a snapshot point (`snapshot_points`: the last block boundary of
+its system prompt and of its prompt, and a kept system prompt's end; the engine ends a prefill pass
+there) and, decoding a request that commits its generated tokens, at each block boundary it passes
+(`snapshot_decoded`, the latest kept until it leaves).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ class ContextPlan:
     # the prefix's last token): Edge-LLM's replay of the final matched page.
     replay: int = 0
     draft_blocks: list | None = None  # set by restore: the blocks whose draft state the draft restores
+    decoded_states: tuple[int, list] | None = None  # a recurrent row's latest block-boundary snapshot while decoding
 
     def key(self, context: ContextCache, index: int, token_ids) -> str:
         """The chain key of block `index` (token_ids: at least its tokens)."""
@@ -66,8 +74,10 @@ def restore(context: ContextCache, cache, row: int, s) -> int:
     blocks = _usable_blocks(context, cache, s, limit) if plan.lookup else []
     size = context.block_tokens
     length = len(blocks) * size
+    if kept is not None and cache.recurrent and kept.states is None:
+        kept = None  # (saved without its states: not a prefix a recurrent layer can resume from)
     if kept is not None and len(kept.token_ids) >= length:
-        cache.restore(row, len(kept.token_ids), [(len(kept.token_ids), kept.keys, kept.values)])
+        cache.restore(row, len(kept.token_ids), [(len(kept.token_ids), kept.keys, kept.values)], kept.states)
         context.stats["hits"] += 1
         return len(kept.token_ids)
     if not length:
@@ -79,7 +89,8 @@ def restore(context: ContextCache, cache, row: int, s) -> int:
         length -= plan.replay
         blocks = blocks[: length // size]
     first = min(cache.needed(length)) // size
-    cache.restore(row, length, [((i + 1) * size, b.keys, b.values) for i, b in enumerate(blocks) if i >= first])
+    cache.restore(row, length, [((i + 1) * size, b.keys, b.values) for i, b in enumerate(blocks) if i >= first],
+                  blocks[-1].states)
     context.stats["hits"] += 1
     return length
 
@@ -96,7 +107,8 @@ def _usable_blocks(context: ContextCache, cache, s, limit: int) -> list:
     context.touch(s.context.keys[: len(blocks)][::-1])
     size = context.block_tokens
     while blocks:
-        if all(_covers(blocks, layer, first, size) for layer, first in enumerate(cache.needed(len(blocks) * size))):
+        if (all(_covers(blocks, layer, first, size) for layer, first in enumerate(cache.needed(len(blocks) * size)))
+                and (blocks[-1].states is not None or not cache.recurrent)):
             return blocks
         blocks.pop()
     return []
@@ -124,19 +136,53 @@ def commit(context: ContextCache, cache, row: int, s, computed: int, token_ids=N
     if plan is None:
         return
     tokens = s.prompt_ids if token_ids is None else token_ids
-    if plan.save_kept and computed >= len(plan.kept):
+    # A recurrent row's states now are those after its `computed` tokens (the pass just ended there).
+    states = cache.snapshot(row) if cache.recurrent else None
+    if plan.save_kept and computed >= len(plan.kept) and (states is None or computed == len(plan.kept)):
         keys, values = cache.read_prefix(row, len(plan.kept))
-        context.put(plan.adapter, Entry(tuple(plan.kept), keys, values))
+        context.put(plan.adapter, Entry(tuple(plan.kept), keys, values, states=states))
         context.stats["saved"] += 1
         plan.save_kept = False
     if plan.commit == "none":
         return
     size = context.block_tokens
+    at = {computed: states} if states is not None else {}
+    if plan.decoded_states is not None:
+        at.setdefault(*plan.decoded_states)
+        plan.decoded_states = None
     for index in range(plan.committed // size, computed // size):
-        key = plan.key(context, index, tokens)
+        key, end = plan.key(context, index, tokens), (index + 1) * size
         if not context.has_block(key):
-            keys, values = cache.read(row, index * size, (index + 1) * size)
-            context.add_block(key, Entry(tuple(tokens[index * size: (index + 1) * size]), keys, values))
+            keys, values = cache.read(row, index * size, end)
+            context.add_block(key, Entry(tuple(tokens[index * size: end]), keys, values, states=at.get(end)))
+        elif at.get(end) is not None:
+            context.attach_states(key, at[end])
     plan.committed = max(plan.committed, computed - computed % size)
     context.touch(plan.keys[: plan.committed // size][::-1])
     context.trim()
+
+
+def snapshot_points(context: ContextCache, s) -> list[int]:
+    """Where a recurrent row's prefill passes end so that its states are snapshotted (ascending):
+    the last block boundary of its system prompt and of its prompt (of the tokens a later request
+    may restore: all but the last), and the end of a system prompt it keeps."""
+    plan = s.context
+    if plan is None:
+        return []
+    size, points = context.block_tokens, set()
+    if plan.commit != "none":
+        points.add((len(s.prompt_ids) - 1) // size * size)
+        if plan.kept is not None:
+            points.add(len(plan.kept) // size * size)
+    if plan.save_kept:
+        points.add(len(plan.kept))
+    return sorted(p for p in points if p > (s.prefilled or 0))
+
+
+def snapshot_decoded(context: ContextCache, cache, row: int, s, cached: int) -> None:
+    """After a decode step of a recurrent row that commits its generated tokens: its states, when the
+    `cached` tokens its row now holds end a block (committed with that block when it leaves)."""
+    plan = s.context
+    if (plan is not None and plan.commit == "generated" and cached % context.block_tokens == 0
+            and (plan.decoded_states is None or plan.decoded_states[0] != cached)):
+        plan.decoded_states = (cached, cache.snapshot(row))

@@ -180,6 +180,10 @@ class EngineCore:
                 self.budget.decoded(time.perf_counter() - started)
             else:
                 return []
+        if self.context is not None and self.cache.recurrent:
+            for i in range(decoding):  # a decoding row's states at the block boundaries it passes
+                reuse.snapshot_decoded(self.context, self.cache, i, self.scheduler.running[i].sequence,
+                                       self.strategy.cached(self, i))
         done = [self.scheduler.running[i] for i in finished]
         if finished:
             self._leave(finished)
@@ -263,6 +267,9 @@ class EngineCore:
         for s in sequences:
             remaining = len(s.prompt_ids) - s.prefilled
             take = min(remaining, self.prefill_chunk or remaining, remaining if budget is None else budget)
+            if self.context is not None and self.cache.recurrent:  # a pass ends where its states are snapshotted
+                ahead = [p for p in reuse.snapshot_points(self.context, s) if p < s.prefilled + take]
+                take = ahead[0] - s.prefilled if ahead else take
             if take == remaining and not earlier_complete:
                 take -= 1  # its last token waits: a row completes only with or after the rows before it
             earlier_complete = earlier_complete and take == remaining
