@@ -77,6 +77,16 @@ class StartupStats(BaseModel):
     to_first_token_ms: float = Field(ge=0, description="Process start -> the run's first token (0: none).")
 
 
+class CacheStats(BaseModel):
+    """What one row of the engine's pool holds, from its layers' specs."""
+    model_config = _FORBID
+    attention_bytes_per_token: int = Field(ge=0, description="Keys and values of one token over every "
+                                           "attention layer (a sliding layer holds only its window's).")
+    state_bytes_per_row: int = Field(ge=0, description="The recurrent layers' states of one row, whatever "
+                                     "its length (0: a model without recurrent layers).")
+    recurrent_layers: int = Field(ge=0)
+
+
 class Profile(BaseModel):
     model_config = _FORBID
     prefill: PrefillStats
@@ -86,9 +96,10 @@ class Profile(BaseModel):
     time_to_first_token: TimeToFirstToken
     stages: dict[str, StageStats] = Field(description="Per-stage timing statistics.")
     startup: StartupStats | None = Field(None, description="A cold run's time before its first token.")
+    cache: CacheStats | None = Field(None, description="What one row of the engine's cache pool holds.")
     peak_memory_mb: float = Field(ge=0, description="Peak resident memory of the process (its high-water "
                                   "mark: the weights' pages, the sessions' buffers and the KV pool).")
     wall_time_s: float = Field(ge=0)
 
 
-__all__ = ["Profile", "StageStats", "StartupStats"]
+__all__ = ["CacheStats", "Profile", "StageStats", "StartupStats"]

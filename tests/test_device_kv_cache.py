@@ -341,3 +341,61 @@ def test_trt_engine_binds_the_clips_and_cuda_graphs_replay_them_correctly():
     for key in engine.graphs._graphs:
         bound = {name: shape for name, shape, _ in key[1]}
         assert bound[cross("key", 0)] == (bound["inputs_embeds"][0], 1, FRAMES, HIDDEN)
+
+
+def test_a_device_recurrent_group_keeps_the_host_groups_states():
+    """DeviceRecurrentCache against RecurrentCache: states loaded, a pool step (present written into
+    the other buffers, then the swap), a window's step over one row (copied back: the other rows
+    keep theirs), rows leaving, the pool growing; snapshots equal throughout."""
+    from trt_llm.runtime.cache.device_recurrent import DeviceRecurrentCache
+    from trt_llm.runtime.cache.recurrent_cache import RecurrentCache
+    from trt_llm.schemas.layer_spec import StateTensor
+
+    states = [StateTensor(name="conv", shape=[6, 3]), StateTensor(name="delta", shape=[2, 4, 4], dtype="float32")]
+    cudart = FakeCudart()
+    host, device = RecurrentCache([0, 2], ROWS, states, np.float16), DeviceRecurrentCache(cudart, 7, [0, 2], ROWS,
+                                                                                          states, np.float16)
+    rng = np.random.default_rng(1)
+
+    def random_states():
+        return [rng.standard_normal(shape).astype(dtype) for shape, dtype in
+                [((6, 3), np.float16), ((2, 4, 4), np.float32)] * 2]
+
+    def assert_same(rows):
+        for row in range(rows):
+            for got, want in zip(device.snapshot(row), host.snapshot(row), strict=True):
+                np.testing.assert_array_equal(got, want)
+
+    for row in range(ROWS):
+        loaded = random_states()
+        host.load(row, loaded)
+        device.load(row, loaded)
+    assert_same(ROWS)
+
+    def step(host_cache, device_cache):
+        """An engine call: every present_* written with new values, then the after-step exchange."""
+        outputs = {}
+        for _, output, buffer in host_cache.tensors():
+            if output is not None:
+                outputs[output] = rng.standard_normal(buffer.shape).astype(buffer.dtype)
+                buffer[...] = outputs[output]
+        for name, shape, ptr in device_cache.device_bindings():
+            if shape is None:
+                cudart.write(ptr, outputs[name].tobytes())
+        host_cache.finish_step()
+        device_cache.swap()
+
+    step(host, device)
+    assert_same(ROWS)
+    step(host.window(1, 2), device.window(1, 2))  # one row's prefill: rows 0 and 2 keep theirs
+    assert_same(ROWS)
+    host.keep_rows([0, 2], [5, 5])
+    device.keep_rows([0, 2], [5, 5])
+    assert_same(2)
+    host.reserve(ROWS + 2, 0, [5, 5])
+    device.reserve(ROWS + 2, 0, [5, 5])
+    assert_same(2)
+    step(host, device)
+    assert_same(2)
+    with pytest.raises(ValueError, match="recurrent"):
+        device.move_slots(0, [1], 0)

@@ -167,3 +167,19 @@ def test_quantized_projections_run(qwen3_5, build_engine_for):
     ours, floats = run(quantized, requests, batch_size=2), run(engine, requests, batch_size=2)
     assert all(r.finish_reason != "error" and len(set(r.output_token_ids)) > 2 for r in ours)
     assert ours[0].output_token_ids[:3] == floats[0].output_token_ids[:3]
+
+
+def test_the_profile_says_what_a_row_holds(qwen3_5):
+    """A row holds 1 KiB a token (the one attention layer: keys and values of 2 heads of 64 floats)
+    and, whatever its length, 3 Gated DeltaNet layers' states: conv [128, 3] and delta [4, 16, 16]
+    float32 each (tests/family_assets.py's widths)."""
+    from trt_llm.runtime.engine.profiler import Profiler
+
+    _, engine = qwen3_5
+    profiler = Profiler()
+    data = {"temperature": 0.0, "max_generate_length": 2, "requests": [chat_request("Hi")]}
+    loaded = parse_input_dict(data, source="<test>")
+    Runner(EngineDir.open(engine), threads=1, profiler=profiler).run(loaded, loaded.settings)
+    cache = profiler.summary().cache
+    assert cache.attention_bytes_per_token == 2 * 2 * 64 * 4
+    assert cache.state_bytes_per_row == 3 * (128 * 3 + 4 * 16 * 16) * 4 and cache.recurrent_layers == 3

@@ -143,7 +143,7 @@ class TrtEngine:
     def new_cache(self, batch: int, capacity: int, widest: int | None = None) -> DeviceCacheSet:
         """The caches this plan binds (runtime/cache/device.py), on the device, in the plan's dtype."""
         return device_cache_set(self.cudart, self.stream, self.layers, batch, capacity,
-                                self.dtypes[graph_spec.past("key", 0)], widest)
+                                self.dtypes["inputs_embeds"], widest)  # the model's dtype
 
     def _context_index(self, seq: int) -> int:
         """The profile with the smallest range that holds `seq` new tokens per row."""

@@ -144,7 +144,7 @@ class CacheSet:
             if states is None:
                 raise ValueError("a prefix without recurrent states cannot be restored on a recurrent model")
             for group in self._recurrent_groups():
-                count = len(group.snapshot(row))
+                count = len(group.layers) * len(group.states)
                 group.load(row, states[:count])
                 states = states[count:]
 
@@ -164,6 +164,16 @@ class CacheSet:
         for group in self.groups:
             if hasattr(group, "write_row"):  # the groups that hold a row's encoder outputs
                 group.write_row(row, pairs)
+
+
+def cache_bytes(layers, itemsize: int) -> dict[str, int]:
+    """What one row of a pool holds, from the layer specs (the profile's `cache`): the keys and values
+    of a token over every attention layer, and the recurrent layers' states, whatever its length."""
+    per_token = sum(2 * layer.kv_heads * layer.head_dim * itemsize for layer in layers if layer.kind != "recurrent")
+    states = sum(int(np.prod(state.shape)) * (itemsize if state.dtype == "model" else 4)
+                 for layer in layers if layer.kind == "recurrent" for state in layer.states)
+    return {"attention_bytes_per_token": per_token, "state_bytes_per_row": states,
+            "recurrent_layers": sum(layer.kind == "recurrent" for layer in layers)}
 
 
 def group_layers(layers) -> list[tuple[tuple, list[int]]]:

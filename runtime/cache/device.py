@@ -425,4 +425,9 @@ def device_cache_set(cudart, stream, layers, batch: int, capacity: int, dtype,
     def crossing(indices, rows, dtype_):
         return DeviceCrossCache(cudart, stream, indices, rows, dtype_)
 
-    return DeviceCacheSet(make_groups(layers, batch, capacity, widest, dtype, kv, crossing), capacity)
+    def recurrent(indices, rows, states, dtype_):
+        from trt_llm.runtime.cache.device_recurrent import DeviceRecurrentCache
+
+        return DeviceRecurrentCache(cudart, stream, indices, rows, states, dtype_)
+
+    return DeviceCacheSet(make_groups(layers, batch, capacity, widest, dtype, kv, crossing, recurrent), capacity)

@@ -50,6 +50,7 @@ class Profiler:
         self.counts: dict[str, int] = defaultdict(int)
         self.seconds: dict[str, float] = defaultdict(float)  # audio seconds of the requests, and encoded
         self.ttft_ms: dict[int, float] = {}
+        self.cache: dict[str, int] | None = None  # what a row of the pool holds (cache_set.cache_bytes)
 
     @contextmanager
     def stage(self, name: str):
@@ -109,6 +110,7 @@ class Profiler:
                 before_run_ms=(self.started - self.process_started) * 1000,
                 to_first_token_ms=((self.first_token_at - self.process_started) * 1000
                                    if self.first_token_at is not None else 0.0)),
+            cache=self.cache,
             # ru_maxrss is in KiB on Linux.
             peak_memory_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             wall_time_s=wall,
@@ -131,6 +133,9 @@ def format_summary(profile: Profile) -> str:
            f"{p.multimodal.audio_encoder_ms_per_second:.1f} ms per second of audio, real-time factor "
            f"{p.multimodal.real_time_factor:.3f}"] if p.multimodal.clips else []),
         f"peak memory: {p.peak_memory_mb:.0f} MB, wall time {p.wall_time_s:.2f} s",
+        *([f"cache per row: {p.cache.attention_bytes_per_token / 1024:.1f} KiB a token, "
+           f"{p.cache.state_bytes_per_row / 2**20:.2f} MiB of recurrent states ({p.cache.recurrent_layers} layers)"]
+          if p.cache else []),
         *([f"startup: {p.startup.before_run_ms:.0f} ms before the run (interpreter, imports), first token "
            f"{p.startup.to_first_token_ms:.0f} ms after the process started"] if p.startup else []),
         "stage               count    mean ms  median ms     p95 ms     p99 ms     max ms",
