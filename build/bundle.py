@@ -76,6 +76,26 @@ def refuse_unsupported(graph, draft) -> None:
                          "max_kv_cache_capacity at most the window")
 
 
+def hybrid_lora_layout(config: BuildConfig, checkpoint, graphs, hf_config) -> dict:
+    """The LoRA layout of a family that takes adapters on `graphs.LORA_TARGETS` only (a hybrid: its
+    MLPs, which every layer has; its mixers differ layer by layer). The default target_modules mean
+    those; another module is refused in one line."""
+    from trt_llm.build import lora
+    from trt_llm.build.compile import BuildError
+    from trt_llm.schemas.build_config import LORA_MODULES
+
+    allowed, name = list(graphs.LORA_TARGETS), checkpoint.family.architecture
+    if not allowed:
+        raise BuildError(f"lora: not supported for {name} yet; build without lora:")
+    wanted = config.lora.target_modules
+    targets = allowed if set(wanted) == set(LORA_MODULES) else list(wanted)
+    other = [m for m in targets if m not in allowed]
+    if other:
+        raise BuildError(f"lora: target_modules {', '.join(other)}: {name}'s adapters go on "
+                         f"{', '.join(allowed)} only (its mixers differ from layer to layer)")
+    return lora.layout(graphs.ModelDims(hf_config), hf_config.intermediate_size, config.lora.max_rank, targets)
+
+
 def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
     """Write the bundle of `config` into the empty folder `directory`; returns its manifest.
 
@@ -113,11 +133,9 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
             dims, layers = graphs.export_llm(checkpoint.model, directory / "llm" / "model.onnx", dtype)
         else:
             hf_config = graphs.text_decoder(checkpoint.model).config
-            if config.lora and not getattr(graphs, "LORA", True):  # (a family module that takes no adapters)
-                from trt_llm.build.compile import BuildError
-
-                raise BuildError(f"lora: not supported for {checkpoint.family.architecture} yet; build without lora:")
-            if config.lora:
+            if config.lora and hasattr(graphs, "LORA_TARGETS"):  # a family whose layers take adapters on some modules
+                lora_layout = hybrid_lora_layout(config, checkpoint, graphs, hf_config)
+            elif config.lora:
                 first = graphs.text_decoder(checkpoint.model).model.layers[0]
                 packed = hasattr(first.self_attn, "qkv_proj")
                 try:

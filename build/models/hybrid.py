@@ -47,9 +47,10 @@ def causal_conv(x: Tensor, state: Tensor, weight: Tensor, query_lengths: Tensor,
 class HybridGraph(nn.Module):
     """inputs_embeds, position_ids, past_lengths, query_lengths, logits_indices, caches -> logits,
     caches. A family subclasses it with `layer_specs_of(config, family)`, `make_layer(hf_layer, spec, config,
-    dims, make_linear)` (a recurrent layer: forward(hidden, *states, past_lengths, query_lengths) ->
-    (hidden, *states); an attention one: forward(hidden, key, value, past_lengths, query_lengths,
-    position_ids, cos, sin) -> (hidden, key, value)), `final_norm(hf_model)` (the checkpoint's
+    dims, make_linear)` (a recurrent layer: forward(hidden, *states, past_lengths, query_lengths,
+    lora) -> (hidden, *states); an attention one: forward(hidden, key, value, past_lengths,
+    query_lengths, position_ids, cos, sin, lora) -> (hidden, key, value); lora: the layer's LoRA
+    pairs by group, its MLP's only), `final_norm(hf_model)` (the checkpoint's
     module) and `norm_weight(norm)` (the weight rms_norm multiplies by)."""
 
     name = "this hybrid family"
@@ -63,14 +64,14 @@ class HybridGraph(nn.Module):
         if feature_layers is not None:
             raise BuildError("draft: an EAGLE draft on a hybrid (recurrent) model is not supported: the rejected "
                              "nodes of a tree would stay in the recurrent states; build without draft:")
-        if lora_groups:
-            raise BuildError(f"lora: not supported for {self.name} yet; build without lora:")
+        if set(lora_groups) - {"gate_up", "down"}:
+            raise BuildError(f"lora: {self.name}'s adapters go on its MLPs only; build without lora:")
         hf_model = text_decoder(hf_model)
         config = hf_model.config
         self.dims = ModelDims(config)
         self.layer_specs = self.layer_specs_of(config, family)
         # What the exporter and the build read of a decoder graph (build/export.py, build/bundle.py)
-        self.windows, self.lora_groups, self.feature_layers = [], [], None
+        self.windows, self.lora_groups, self.feature_layers = [], list(lora_groups), None
         self.deepstack_layers, self.mrope_streams = 0, None
         if weights is not None:
             weights.load(hf_model.lm_head, dtype=None)
@@ -97,16 +98,22 @@ class HybridGraph(nn.Module):
             if hasattr(layer, "keep_float32"):
                 layer.keep_float32()
 
-    def forward(self, inputs_embeds, position_ids, past_lengths, query_lengths, logits_indices, *caches):
+    def forward(self, inputs_embeds, position_ids, past_lengths, query_lengths, logits_indices, *tensors):
+        """tensors: the caches (each layer's, in order), then the LoRA pairs (per layer, per group)."""
         hidden, presents, at = inputs_embeds, [], 0
-        for layer, spec in zip(self.layers, self.layer_specs):
+        per_layer = 2 * len(self.lora_groups)
+        lora = tensors[len(tensors) - per_layer * len(self.layers):] if per_layer else ()
+        for i, (layer, spec) in enumerate(zip(self.layers, self.layer_specs)):
             count = len(spec.states) if spec.kind == "recurrent" else 2
-            mine = caches[at: at + count]
+            mine = tensors[at: at + count]
             at += count
+            pairs = lora[i * per_layer: (i + 1) * per_layer]
+            layer_lora = {g: (pairs[2 * j], pairs[2 * j + 1]) for j, g in enumerate(self.lora_groups)}
             if spec.kind == "recurrent":
-                hidden, *mine = layer(hidden, *mine, past_lengths, query_lengths)
+                hidden, *mine = layer(hidden, *mine, past_lengths, query_lengths, layer_lora)
             else:
-                hidden, *mine = layer(hidden, *mine, past_lengths, query_lengths, position_ids, self.cos, self.sin)
+                hidden, *mine = layer(hidden, *mine, past_lengths, query_lengths, position_ids, self.cos, self.sin,
+                                      layer_lora)
             presents += mine
         index = logits_indices.long().unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
         hidden = rms_norm(torch.gather(hidden, 1, index), self.final_norm_weight, self.dims.rms_norm_eps)

@@ -26,9 +26,11 @@ from trt_llm.build.models.layers import GatedMLP, frozen, norm_weight, rms_norm
 from trt_llm.build.models.llama import rotary_spec
 from trt_llm.schemas.layer_spec import FullAttention, Recurrent, StateTensor
 
-__all__ = ["DecoderGraph", "LORA", "ModelDims", "layer_specs", "text_decoder"]
+__all__ = ["DecoderGraph", "LORA_TARGETS", "ModelDims", "layer_specs", "text_decoder"]
 
-LORA = False  # the build refuses lora: in one line (the adapters' layout is the Llama-shaped layers')
+# What LoRA adapters may target (build/bundle.hybrid_lora_layout): none yet (its MLP's modules are
+# w1 / w3 / w2, which the adapters' loader does not name).
+LORA_TARGETS = ()
 
 
 def layer_specs(config) -> list:
@@ -65,7 +67,7 @@ class ShortConvLayer(nn.Module):
         self.out = make_linear(conv.out_proj)
         self.mlp = feed_forward(hf_layer, make_linear)
 
-    def forward(self, hidden, conv_state, past_lengths, query_lengths):
+    def forward(self, hidden, conv_state, past_lengths, query_lengths, lora: dict):
         b, c, x = self.proj(rms_norm(hidden, self.input_norm, self.eps)).chunk(3, dim=-1)
         y, new_state = causal_conv(b * x, fresh(conv_state, past_lengths), self.conv_weight, query_lengths,
                                    self.conv_bias)
@@ -86,7 +88,7 @@ class AttentionLayer(nn.Module):
         self.k_norm = norm_weight(attn.k_layernorm, False)
         self.mlp = feed_forward(hf_layer, make_linear)
 
-    def forward(self, hidden, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin):
+    def forward(self, hidden, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin, lora: dict):
         d = self.dims
         batch, seq, _ = hidden.shape
         q, k, v = self.qkv(rms_norm(hidden, self.input_norm, d.rms_norm_eps)).split(

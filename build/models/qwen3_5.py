@@ -37,9 +37,10 @@ from trt_llm.build.models.layers import GatedMLP, activation, frozen, norm_weigh
 from trt_llm.build.models.llama import rotary_spec
 from trt_llm.schemas.layer_spec import FullAttention, Recurrent, StateTensor
 
-__all__ = ["DecoderGraph", "LORA", "ModelDims", "layer_specs", "text_decoder"]
+__all__ = ["DecoderGraph", "LORA_TARGETS", "ModelDims", "layer_specs", "text_decoder"]
 
-LORA = False  # the build refuses lora: in one line (the adapters' layout is the Llama-shaped layers')
+# What LoRA adapters may target (build/bundle.hybrid_lora_layout): the MLPs, the same in every layer.
+LORA_TARGETS = ("gate_proj", "up_proj", "down_proj")
 
 
 def _delta_dims(config) -> tuple[int, int, int, int, int]:
@@ -95,7 +96,7 @@ class GatedDeltaNetLayer(nn.Module):
         """The decay's parameters stay float32 whatever the model's dtype, as transformers computes them."""
         self.dt_bias.data, self.neg_a.data = self.dt_bias.data.float(), self.neg_a.data.float()
 
-    def forward(self, hidden, conv_state, delta_state, past_lengths, query_lengths):
+    def forward(self, hidden, conv_state, delta_state, past_lengths, query_lengths, lora: dict):
         batch, seq, _ = hidden.shape
         key_dim, value_dim = self.hk * self.dk, self.hv * self.dv
         x = rms_norm(hidden, self.input_norm, self.eps)
@@ -109,7 +110,7 @@ class GatedDeltaNetLayer(nn.Module):
             v.reshape(batch, seq, self.hv, self.dv), g, beta, fresh(delta_state, past_lengths), query_lengths)
         core = gated_rms_norm(core, z.reshape(batch, seq, self.hv, self.dv), self.norm_weight, self.eps)
         hidden = hidden + self.out(core.reshape(batch, seq, value_dim))
-        return hidden + self.mlp(rms_norm(hidden, self.post_norm, self.eps), {}), new_conv, new_delta
+        return hidden + self.mlp(rms_norm(hidden, self.post_norm, self.eps), lora), new_conv, new_delta
 
 
 class GatedAttentionLayer(nn.Module):
@@ -129,7 +130,7 @@ class GatedAttentionLayer(nn.Module):
         self.k_norm = norm_weight(attn.k_norm, True)
         self.mlp = GatedMLP(hf_layer.mlp, activation(config), make_linear)
 
-    def forward(self, hidden, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin):
+    def forward(self, hidden, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin, lora: dict):
         d = self.dims
         batch, seq, _ = hidden.shape
         q_width, kv_width = d.num_heads * d.head_dim, d.kv_heads * d.head_dim
@@ -145,7 +146,7 @@ class GatedAttentionLayer(nn.Module):
             d.num_heads, d.kv_heads, self.scale, 0, 0.0,
         )
         hidden = hidden + self.o(attn * torch.sigmoid(gate))
-        return hidden + self.mlp(rms_norm(hidden, self.post_norm, d.rms_norm_eps), {}), present_key, present_value
+        return hidden + self.mlp(rms_norm(hidden, self.post_norm, d.rms_norm_eps), lora), present_key, present_value
 
 
 class DecoderGraph(HybridGraph):
