@@ -46,7 +46,7 @@ def qwen3_5(family_model, build_engine_for):
 
 
 def run(engine, requests, **settings):
-    runner_settings = {k: settings.pop(k) for k in ("scheduling",) if k in settings}
+    runner_settings = {k: settings.pop(k) for k in ("scheduling", "prefill_chunk") if k in settings}
     data = {"temperature": 0.0, "max_generate_length": NEW, "requests": requests, **settings}
     loaded = parse_input_dict(json.loads(json.dumps(data)), source="<test>")
     return Runner(EngineDir.open(engine), threads=1, **runner_settings).run(loaded, loaded.settings).responses
@@ -54,11 +54,13 @@ def run(engine, requests, **settings):
 
 @pytest.mark.parametrize("scheduling", ["static", "continuous"])
 def test_ragged_rows_of_a_few_to_hundreds_of_tokens_are_transformers(hybrid, scheduling):
-    """Rows of very different lengths in one batch: a row's padding never reaches its states; under
-    continuous scheduling the third request joins the rows while they decode."""
+    """Rows of very different lengths in one batch: a row's padding never reaches its states. Under
+    continuous scheduling the long prompt is prefilled in chunks of 64 while the short one decodes,
+    so the short one finishes first and the third request joins while the long one decodes."""
     model, engine = hybrid
     requests = [chat_request("Hi"), chat_request(STORY * 6 + "Why did he count them?"), chat_request(STORY)]
-    responses = run(engine, requests, batch_size=2 if scheduling == "continuous" else 3, scheduling=scheduling)
+    continuous = {"batch_size": 2, "scheduling": "continuous", "prefill_chunk": 64} if scheduling == "continuous" else {}
+    responses = run(engine, requests, **({"batch_size": 3} | continuous))
     tokenizer = AutoTokenizer.from_pretrained(model)
     lengths = []
     for response in responses:
