@@ -85,6 +85,8 @@ def hybrid_lora_layout(config: BuildConfig, checkpoint, graphs, hf_config) -> di
     from trt_llm.schemas.build_config import LORA_MODULES
 
     allowed, name = list(graphs.LORA_TARGETS), checkpoint.family.architecture
+    if getattr(hf_config, "num_experts", 0):  # Qwen3-Next: the MLPs are experts, which take none
+        allowed = []
     if not allowed:
         raise BuildError(f"lora: not supported for {name} yet; build without lora:")
     wanted = config.lora.target_modules

@@ -48,6 +48,15 @@ FAMILIES = {
                                           "linear_attention"],
         head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
         linear_value_head_dim=16, linear_conv_kernel_dim=4, tie_word_embeddings=False)),
+    # Qwen3-Next: Qwen3.5's layers with the projections packed per key head (2 value heads each) and
+    # experts with a gated shared expert in its sparse layers (layer 2 dense)
+    "qwen3_next": ("qwen3", "Qwen3NextConfig", dict(
+        num_hidden_layers=4, layer_types=["linear_attention", "full_attention", "linear_attention",
+                                          "linear_attention"],
+        head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+        linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=48, decoder_sparse_step=1, mlp_only_layers=[2],
+        norm_topk_prob=True, partial_rotary_factor=0.25, tie_word_embeddings=False)),
     # LFM2: short gated convolutions (with a bias) around one attention layer; its own tokenizer is
     # not packaged, Qwen3's serves a random checkpoint as well
     "lfm2": ("qwen3", "Lfm2Config", dict(

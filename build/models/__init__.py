@@ -63,8 +63,11 @@ REGISTRY: dict[str, ModelFamily] = {family.architecture: family for family in (
     ModelFamily("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "llama", mrope="sections"),
     ModelFamily("qwen3_vl", "Qwen3VLForConditionalGeneration", "llama", qk_norm=True, mrope="interleaved"),
     ModelFamily("qwen2_audio", "Qwen2AudioForConditionalGeneration", "llama", audio="qwen2_audio"),
+    # Qwen3-ASR: a Qwen3 decoder (q/k norms) reading its audio encoder's rows (build/models/qwen3_asr.py)
+    ModelFamily("qwen3_asr", "Qwen3ASRForConditionalGeneration", "llama", qk_norm=True, audio="qwen3_asr"),
     # A hybrid: Gated DeltaNet layers (recurrent states) and gated full attention (build/models/qwen3_5.py)
     ModelFamily("qwen3_5", "Qwen3_5ForCausalLM", "qwen3_5", qk_norm=True),
+    ModelFamily("qwen3_next", "Qwen3NextForCausalLM", "qwen3_5", qk_norm=True),  # the same, with experts
     # A hybrid of short gated convolutions (recurrent states) and attention (build/models/lfm2.py)
     ModelFamily("lfm2", "Lfm2ForCausalLM", "lfm2", qk_norm=True),
     ModelFamily("whisper", "WhisperForConditionalGeneration", "whisper", audio="whisper", encoder_decoder=True),

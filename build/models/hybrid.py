@@ -68,6 +68,7 @@ class HybridGraph(nn.Module):
             raise BuildError(f"lora: {self.name}'s adapters go on its MLPs only; build without lora:")
         hf_model = text_decoder(hf_model)
         config = hf_model.config
+        self.build_dtype, self.weights = dtype, weights  # (what a layer with experts reads them with)
         self.dims = ModelDims(config)
         self.layer_specs = self.layer_specs_of(config, family)
         # What the exporter and the build read of a decoder graph (build/export.py, build/bundle.py)

@@ -1,5 +1,8 @@
-"""Qwen3.5 (`Qwen3_5ForCausalLM`): a hybrid decoder whose layers are mostly Gated DeltaNet linear
-attention, with a gated full-attention layer every few (the config's `layer_types`).
+"""Qwen3.5 (`Qwen3_5ForCausalLM`) and Qwen3-Next (`Qwen3NextForCausalLM`): hybrid decoders whose
+layers are mostly Gated DeltaNet linear attention, with a gated full-attention layer every few (the
+config's `layer_types`). Qwen3-Next is the same mechanism with its projections packed per key head
+(in_proj_qkvz, in_proj_ba: their rows are put in Qwen3.5's order here) and a mixture of experts
+with a gated shared expert as the MLP of its sparse layers (`SharedExpertMoe`).
 
 A Gated DeltaNet layer (transformers' Qwen3_5GatedDeltaNet) keeps, per sequence, two fixed-size
 states instead of a growing cache, declared as the layer's `recurrent` spec:
@@ -33,7 +36,8 @@ from torch import Tensor, nn
 
 import trt_llm.plugins.gated_delta_rule  # noqa: F401 - registers torch.ops.trt_llm.gated_delta_rule
 from trt_llm.build.models.hybrid import HybridGraph, ModelDims, causal_conv, fresh, text_decoder
-from trt_llm.build.models.layers import GatedMLP, activation, frozen, norm_weight, rms_norm
+from trt_llm.build.models.layers import GatedMLP, activation, frozen, linear, norm_weight, rms_norm
+from trt_llm.build.models.llama import DecoderGraph as LlamaGraph
 from trt_llm.build.models.llama import rotary_spec
 from trt_llm.schemas.layer_spec import FullAttention, Recurrent, StateTensor
 
@@ -66,6 +70,50 @@ def layer_specs(config) -> list:
     return specs
 
 
+def _rows(weight: torch.Tensor) -> nn.Linear:
+    """A bias-free linear over `weight` [out, in] (a part of a packed checkpoint projection)."""
+    part = nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype)
+    part.weight.data = weight
+    return part
+
+
+def delta_projections(attn, config) -> list:
+    """The DeltaNet's input projections as [q k v | z | b | a] parts (Qwen3.5's own linears). Qwen3-Next
+    packs them per key head ([q_h k_h v_h z_h] rows for each key head h, then [b_h a_h]): the same
+    rows, regrouped (each key head's value heads stay consecutive, as the op pairs them)."""
+    if hasattr(attn, "in_proj_qkv"):
+        return [attn.in_proj_qkv, attn.in_proj_z, attn.in_proj_b, attn.in_proj_a]
+    hk, hv, dk, dv, _ = _delta_dims(config)
+    per = hv // hk
+    qkvz = attn.in_proj_qkvz.weight.detach().view(hk, 2 * dk + 2 * per * dv, -1)
+    q, k, v, z = qkvz.split([dk, dk, per * dv, per * dv], dim=1)
+    b, a = attn.in_proj_ba.weight.detach().view(hk, 2 * per, -1).split([per, per], dim=1)
+    flat = [t.reshape(-1, t.shape[-1]) for t in (q, k, v, z, b, a)]
+    return [_rows(torch.cat(flat[:3])), _rows(flat[3]), _rows(flat[4]), _rows(flat[5])]
+
+
+class SharedExpertMoe(nn.Module):
+    """Qwen3-Next's sparse block: the routed experts (the MoE op, build/models/moe.py) plus a shared
+    expert gated per token by sigmoid(shared_expert_gate(x))."""
+
+    def __init__(self, hf_mlp, act, make_linear, dtype, weights):
+        super().__init__()
+        self.routed = LlamaGraph._mlp(hf_mlp, act, make_linear, dtype, weights)
+        self.shared = GatedMLP(hf_mlp.shared_expert, act, make_linear)
+        self.shared_gate = linear(hf_mlp.shared_expert_gate)  # [1, H]: float, as the router is
+
+    def forward(self, x, lora: dict):
+        return self.routed(x) + torch.sigmoid(self.shared_gate(x)) * self.shared(x, {})
+
+
+def mlp_of(hf_layer, config, make_linear, dtype, weights) -> nn.Module:
+    """A layer's MLP: gated, or Qwen3-Next's experts with their shared expert."""
+    act = activation(config)
+    if hasattr(hf_layer.mlp, "experts"):
+        return SharedExpertMoe(hf_layer.mlp, act, make_linear, dtype, weights)
+    return GatedMLP(hf_layer.mlp, act, make_linear)
+
+
 def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
     """transformers' Qwen3_5RMSNormGated: weight * rmsnorm(x), times silu(gate), in float32."""
     dtype = x.dtype
@@ -77,20 +125,20 @@ def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tenso
 class GatedDeltaNetLayer(nn.Module):
     """Pre-norm Gated DeltaNet + MLP (transformers' Qwen3_5DecoderLayer of a linear_attention type)."""
 
-    def __init__(self, hf_layer, config, make_linear):
+    def __init__(self, hf_layer, config, make_linear, mlp: nn.Module):
         super().__init__()
         attn = hf_layer.linear_attn
         self.hk, self.hv, self.dk, self.dv, self.kernel = _delta_dims(config)
         self.eps = config.rms_norm_eps
         self.input_norm = norm_weight(hf_layer.input_layernorm, True)
         self.post_norm = norm_weight(hf_layer.post_attention_layernorm, True)
-        self.proj = make_linear(attn.in_proj_qkv, attn.in_proj_z, attn.in_proj_b, attn.in_proj_a)
+        self.proj = make_linear(*delta_projections(attn, config))
         self.conv_weight = frozen(attn.conv1d.weight.detach().squeeze(1))  # [C, K]
         self.dt_bias = frozen(attn.dt_bias.detach().float())
         self.neg_a = frozen(-attn.A_log.detach().float().exp())  # -exp(A_log), once
         self.norm_weight = frozen(attn.norm.weight)
         self.out = make_linear(attn.out_proj)
-        self.mlp = GatedMLP(hf_layer.mlp, activation(config), make_linear)
+        self.mlp = mlp
 
     def keep_float32(self) -> None:
         """The decay's parameters stay float32 whatever the model's dtype, as transformers computes them."""
@@ -116,7 +164,7 @@ class GatedDeltaNetLayer(nn.Module):
 class GatedAttentionLayer(nn.Module):
     """Pre-norm gated full attention + MLP (transformers' Qwen3_5Attention in its decoder layer)."""
 
-    def __init__(self, hf_layer, dims, make_linear, spec, config):
+    def __init__(self, hf_layer, dims, make_linear, spec, mlp: nn.Module):
         super().__init__()
         attn = hf_layer.self_attn
         self.dims, self.scale = dims, spec.scale
@@ -128,7 +176,7 @@ class GatedAttentionLayer(nn.Module):
         self.o = make_linear(attn.o_proj)
         self.q_norm = norm_weight(attn.q_norm, True)
         self.k_norm = norm_weight(attn.k_norm, True)
-        self.mlp = GatedMLP(hf_layer.mlp, activation(config), make_linear)
+        self.mlp = mlp
 
     def forward(self, hidden, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin, lora: dict):
         d = self.dims
@@ -159,11 +207,11 @@ class DecoderGraph(HybridGraph):
     def layer_specs_of(config, family) -> list:
         return layer_specs(config)
 
-    @staticmethod
-    def make_layer(hf_layer, spec, config, dims, make_linear) -> nn.Module:
+    def make_layer(self, hf_layer, spec, config, dims, make_linear) -> nn.Module:
+        mlp = mlp_of(hf_layer, config, make_linear, self.build_dtype, self.weights)
         if spec.kind == "recurrent":
-            return GatedDeltaNetLayer(hf_layer, config, make_linear)
-        return GatedAttentionLayer(hf_layer, dims, make_linear, spec, config)
+            return GatedDeltaNetLayer(hf_layer, config, make_linear, mlp)
+        return GatedAttentionLayer(hf_layer, dims, make_linear, spec, mlp)
 
     @staticmethod
     def final_norm(hf_model) -> nn.Module:
