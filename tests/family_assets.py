@@ -119,3 +119,27 @@ def make_gemma3_vlm(text_dir, directory) -> Path:
     AutoTokenizer.from_pretrained(text_dir).save_pretrained(directory)
     shutil.copy(Path(text_dir) / "generation_config.json", directory)
     return directory
+
+
+def make_qwen3_5_vlm(text_dir, directory) -> Path:
+    """A Qwen3_5ForConditionalGeneration checkpoint (how Qwen3.5 is published) whose language model is
+    the tiny Qwen3.5 of `text_dir` (FAMILIES["qwen3_5"]) and whose vision tower is a tiny random one:
+    the build takes its text decoder."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    text = AutoConfig.from_pretrained(text_dir)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=text.hidden_size,
+                  patch_size=14, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64)
+    torch.manual_seed(0)
+    model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text.to_dict(), vision_config=vision)).eval()
+    source = AutoModelForCausalLM.from_pretrained(text_dir)
+    model.model.language_model.load_state_dict(source.model.state_dict())
+    model.lm_head.load_state_dict(source.lm_head.state_dict())
+    directory = Path(directory)
+    model.save_pretrained(directory)
+    AutoTokenizer.from_pretrained(text_dir).save_pretrained(directory)
+    shutil.copy(Path(text_dir) / "generation_config.json", directory)
+    return directory

@@ -184,6 +184,22 @@ def test_mlp_adapters_mixed_in_a_batch_are_peft(qwen3_5, build_engine_for, tmp_p
     assert with_adapter.output_token_ids != base.output_token_ids
 
 
+def test_a_qwen3_5_vision_checkpoint_builds_its_text_decoder(qwen3_5, build_engine_for, tmp_path):
+    """Qwen3.5 is published as a vision-language checkpoint: the build takes its text decoder (no
+    vision component), whose tokens are the text model's."""
+    import family_assets
+
+    model, engine = qwen3_5
+    vlm = family_assets.make_qwen3_5_vlm(model, tmp_path / "vlm")
+    built = build_engine_for(vlm)
+    manifest = EngineDir.open(built).manifest
+    assert manifest["model"]["architecture"] == "Qwen3_5ForConditionalGeneration"
+    assert "vision" not in manifest["components"]
+    requests = [chat_request(STORY), chat_request("Hi")]
+    assert ([r.output_token_ids for r in run(built, requests, batch_size=2)]
+            == [r.output_token_ids for r in run(engine, requests, batch_size=2)])
+
+
 def test_quantized_projections_run(qwen3_5, build_engine_for):
     """int8 weights on every projection (the DeltaNet's packed in_proj and out_proj, the attention's,
     the MLP's): the long prompt's first tokens are the float engine's, and the optimised graph the

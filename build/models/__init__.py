@@ -68,6 +68,9 @@ REGISTRY: dict[str, ModelFamily] = {family.architecture: family for family in (
     # A hybrid: Gated DeltaNet layers (recurrent states) and gated full attention (build/models/qwen3_5.py)
     ModelFamily("qwen3_5", "Qwen3_5ForCausalLM", "qwen3_5", qk_norm=True),
     ModelFamily("qwen3_next", "Qwen3NextForCausalLM", "qwen3_5", qk_norm=True),  # the same, with experts
+    # A Qwen3.5 vision-language checkpoint (how Qwen3.5 is published): its text decoder (the vision
+    # tower is not built)
+    ModelFamily("qwen3_5_vl", "Qwen3_5ForConditionalGeneration", "qwen3_5", qk_norm=True),
     # A hybrid of short gated convolutions (recurrent states) and attention (build/models/lfm2.py)
     ModelFamily("lfm2", "Lfm2ForCausalLM", "lfm2", qk_norm=True),
     ModelFamily("whisper", "WhisperForConditionalGeneration", "whisper", audio="whisper", encoder_decoder=True),
