@@ -219,6 +219,50 @@ class ResponseFormat(BaseModel):
         return self
 
 
+MAX_CHOICES = 1024
+GUIDED_MODES = ("json_schema", "json_object", "regex", "choice", "ebnf")
+NonEmptyText = Annotated[str, Field(min_length=1), AfterValidator(_check_text),
+                         Field(json_schema_extra={"maxLength": MAX_TEXT_BYTES})]
+
+
+def _true(value: bool) -> bool:
+    if value is not True:
+        raise PydanticCustomError("json_object", "must be true (leave guided_decoding out for free text)")
+    return value
+
+
+class GuidedDecoding(BaseModel):
+    """Exactly one constraint on the answer (runtime/sampling/grammar.py, llguidance): a JSON Schema,
+    any JSON object, a regex the whole answer matches, one of fixed strings, or a grammar in
+    llguidance's Lark syntax (a llama.cpp GBNF grammar is converted); `grammar` is `ebnf`'s other name."""
+    model_config = ConfigDict(strict=True, extra="ignore", json_schema_extra={"minProperties": 1})
+    json_schema: dict[str, Any] | None = Field(None, description="A JSON Schema the answer validates against.")
+    json_object: Annotated[bool, AfterValidator(_true), WithJsonSchema({"const": True, "type": "boolean"})] | None = \
+        Field(None, description="true: the answer is any JSON object.")
+    regex: NonEmptyText | None = Field(None, description="A regex (Rust regex syntax) the whole answer matches.")
+    choice: Annotated[list[NonEmptyText], Field(min_length=1, max_length=MAX_CHOICES)] | None = Field(
+        None, description="The answer is exactly one of these strings.")
+    ebnf: NonEmptyText | None = Field(
+        None, description="A grammar in llguidance's Lark syntax (start: ...), or llama.cpp's GBNF (root ::= ...).")
+    grammar: NonEmptyText | None = Field(None, description="Another name of ebnf.")
+
+    @model_validator(mode="after")
+    def _one_mode(self):
+        given = [name for name in (*GUIDED_MODES, "grammar") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise PydanticCustomError("guided_decoding", "expected exactly one of json_schema, json_object, regex, "
+                                      "choice or ebnf, got {got}", {"got": " and ".join(given) or "none"})
+        return self
+
+    def mode(self) -> tuple[str, str, Any]:
+        """(the field as written, the mode grammar.py compiles, its value)."""
+        for name in (*GUIDED_MODES, "grammar"):
+            value = getattr(self, name)
+            if value is not None:
+                return name, "ebnf" if name == "grammar" else name, value
+        raise AssertionError("validated: one mode is set")
+
+
 # --- requests and the file ---------------------------------------------------------------------
 
 LookupPolicy = Literal["use_cache", "bypass"]
@@ -239,6 +283,9 @@ class Request(BaseModel):
     stop: Stop | None = Field(None, description="String(s) that end generation; excluded from the output.")
     response_format: ResponseFormat | None = Field(
         None, description="Structured output: {type: json_object} or {type: json_schema, json_schema: {schema: ...}}.")
+    guided_decoding: GuidedDecoding | None = Field(
+        None, description="Replaces the top-level guided_decoding (null: none for this request); not with "
+        "response_format.")
     context_cache_lookup_policy: LookupPolicy | None = Field(
         None, description="Overrides the top-level context_cache_lookup_policy.")
     context_cache_commit_policy: CommitPolicy | None = Field(
@@ -248,6 +295,20 @@ class Request(BaseModel):
     repetition_penalty: RepetitionPenalty | None = Field(
         None, description="Overrides the top-level repetition_penalty.")
     min_p: MinP | None = Field(None, description="Overrides the top-level min_p.")
+
+    @model_validator(mode="after")
+    def _one_constraint(self):
+        if self.response_format is not None and self.guided_decoding is not None:
+            raise PydanticCustomError("guided_decoding", "response_format and guided_decoding both given; use one "
+                                      "(guided_decoding's json_schema and json_object are response_format's)")
+        return self
+
+    def resolved_guided_decoding(self, settings: InputSettings) -> tuple[GuidedDecoding | None, bool]:
+        """(the constraint, whether it is the file's default): the request's own guided_decoding (an
+        explicit null: none), else none when it has a response_format, else the top-level one."""
+        if "guided_decoding" in self.model_fields_set or self.response_format is not None:
+            return self.guided_decoding, False
+        return settings.guided_decoding, settings.guided_decoding is not None
 
     def resolved_penalties(self, settings: InputSettings) -> dict[str, float]:
         """presence_penalty, frequency_penalty, repetition_penalty, min_p: the request's own, else the file's."""
@@ -274,6 +335,63 @@ class Request(BaseModel):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
+STANDARD_FALLBACK = [0.2, 0.4, 0.6, 0.8, 1.0]  # openai-whisper's temperatures after 0
+
+
+class VadParameters(BaseModel):
+    """Silero VAD's settings (faster-whisper's VadOptions; the defaults its batched pipeline uses)."""
+    model_config = _STRICT_IGNORE
+    threshold: float = Field(0.5, gt=0, lt=1, allow_inf_nan=False,
+                             description="A 32 ms frame whose speech probability is at least this is speech.")
+    neg_threshold: float | None = Field(
+        None, gt=0, lt=1, allow_inf_nan=False, description="Speech ends under this (null: threshold - 0.15, at "
+        "least 0.01).")
+    min_speech_duration_ms: int = Field(0, ge=0, description="Shorter speech is dropped.")
+    max_speech_duration_s: float = Field(
+        30.0, gt=0, le=30, allow_inf_nan=False, description="Longer speech is cut (at its last silence over 98 ms "
+        "if it has one): at most Whisper's 30 s window.")
+    min_silence_duration_ms: int = Field(160, ge=0, description="Speech ends after this much silence.")
+    speech_pad_ms: int = Field(400, ge=0, description="Each stretch of speech is widened by this on both sides.")
+
+
+class WhisperSettings(BaseModel):
+    """A Whisper engine's transcription settings (runtime/media/audio/longform.py). The first decode of
+    a window is at the file's `temperature` (0 = greedy); the thresholds decide when a window is
+    decoded again at the next `temperature_fallback` and when it is skipped as silence."""
+    model_config = _STRICT_IGNORE
+    return_timestamps: bool = Field(
+        False, description="Segments with start and end times (the response's segments). A clip over 30 s is "
+        "always transcribed window by window, with timestamps.")
+    language: NonEmptyStr | None = Field(
+        None, description="The spoken language: an ISO 639-1 code (en, fr, ...). None: English on an English-only "
+        "model, detected on a multilingual one.")
+    task: Literal["transcribe", "translate"] = Field(
+        "transcribe", description="translate: into English (multilingual models only).")
+    condition_on_prev_tokens: bool = Field(
+        False, description="Each window's prompt holds the text of the windows before it.")
+    temperature_fallback: list[Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]] = Field(
+        default_factory=list, max_length=10, description=f"Temperatures tried, in order, when a window's decode "
+        f"fails compression_ratio_threshold or logprob_threshold (openai-whisper's: {STANDARD_FALLBACK}); "
+        "empty: none (greedy and deterministic at temperature 0). Sampling uses the file's seed (0 when none).")
+    compression_ratio_threshold: float | None = Field(
+        2.4, gt=0, allow_inf_nan=False, description="A decode whose tokens compress (zlib) better than this is "
+        "too repetitive: the next fallback temperature. null: off.")
+    logprob_threshold: float | None = Field(
+        -1.0, allow_inf_nan=False, description="A decode whose average token log-probability is under this: the "
+        "next fallback temperature. null: off.")
+    no_speech_threshold: float | None = Field(
+        0.6, ge=0, le=1, allow_inf_nan=False, description="A window under logprob_threshold whose no-speech "
+        "probability is over this is skipped as silence. null: off.")
+    max_audio_seconds: float = Field(
+        7200.0, gt=0, allow_inf_nan=False, description="Longer clips are refused (before they are decoded).")
+    vad_filter: bool = Field(
+        False, description="Transcribe only the speech: Silero VAD cuts the clip into chunks of at most 30 s "
+        "(silences left out), decoded side by side, each as a clip of its own; the segments' times are the "
+        "clip's. Needs the silero-vad package (trt-llm[vad]).")
+    vad_parameters: VadParameters = Field(default_factory=VadParameters,
+                                          description="The voice activity detection's settings (with vad_filter).")
+
+
 class InputSettings(BaseModel):
     """The top-level fields of an input file (everything but ``requests``)."""
     model_config = _STRICT_IGNORE
@@ -293,6 +411,9 @@ class InputSettings(BaseModel):
         "this (multiplied where negative); 1 = off.")
     min_p: MinP = Field(0.0, description="Sampling drops a token less likely than min_p times the most likely "
                                          "one (0 = off).")
+    guided_decoding: GuidedDecoding | None = Field(
+        None, description="The default constraint of every request (a request's own guided_decoding or "
+        "response_format replaces it).")
     apply_chat_template: bool = True
     add_generation_prompt: bool = True
     enable_thinking: bool = False
@@ -305,6 +426,8 @@ class InputSettings(BaseModel):
     context_cache_commit_policy: CommitPolicy = Field(
         "including_generated_tokens", description="With context reuse on: what a request leaves in the cache, "
         "its prompt and generated tokens, or its prompt only (prefill_state_only).")
+    whisper: WhisperSettings = Field(default_factory=WhisperSettings,
+                                     description="Transcription settings of a Whisper engine.")
 
 
 class InputFile(InputSettings):
@@ -418,6 +541,7 @@ def parse_input_dict(data: Any, source: str = "<input>") -> LoadedInput:
         raise InputFileError(f"{source}: 'requests' is empty; at least one request is required")
 
     warnings = _unknown_keys(data, InputFile, "top level")
+    warnings += _unknown_keys(data.get("guided_decoding"), GuidedDecoding, "guided_decoding")
     try:
         settings = InputSettings.model_validate({k: v for k, v in data.items() if k != "requests"})
     except ValidationError as e:
@@ -472,6 +596,8 @@ def _unknown_keys(obj: Any, model: type[BaseModel], where: str, hint_from: type[
 def _request_warnings(raw: Any, i: int) -> list[str]:
     where = f"requests[{i}]"
     out = _unknown_keys(raw, Request, where, hint_from=InputSettings)
+    if isinstance(raw, dict):
+        out += _unknown_keys(raw.get("guided_decoding"), GuidedDecoding, f"{where}.guided_decoding")
     messages = raw.get("messages") if isinstance(raw, dict) else None
     for m, msg in enumerate(messages if isinstance(messages, list) else []):
         out += _unknown_keys(msg, Message, f"{where}.messages[{m}]")
@@ -485,6 +611,6 @@ def _request_warnings(raw: Any, i: int) -> list[str]:
 
 __all__ = [
     "TextContent", "ImageContent", "AudioContent", "VideoContent", "ContentItem", "Message",
-    "Request", "InputSettings", "InputFile", "InputFileError", "RequestError", "LoadedInput",
+    "Request", "GuidedDecoding", "InputSettings", "InputFile", "InputFileError", "RequestError", "LoadedInput",
     "load_input_file", "parse_input_dict", "RANGES", "CONTENT_TYPES",
 ]

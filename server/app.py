@@ -5,6 +5,8 @@
     POST /v1/chat/completions    chat (the chat template applies), streamed with SSE on request
     POST /v1/completions         a raw prompt
     POST /v1/audio/transcriptions  speech to text on a Whisper engine (server/transcriptions.py)
+    POST /v1/messages            Anthropic's Messages API on the chat path (server/anthropic.py; its errors
+                                 in Anthropic's shape)
     GET  /metrics                Prometheus text format
 
 Every refusal is an OpenAI error object ({"error": {"message", "type", "param", "code"}}) with a 4xx
@@ -35,7 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from trt_llm.runtime.text.prompt import PromptError, PromptFormatter
 from trt_llm.runtime.requests.prepare import apply_batch_rules
 from trt_llm.runtime.engine.sequence import MAX_LENGTH
-from trt_llm.server.convert import BadRequest, convert
+from trt_llm.server.convert import BadRequest, convert, force_tool_calls
 from trt_llm.server.engine import EngineStopped, Job, QueueFull, ServingEngine, Update
 from trt_llm.runtime.engine import DEFAULT_PREFILL_CHUNK
 from trt_llm.server.metrics import Metrics
@@ -48,7 +50,7 @@ log = logging.getLogger(__name__)
 
 # The routes /metrics counts answers of (trt_llm_requests, by route and status), whatever answered:
 # the route, a refused body (400), the key check (401) or the size limit (413).
-COUNTED_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/audio/transcriptions")
+COUNTED_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/audio/transcriptions", "/v1/messages")
 CLIENT_GONE = 499  # the status counted for a client that left before its answer (nginx's "client closed request")
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -62,6 +64,7 @@ class ServerConfig:
     lora: dict[str, str] = field(default_factory=dict)  # served adapter name -> its folder
     api_keys: tuple[str, ...] = ()  # none: no key needed
     max_body_bytes: int = 4 << 20
+    max_upload_bytes: int = 25 << 20  # a speech upload's file (--max-upload-mb; server/uploads.py)
     max_rows: int = 8  # requests decoding together (at most the engine's max_batch_size)
     max_waiting: int = 256  # requests queued for a row before 429
     request_timeout_s: float | None = None
@@ -184,8 +187,11 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
                     why = ("--tool-call-parser none" if config.tool_call_parser == "none" else
                            "this model's chat template has no tool-call format this server parses "
                            "(--tool-call-parser hermes parses Hermes' <tool_call> format)")
-                    raise BadRequest(f"tools: tool calls are off here: {why}; send tool_choice 'none' or no tools",
-                                     param="tools")
+                    param = "tool_choice" if converted.forced else "tools"  # required / named: no call syntax to force
+                    raise BadRequest(f"{param}: tool calls are off here: {why}; send tool_choice 'none' or no tools",
+                                     param=param)
+                if converted.forced:  # a grammar over the parser's call syntax (server/tool_grammar.py)
+                    converted.request = force_tool_calls(converted, body, runner.preparer.grammars)
             # Image sources are already checked and resolved (convert.media_source: data URLs, or files
             # inside --allowed-local-media-path).
             formatter = PromptFormatter(runner.tokenizer, converted.chat, True, converted.settings.enable_thinking,
@@ -274,6 +280,9 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
 
     add_transcriptions(app, runner, metrics, config, _enqueue, _next)
     _add_limits(app, config, metrics)
+    from trt_llm.server.anthropic import add_messages  # after the limits: its error shape wraps theirs
+
+    add_messages(app, runner, config, _submit, _next)
     return app
 
 
@@ -516,8 +525,8 @@ def _add_limits(app: FastAPI, config: ServerConfig, metrics: Metrics) -> None:
         from fastapi.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"])
-    app.add_middleware(BodyLimit, limit=config.max_body_bytes)
+                           allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"])
+    app.add_middleware(BodyLimit, limit=config.max_body_bytes, own_limits=UPLOAD_ROUTES)
     if config.api_keys:
         app.add_middleware(ApiKey, keys=config.api_keys)
     app.add_middleware(RequestCounter, metrics=metrics)  # the last added is the outermost
@@ -544,7 +553,8 @@ class RequestCounter:
 
 
 class ApiKey:
-    """`Authorization: Bearer KEY` on every route but /health; keys compared in constant time."""
+    """`Authorization: Bearer KEY` (or Anthropic's `x-api-key: KEY`) on every route but /health; keys
+    compared in constant time."""
 
     def __init__(self, app, keys: tuple[str, ...]):
         self.app, self.keys = app, [k.encode() for k in keys]
@@ -552,25 +562,34 @@ class ApiKey:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] == "/health" or scope["method"] == "OPTIONS":
             return await self.app(scope, receive, send)
-        header = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, given = header.partition(b" ")
+        headers = dict(scope["headers"])
+        scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
+        offered = [given.strip()] if scheme.lower() == b"bearer" else []
+        if b"x-api-key" in headers:
+            offered.append(headers[b"x-api-key"].strip())
         # Every key is compared (no early exit), each in constant time: the answer's timing says nothing.
-        matches = [hmac.compare_digest(given.strip(), key) for key in self.keys]
-        if scheme.lower() != b"bearer" or not any(matches):
-            response = error_response(401, "a valid API key is needed: Authorization: Bearer <key>",
+        matches = [hmac.compare_digest(one, key) for one in offered for key in self.keys]
+        if not any(matches):
+            response = error_response(401, "a valid API key is needed: Authorization: Bearer <key> "
+                                      "(or x-api-key: <key>)",
                                       code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
             return await response(scope, receive, send)
         return await self.app(scope, receive, send)
 
 
-class BodyLimit:
-    """413 for a body over `limit` bytes, by its Content-Length or, without one, as it arrives."""
+# Routes whose bodies are uploads, streamed to disk under their own limit (server/uploads.py).
+UPLOAD_ROUTES = ("/v1/audio/transcriptions", "/v1/audio/translations")
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+
+class BodyLimit:
+    """413 for a body over `limit` bytes, by its Content-Length or, without one, as it arrives; the
+    `own_limits` routes enforce theirs themselves."""
+
+    def __init__(self, app, limit: int, own_limits: tuple[str, ...] = ()):
+        self.app, self.limit, self.own_limits = app, limit, own_limits
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"] in self.own_limits:
             return await self.app(scope, receive, send)
         length = dict(scope["headers"]).get(b"content-length")
         too_large = error_response(413, f"the body is larger than {self.limit} bytes (--max-body-bytes)",

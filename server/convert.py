@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from trt_llm.schemas._errors import format_errors
-from trt_llm.schemas.input_file import InputSettings, Request
+from trt_llm.schemas.input_file import GuidedDecoding, InputSettings, Request
 from trt_llm.server.protocol import ChatCompletionRequest, CompletionRequest
 
 
@@ -28,7 +28,8 @@ class Converted:
     request: Request
     settings: InputSettings
     chat: bool  # the chat template applies (chat completions) or the prompt is raw (completions)
-    tool_calls: bool = False  # the answer may call the request's tools (tool_choice auto)
+    tool_calls: bool = False  # the answer may call the request's tools (tool_choice auto, required, named)
+    forced: str | None = None  # tool_choice "required" or "named": a grammar makes the answer calls
 
 
 def convert(body: ChatCompletionRequest | CompletionRequest, lora: dict[str, str], capacity: int,
@@ -43,39 +44,78 @@ def convert(body: ChatCompletionRequest | CompletionRequest, lora: dict[str, str
         messages = [{"role": "user", "content": body.text}]
     request = {"messages": messages, "disable_spec_decode": body.disable_spec_decode,
                "num_logprobs": body.num_logprobs}
-    calls = chat and tool_choice(body) == "auto"
+    choice = tool_choice(body) if chat else "none"
+    calls = choice != "none"
     if calls:  # "none": the model is not shown them
         request["tools"] = [tool.model_dump(exclude_none=True) for tool in body.tools]
+    forced = choice if choice in ("required", "named") else None
+    _constraint(body, chat, forced, request)
     if body.stop:  # a string, or a non-empty list (OpenAI sends [] for none)
         request["stop"] = body.stop
     if body.logit_bias:
         request["logit_bias"] = body.logit_bias
     if body.model in lora:
         request["lora_name"] = body.model
-    if chat and body.response_format is not None:
-        request["response_format"] = body.response_format.model_dump(exclude_none=True, by_alias=True)
     settings = {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
                 "presence_penalty": body.presence_penalty, "frequency_penalty": body.frequency_penalty,
                 "repetition_penalty": body.repetition_penalty, "min_p": body.min_p,
                 "max_generate_length": body.new_tokens or capacity, "seed": body.seed,
                 "apply_chat_template": chat, "add_generation_prompt": True,
                 "enable_thinking": body.thinking if chat else False, "available_lora_weights": lora}
-    return Converted(_validated(Request, request), _validated(InputSettings, settings), chat, calls)
+    return Converted(_validated(Request, request), _validated(InputSettings, settings), chat, calls, forced)
+
+
+def _constraint(body, chat: bool, forced: str | None, request: dict) -> None:
+    """The answer's one constraint into `request`: response_format (chat) or guided_decoding; with
+    forced calls neither (force_tool_calls adds their grammar), a "text" response_format aside."""
+    response_format = body.response_format if chat else None
+    if forced is not None:
+        if body.guided_decoding is not None:
+            raise BadRequest(f"guided_decoding: not with tool_choice {forced!r}, which makes the answer tool calls",
+                             param="guided_decoding")
+        if response_format is not None and response_format.type != "text":
+            raise BadRequest(f"tool_choice: {forced!r} makes the answer tool calls; it takes no "
+                             f"response_format {response_format.type!r}", param="tool_choice")
+        return
+    if response_format is not None and body.guided_decoding is not None:
+        raise BadRequest("guided_decoding: not with response_format (each constrains the answer; send one)",
+                         param="guided_decoding")
+    if response_format is not None:
+        request["response_format"] = response_format.model_dump(exclude_none=True, by_alias=True)
+    if body.guided_decoding is not None:
+        request["guided_decoding"] = body.guided_decoding.model_dump(exclude_none=True)
 
 
 def tool_choice(body: ChatCompletionRequest) -> str:
-    """"none" or "auto" (the default with tools, "none" without); what cannot be honoured without
-    forcing the grammar (required, a named function) is refused."""
+    """"none", "auto" (the default with tools, "none" without), "required" or "named" (the body's
+    function, which must be one of its tools)."""
     choice = body.tool_choice
     if choice is None:
         return "auto" if body.tools else "none"
-    if not isinstance(choice, str) or choice == "required":
-        what = "'required'" if choice == "required" else f"a named function ({choice.function.name!r})"
-        raise BadRequest(f"tool_choice: {what} is not supported (the answer is not forced to call a tool); "
-                         "use 'auto' or 'none'", param="tool_choice")
-    if choice == "auto" and not body.tools:
-        raise BadRequest("tool_choice: 'auto' needs tools", param="tool_choice")
-    return choice
+    what = f"{choice!r}" if isinstance(choice, str) else f"a named function ({choice.function.name!r})"
+    if choice != "none" and not body.tools:
+        raise BadRequest(f"tool_choice: {what} needs tools", param="tool_choice")
+    if isinstance(choice, str):
+        return choice
+    if choice.function.name not in [tool.function.name for tool in body.tools]:
+        known = ", ".join(repr(tool.function.name) for tool in body.tools)
+        raise BadRequest(f"tool_choice: {choice.function.name!r} is not one of the tools ({known})",
+                         param="tool_choice.function.name")
+    return "named"
+
+
+def force_tool_calls(converted: Converted, body: ChatCompletionRequest, grammars) -> Request:
+    """The converted request with its answer forced to be tool calls (tool_choice required or named):
+    a grammar over the Hermes call syntax as its guided decoding (server/tool_grammar.py). grammars:
+    the engine's grammar.Grammars (the tags as its tokenizer writes them)."""
+    from trt_llm.server.tool_grammar import ToolGrammarError, tool_grammar
+
+    name = body.tool_choice.function.name if converted.forced == "named" else None
+    try:
+        grammar = tool_grammar(converted.request.tools, name, body.parallel_tool_calls, grammars.literal)
+    except ToolGrammarError as error:
+        raise BadRequest(str(error), param=error.param) from None
+    return converted.request.model_copy(update={"guided_decoding": GuidedDecoding(ebnf=grammar)})
 
 
 def _validated(model, data: dict):

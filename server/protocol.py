@@ -6,7 +6,7 @@ prepared, limited and sampled exactly as the input file's would be (runtime/requ
 
 Unknown fields are refused (400 naming the field) rather than silently ignored, except a few that
 only describe the caller (`user`, `metadata`, `store`, `service_tier`). A parameter this server
-cannot honour (n > 1, tool_choice "required" or a named function, echo, suffix, best_of) is refused,
+cannot honour (n > 1, echo, suffix, best_of) is refused,
 never dropped.
 """
 
@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic_core import PydanticCustomError
 
-from trt_llm.schemas.input_file import MAX_LOGIT_BIAS, MAX_TEXT_BYTES
+from trt_llm.schemas.input_file import MAX_LOGIT_BIAS, MAX_TEXT_BYTES, GuidedDecoding
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 MAX_COMPLETION_LOGPROBS = 5  # ... and on the legacy completions' logprobs
@@ -170,6 +170,9 @@ class _Sampling(_Body):
                                       description="extension (vLLM's): transformers' repetition penalty, 1 = off")
     min_p: float = Field(0.0, ge=0, le=1, allow_inf_nan=False, description="extension (vLLM's): 0 = off")
     disable_spec_decode: bool = Field(False, description="extension: vanilla decoding for this request")
+    guided_decoding: GuidedDecoding | None = Field(
+        None, description="extension: the input file's guided_decoding, exactly one of json_schema, json_object, "
+        "regex, choice or ebnf (not with response_format)")
     user: str | None = None
     metadata: dict[str, Any] | None = None
     store: bool | None = None
@@ -192,7 +195,8 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: ChatTemplateKwargs | None = None
     tools: list[Tool] | None = Field(None, description="functions the model may call (the chat template shows them)")
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
-        None, description="none or auto (the default with tools); required and a named function are refused")
+        None, description="none, auto (the default with tools), required (one or more calls) or a named function "
+        "(a call of it); required and named are enforced by a grammar")
     parallel_tool_calls: bool = Field(True, description="false: the answer's first call only")
 
     @model_validator(mode="after")

@@ -63,14 +63,60 @@ def test_a_tools_conversation_renders_as_transformers_renders_it(npm_tokenizer, 
     assert "<tools>" in want and '"arguments": {"city": "Paris"}' in want and "<tool_response>" in want
 
 
-def test_tool_choice_none_leaves_the_tools_out_and_required_is_refused():
+def test_tool_choice_none_leaves_the_tools_out_and_required_or_named_forces_calls():
     base = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER]}
-    none = convert(ChatCompletionRequest.model_validate({**base, "tool_choice": "none"}), {}, 64, None)
-    assert none.request.tools is None and not none.tool_calls
-    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+
+    def converted(**extra):
+        return convert(ChatCompletionRequest.model_validate({**base, **extra}), {}, 64, None)
+
+    none = converted(tool_choice="none")
+    assert none.request.tools is None and not none.tool_calls and none.forced is None
+    assert converted(tool_choice="required").forced == "required"
+    named = converted(tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert named.forced == "named" and named.request.tools and named.request.guided_decoding is None  # added later
+    refusals = [({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
+                ({"tool_choice": "required", "tools": None}, "tool_choice"),
+                ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+                ({"tool_choice": "required", "guided_decoding": {"regex": "a"}}, "guided_decoding")]
+    for extra, param in refusals:
         with pytest.raises(BadRequest) as refused:
-            convert(ChatCompletionRequest.model_validate({**base, "tool_choice": choice}), {}, 64, None)
-        assert refused.value.param == "tool_choice" and "not supported" in str(refused.value)
+            converted(**extra)
+        assert refused.value.param == param, extra
+
+
+def test_the_forcing_grammar_takes_the_calls_as_qwen3s_template_writes_them(npm_tokenizer):
+    """The oracle is the template itself: an assistant turn's calls rendered by Qwen3's own template
+    (transformers' apply_chat_template), whose tokens the grammar must take whole, then only EOS."""
+    transformers = pytest.importorskip("transformers")
+    from trt_llm.runtime.sampling.grammar import Grammars
+    from trt_llm.server.tool_grammar import tool_grammar
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(npm_tokenizer("qwen3"))
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    grammars = Grammars(tokenizer, len(tokenizer), [eos])
+    calls = CONVERSATION[2]["tool_calls"]
+    rendered = tokenizer.apply_chat_template(
+        _as_transformers_gets_it(CONVERSATION[1:3]), tools=[WEATHER, CLOCK], tokenize=False)
+    answer = rendered[rendered.rindex("<|im_start|>assistant\n") + len("<|im_start|>assistant\n"):
+                      rendered.rindex("<|im_end|>")]
+    answer = answer[answer.index("<tool_call>"):]
+    assert answer.count("<tool_call>") == 2
+
+    def takes(text, name=None, parallel=True):
+        constraint = grammars.guided("ebnf", tool_grammar([WEATHER, CLOCK], name, parallel, grammars.literal))
+        for token in tokenizer.encode(text, add_special_tokens=False):
+            if not constraint.allowed()[token]:
+                return False
+            constraint.accept(token)
+        return bool(constraint.allowed()[eos])
+
+    first = answer[:answer.index("</tool_call>") + len("</tool_call>")]
+    assert takes(answer) and takes(first) and takes(first, parallel=False) and not takes(answer, parallel=False)
+    assert takes(first, name="get_weather") and not takes(first, name="get_time")
+    assert not takes(first.replace('"Paris"', "7"))  # arguments outside the schema
+    assert '"arguments": {"city": "Paris"}' in first and calls[0]["function"]["name"] in first
+    # the tags are Qwen's special tokens: the grammar names them, so their spelled-out bytes are refused
+    assert grammars.literal("<tool_call>") == "<tool_call>" and grammars.literal("{") == '"{"'
 
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -213,10 +259,6 @@ def test_malformed_calls_are_content_and_choices_are_honoured(served, monkeypatc
         none = _ask(client, tool_choice="none")
     assert [c.function.name for c in first_only.choices[0].message.tool_calls] == ["get_weather"]
     assert none.choices[0].message.content == f"{CALL}\n{TIME}" and none.choices[0].message.tool_calls is None
-    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
-        with pytest.raises(openai.BadRequestError) as refused:
-            _ask(client, tool_choice=choice)
-        assert refused.value.body["param"] == "tool_choice"
 
 
 def test_a_template_without_a_call_format_refuses_tools(served):
@@ -230,6 +272,13 @@ def test_a_template_without_a_call_format_refuses_tools(served):
     finally:
         runner.tokenizer.templates = qwen3_template
     assert refused.value.body["param"] == "tools" and "--tool-call-parser" in refused.value.body["message"]
+    runner.tokenizer.templates = tiny_template
+    try:  # a forced call needs a call syntax to force
+        with pytest.raises(openai.BadRequestError) as refused:
+            _ask(client, tool_choice="required")
+    finally:
+        runner.tokenizer.templates = qwen3_template
+    assert refused.value.body["param"] == "tool_choice"
 
 
 def test_reasoning_then_a_call_streamed_and_whole(served, monkeypatch):
@@ -247,3 +296,39 @@ def test_reasoning_then_a_call_streamed_and_whole(served, monkeypatch):
     assert finish == "tool_calls"
     plain = no_tools.choices[0].message  # without tools the call is text, the reasoning still split
     assert plain.content == f"\n\n{CALL}" and plain.model_extra["reasoning_content"] == "\nThe user wants the weather.\n"
+
+
+# Bounded arguments: a random model's calls end within max_tokens.
+BOOKING = {"type": "function", "function": {
+    "name": "book_table", "description": "Book a table.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                                   "people": {"type": "integer", "minimum": 1, "maximum": 8},
+                                                   "meal": {"enum": ["lunch", "dinner"]}},
+                   "required": ["city", "people", "meal"], "additionalProperties": False}}}
+STRICT_CLOCK = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}}
+SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in (STRICT_CLOCK, BOOKING)}
+
+
+@pytest.mark.parametrize("choice, parallel", [
+    ("required", False), ("required", True), ({"type": "function", "function": {"name": "book_table"}}, True)])
+def test_required_and_named_calls_validate_and_stream_as_whole(served, choice, parallel):
+    """A random tiny Qwen3, sampled: the grammar makes its answer calls whose arguments validate
+    against their function's schema (jsonschema), streamed deltas assembling to the whole answer."""
+    jsonschema = pytest.importorskip("jsonschema")
+    live, _, _ = served
+    client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="none", max_retries=0)
+    kwargs = {"tools": [STRICT_CLOCK, BOOKING], "tool_choice": choice, "parallel_tool_calls": parallel,
+              "temperature": 0.8, "seed": 11, "max_tokens": 400}
+    whole = _ask(client, **kwargs)
+    content, _, calls, finish, _ = _assembled(_ask(client, stream=True, **kwargs))
+    message = whole.choices[0].message
+    assert whole.choices[0].finish_reason == "tool_calls" == finish and not message.content and not content, (
+        message, whole.usage)
+    got = [(c.function.name, c.function.arguments) for c in message.tool_calls]
+    assert got == [(c["name"], c["arguments"]) for c in calls]
+    assert len(got) == 1 if not parallel or isinstance(choice, dict) else len(got) >= 1
+    if isinstance(choice, dict):
+        assert got[0][0] == "book_table"
+    for name, arguments in got:
+        jsonschema.validate(json.loads(arguments), SCHEMAS[name])

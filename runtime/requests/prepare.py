@@ -38,6 +38,7 @@ class Prepared:
     save_group: bool = False  # its batch saves system prompts (batch-wide, like the reference)
     speculate: bool = True  # its batch may speculate (no request in it disables spec decode)
     context_policies: tuple[str, str] = ("use_cache", "including_generated_tokens")  # lookup, commit
+    transcription: object | None = None  # a Whisper request decoded window by window (media/audio/longform.py)
 
 
 def one_line(message: str) -> str:
@@ -90,13 +91,18 @@ class RequestPreparer:
         adapter = None
         if request.lora_name is not None:
             adapter = self._adapter(where, request.lora_name, settings.available_lora_weights[request.lora_name])
-        media = rules = None
+        media = rules = transcription = None
         if self.audio is not None and self.audio.kind == "cross_attention":  # Whisper: a transcription
             if request.response_format is not None and request.response_format.type != "text":
                 raise ValueError(f"{where}.response_format: a Whisper engine transcribes; it takes no "
                                  "structured output")
-            prompt, media, rules = transcription_prompt(self.audio, self.tokenizer, request.messages,
-                                                        formatter.media_dir, where, self.vocab_size)
+            if request.resolved_guided_decoding(settings)[0] is not None:
+                raise ValueError(f"{where}.guided_decoding: a Whisper engine transcribes; it takes no "
+                                 "guided decoding")
+            prompt, media, rules, transcription = transcription_prompt(
+                self.audio, self.tokenizer, request.messages, formatter.media_dir, where, self.vocab_size,
+                settings.whisper, settings.temperature, request_seed(settings.seed or 0, index),
+                settings.max_generate_length)
         else:
             try:
                 prompt = formatter.format(request.messages, request.tools)
@@ -130,18 +136,33 @@ class RequestPreparer:
                                 **request.resolved_penalties(settings))
         detokenizer = IncrementalDetokenizer(self.token_bytes, request.stop_list())
         sequence = Sequence(prompt.token_ids, max_new, detokenizer, constraint=rules, media=media)
-        if request.response_format is not None and rules is None:  # (a transcription's is "text" or refused)
-            try:
-                sequence.constraint = self.grammars.constraint(request.response_format.model_dump(by_alias=True))
-            except GrammarError as error:
-                raise ValueError(f"{where}.response_format.{one_line(str(error))}") from None
-            except ImportError as error:  # a broken install: this request fails, not the run
-                raise ValueError(f"{where}.response_format: structured output needs {error.name or 'llguidance'}, "
-                                 "which is not installed (it is a dependency of trt-llm: pip install "
-                                 "llguidance)") from None
+        if rules is None:  # (a transcription's constraint is its token rules)
+            sequence.constraint = self._constraint(where, request, settings)
         return Prepared(index, request, prompt, sequence, params, self._system_ids(where, prompt), adapter,
                         request_seed(settings.seed, index),
-                        context_policies=request.resolved_context_policies(settings))
+                        context_policies=request.resolved_context_policies(settings),
+                        transcription=transcription)
+
+    def _constraint(self, where: str, request: Request, settings: InputSettings):
+        """The request's response_format or guided decoding (its own, else the file's default) as a
+        grammar.Constraint; None for free text. Raises ValueError naming the field."""
+        guided, default = request.resolved_guided_decoding(settings)
+        if request.response_format is None and guided is None:
+            return None
+        field, suffix = "response_format", ""
+        try:
+            if request.response_format is not None:
+                return self.grammars.constraint(request.response_format.model_dump(by_alias=True))
+            field = "guided_decoding"
+            suffix = " (the top-level guided_decoding)" if default else ""
+            written, mode, value = guided.mode()
+            return self.grammars.guided(mode, value, field=written)
+        except GrammarError as error:
+            raise ValueError(f"{where}.{field}.{one_line(str(error))}{suffix}") from None
+        except ImportError as error:  # a broken install: this request fails, not the run
+            what = "structured output" if field == "response_format" else "guided decoding"
+            raise ValueError(f"{where}.{field}: {what} needs {error.name or 'llguidance'}, which is not "
+                             "installed (it is a dependency of trt-llm: pip install llguidance)") from None
 
     def _adapter(self, where: str, name: str, path: str) -> LoraAdapter:
         if not self.lora_layout:
