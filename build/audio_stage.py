@@ -7,8 +7,8 @@
     audio/preprocessor_config.json   the checkpoint's feature extractor settings, as transformers has them
 
 Two kinds of encoder, named by the config's "kind":
-- "rows" (Qwen2-Audio): the tower and projector give each clip's rows, which the decoder reads at
-  the clip's audio placeholder tokens (build/models/qwen2_audio.py);
+- "rows" (Qwen2-Audio, Qwen3-ASR): the tower and projector give each clip's rows, which the decoder
+  reads at the clip's audio placeholder tokens (build/models/qwen2_audio.py, qwen3_asr.py);
 - "cross_attention" (Whisper): the encoder gives each decoder layer's cross-attention keys and
   values, computed once per request (build/models/whisper.py).
 
@@ -47,11 +47,17 @@ def export_audio_component(checkpoint, config, directory: Path, dtype: torch.dty
 
 
 def _preprocessor_config(checkpoint, num_mel_bins: int) -> dict:
-    """The checkpoint folder's preprocessor_config.json, else WhisperFeatureExtractor's settings
-    with the encoder's mel bins."""
-    path = Path(checkpoint.source).expanduser() / "preprocessor_config.json"
+    """The checkpoint folder's preprocessor_config.json (or the feature extractor's entry of its
+    processor_config.json, where transformers 5 saves a processor's parts: Qwen3-ASR's), else
+    WhisperFeatureExtractor's settings with the encoder's mel bins."""
+    folder = Path(checkpoint.source).expanduser()
+    path = folder / "preprocessor_config.json"
+    processor = folder / "processor_config.json"
+    if not path.is_file() and processor.is_file() and "feature_extractor" in json.loads(processor.read_text()):
+        path = processor
     if path.is_file():
         preprocessor = json.loads(path.read_text())
+        preprocessor = preprocessor.get("feature_extractor", preprocessor) if path == processor else preprocessor
         if preprocessor.get("feature_size", num_mel_bins) != num_mel_bins:
             raise ValueError(f"{path}: feature_size {preprocessor['feature_size']} is not the audio encoder's "
                              f"num_mel_bins {num_mel_bins}")

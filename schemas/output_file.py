@@ -27,6 +27,21 @@ class LogprobCandidate(BaseModel):
     logprob: float = Field(description="log(softmax(logits)) at temperature 1.")
 
 
+class Segment(BaseModel):
+    """One segment of a Whisper transcription with timestamps, as OpenAI's verbose_json has it."""
+    model_config = ConfigDict(extra="forbid")
+    id: int = Field(ge=0)
+    seek: int = Field(ge=0, description="The window's first mel frame (10 ms each).")
+    start: float = Field(ge=0, description="Seconds from the clip's start.")
+    end: float = Field(ge=0)
+    text: str
+    tokens: list[int] = Field(description="Its tokens, the timestamp tokens at both ends included.")
+    temperature: float = Field(ge=0, description="The temperature its window was decoded at.")
+    avg_logprob: float = Field(description="Its window's average token log-probability (<|endoftext|> counted).")
+    compression_ratio: float = Field(description="Its window's tokens: raw bytes over zlib's.")
+    no_speech_prob: float | None = Field(None, description="Its window's probability of <|nocaptions|>.")
+
+
 class Response(BaseModel):
     model_config = ConfigDict(extra="forbid")
     request_idx: int = Field(ge=0, description="Index of the request in the input file.")
@@ -53,6 +68,11 @@ class Response(BaseModel):
     reused_tokens: int = Field(0, ge=0, description="Prompt tokens taken from a saved KV cache.")
     output_token_ids: list[int] = Field(default_factory=list)
     time_to_first_token_ms: float | None = Field(None, ge=0)
+    segments: list[Segment] | None = Field(
+        None, description="A Whisper transcription with timestamps: its segments (output_text is their text).")
+    language: str | None = Field(None, description="A Whisper transcription's language (ISO 639-1), given or "
+                                 "detected.")
+    duration: float | None = Field(None, ge=0, description="A Whisper transcription's clip, in seconds.")
 
     @model_validator(mode="after")
     def _error_has_reason(self) -> Response:
@@ -80,4 +100,4 @@ class OutputFile(BaseModel):
         return _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
-__all__ = ["FinishReason", "LogprobCandidate", "Response", "OutputFile"]
+__all__ = ["FinishReason", "LogprobCandidate", "Response", "OutputFile", "Segment"]

@@ -31,6 +31,9 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--max-batch-size", type=positive_int, help="requests decoding together (default: the engine's)")
     p.add_argument("--max-queue", type=positive_int, default=256, help="requests waiting for a row before 429")
     p.add_argument("--max-body-bytes", type=positive_int, default=4 << 20)
+    p.add_argument("--max-upload-mb", type=positive_float, default=25, metavar="MB",
+                   help="largest audio file /v1/audio/transcriptions and /translations take, in MB of 2^20 bytes "
+                        "(default 25, OpenAI's); streamed to disk, never held in memory")
     p.add_argument("--request-timeout", type=positive_float, default=None,
                    help="seconds before a request is aborted (504)")
     p.add_argument("--allowed-local-media-path", type=Path, help="folder local image/audio paths may come from")
@@ -80,7 +83,8 @@ def server_config(args, engine_dir):
     if media is not None and not media.is_dir():
         raise ValueError(f"--allowed-local-media-path {media}: not a folder")
     return ServerConfig(model_name=args.model_name or engine_dir.path.name, lora=lora, api_keys=tuple(keys),
-                        max_body_bytes=args.max_body_bytes, max_rows=rows, max_waiting=args.max_queue,
+                        max_body_bytes=args.max_body_bytes, max_upload_bytes=int(args.max_upload_mb * (1 << 20)),
+                        max_rows=rows, max_waiting=args.max_queue,
                         request_timeout_s=args.request_timeout, media_root=media,
                         cors_origins=tuple(args.cors_origin), save_prefixes=not args.no_prefix_cache,
                         kv_cache_budget=args.kv_cache_budget, prefill_chunk=args.prefill_chunk,

@@ -1,48 +1,74 @@
-"""POST /v1/audio/transcriptions: OpenAI's speech-to-text endpoint, on an engine whose audio component
-is Whisper's (`runner.audio.kind == "cross_attention"`).
+"""POST /v1/audio/transcriptions and /v1/audio/translations: OpenAI's speech-to-text endpoints, on an
+engine whose audio component is Whisper's (`runner.audio.kind == "cross_attention"`) or Qwen3-ASR's.
 
-The form (multipart/form-data, as OpenAI's clients send it) becomes the input file's `Request`: one
-user message with the uploaded bytes as an audio part (a data: URL) and the `prompt` as a text part,
-the previous text Whisper continues from (runtime/media/audio/transcription.py). From there it takes the chat
-route's path: `RequestPreparer.prepare` (decoding, the clip limits, the encoder) off the event loop,
-then the server's one `ServingEngine`, with its queue, timeout, disconnect and error handling
-(app.py's `_next`). The answer is the transcription's text without the space Whisper's first token
-starts with, as OpenAI's API answers: `{"text": ..., "usage": ...}` (json, the default) or the bare
-text (text).
+The form (multipart/form-data, as OpenAI's clients send it) is streamed to disk under the upload
+limit (server/uploads.py: 25 MB by default, --max-upload-mb; 413 past it), the file removed after
+the request. On a Qwen3-ASR engine it becomes the chat request the model's processor makes
+(runtime/media/audio/qwen3_asr_prompt.py: the clip in the user turn, the `prompt` as its context in
+the system turn) on the chat path, and the answer is the text after the model's
+"language <Name><asr_text>" (json and text; `language`, a code or name of the model's 30, forces
+it as transformers' processor does; timestamps, translation and VAD are refused). On a Whisper engine it becomes the input file's `Request`: one user message with the
+uploaded file as an audio part (its path on disk) and the `prompt` as a text part,
+the previous text Whisper continues from (runtime/media/audio/transcription.py), and its `whisper`
+settings. `RequestPreparer.prepare` (decoding, the limits, the encoder) runs off the event loop; a
+clip decoded once goes to the server's one `ServingEngine` as one job, with its queue, timeout,
+disconnect and error handling (app.py's `_next`); a clip decoded window by window
+(runtime/media/audio/longform.py: over 30 s, timestamps, fallback temperatures, language detection)
+sends each of its decodes to the same engine as a job of its own, one after the other, so that its
+windows share the running batch with everything else.
 
-Fields: file and model (required), prompt, response_format (json, text), temperature ([0, 1], plain
-sampling: 0 is greedy, with no fallback to higher temperatures), language ("en" or absent: the
-runtime transcribes English, see runtime/media/audio/transcription.py). OpenAI's other fields (timestamps,
-verbose_json / srt / vtt, streaming, chunking, include) are refused with a 400 naming the field,
-never ignored, as every unknown one is.
+Fields: file and model (required), prompt, response_format (json, the default, and text: the text
+without the space Whisper's first token starts with; verbose_json: the text, task, language, duration
+and segments; srt and vtt: subtitles, one cue per segment), timestamp_granularities[] (segment),
+temperature ([0, 1]; 0: greedy, falling back to 0.2 ... 1.0 when a window fails the thresholds, as
+OpenAI's API does, seeded), language (an ISO 639-1 code; English-only checkpoints: en; absent on a
+multilingual one: detected), vad_filter (true: the speech only, Silero VAD's chunks; the input file's
+whisper.vad_filter) and vad_parameters (a JSON object: whisper.vad_parameters). /v1/audio/translations
+(multilingual checkpoints) takes the same but language and answers in English. OpenAI's other fields (word timestamps, streaming, chunking,
+include) are refused with a 400 naming the field, never ignored, as every unknown one is.
 """
 
 from __future__ import annotations
 
-import base64
+import dataclasses
 import importlib.util
+import json
+import math
+import time
 
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import UploadFile
+from trt_llm.runtime.engine.sequence import Sequence
+from trt_llm.runtime.media.audio.answer import transcription_response
+from trt_llm.runtime.media.audio.languages import LANGUAGES
+from trt_llm.runtime.media.audio.longform import encode
+from trt_llm.runtime.media.audio.qwen3_asr_prompt import forced_language, parse_output, transcription_messages
+from trt_llm.runtime.media.audio.subtitles import srt, vtt
+from trt_llm.runtime.media.sequence_media import SequenceMedia
 from trt_llm.runtime.media.sources import _shown
+from trt_llm.runtime.requests.prepare import Prepared
+from trt_llm.runtime.text.detokenizer import IncrementalDetokenizer
 from trt_llm.runtime.text.prompt import PromptError
-from trt_llm.schemas.input_file import InputSettings
+from trt_llm.schemas.input_file import STANDARD_FALLBACK, InputSettings
 from trt_llm.schemas.input_file import Request as InputRequest
 from trt_llm.server.app import ClientGone, HttpError, client_gone
 from trt_llm.server.convert import BadRequest, _validated
 from trt_llm.server.engine import Job
+from trt_llm.server.uploads import DEFAULT_MAX_UPLOAD_MB, MB, SavedUpload, read_form
 
 ROUTE = "/v1/audio/transcriptions"
-FIELDS = ("file", "model", "prompt", "response_format", "temperature", "language", "stream")
+TRANSLATIONS = "/v1/audio/translations"
+FIELDS = ("file", "model", "prompt", "response_format", "temperature", "language", "stream",
+          "timestamp_granularities", "vad_filter", "vad_parameters")
 UNSUPPORTED = {  # OpenAI's fields this server cannot honour, and why
-    "timestamp_granularities": "timestamps are not supported (the decoder prompt has <|notimestamps|>)",
     "include": "no extra outputs (logprobs) are supported",
-    "chunking_strategy": "no chunking: a clip is one window of at most 30 s",
+    "chunking_strategy": "the clip is transcribed in Whisper's own 30 s windows, advanced by its timestamps",
     "known_speaker_names": "no diarization", "known_speaker_references": "no diarization",
-    "keywords": "no keyword lists", "languages": "give one language (en)"}
-FORMATS = ("json", "text")
+    "keywords": "no keyword lists", "languages": "give one language"}
+FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
+TIMESTAMPED = ("verbose_json", "srt", "vtt")
+MEDIA_TYPES = {"text": "text/plain", "srt": "application/x-subrip", "vtt": "text/vtt"}
 
 _OPENAPI = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
     "type": "object", "required": ["file", "model"], "properties": {
@@ -50,8 +76,13 @@ _OPENAPI = {"requestBody": {"required": True, "content": {"multipart/form-data":
         "model": {"type": "string"},
         "prompt": {"type": "string", "description": "previous text the transcription continues"},
         "response_format": {"type": "string", "enum": list(FORMATS), "default": "json"},
+        "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": ["segment"]}},
         "temperature": {"type": "number", "minimum": 0, "maximum": 1, "default": 0},
-        "language": {"type": "string", "enum": ["en"]}}}}}}}
+        "language": {"type": "string", "description": "ISO 639-1 (transcriptions only)"},
+        "vad_filter": {"type": "boolean", "default": False,
+                       "description": "transcribe the speech only: Silero VAD's chunks of at most 30 s"},
+        "vad_parameters": {"type": "string", "description": "the VAD's settings, a JSON object (the input "
+                           "file's whisper.vad_parameters: threshold, min_speech_duration_ms, ...)"}}}}}}}
 
 
 def add_transcriptions(app: FastAPI, runner, metrics, config, enqueue, next_update) -> None:
@@ -60,42 +91,70 @@ def add_transcriptions(app: FastAPI, runner, metrics, config, enqueue, next_upda
     and disconnect handling."""
     capacity = runner.limits["max_kv_cache_capacity"]
     forms = importlib.util.find_spec("python_multipart") is not None  # what Starlette parses forms with
+    upload_limit = getattr(config, "max_upload_bytes", DEFAULT_MAX_UPLOAD_MB * MB)
+
+    async def answer(request: Request, task: str):
+        # Every answer is counted by app.py's RequestCounter.
+        route = ROUTE if task == "transcribe" else TRANSLATIONS
+        _check_engine(runner, route)
+        if not forms:
+            raise HttpError(501, f"{route} needs the python-multipart package on the server "
+                                 "(pip install 'trt-llm[server]')", code="not_installed")
+        fields, upload = await _read_form(request, task, upload_limit)
+        try:
+            return await answer_upload(request, task, route, fields, upload)
+        finally:
+            upload.remove()  # the request is over: its file goes
+
+    async def answer_upload(request: Request, task: str, route: str, fields: dict, upload: SavedUpload):
+        if _is_qwen3_asr(runner):
+            return await _chat_transcription(request, fields, upload, task)
+        prepared, settings = await _prepare(fields, upload, task)
+        response_format = fields.get("response_format", "json")
+        try:
+            if prepared.transcription is None:
+                job = enqueue(prepared, settings)
+                text = (await _collect(job, request)).strip()
+                s = job.prepared.sequence
+                if response_format == "text":
+                    return PlainTextResponse(text)
+                return {"text": text, "usage": _usage(len(s.prompt_ids), len(s.generated))}
+            response = await _windows(prepared, settings, request)
+        except ClientGone:
+            return client_gone(route, 0)
+        return _render(response, response_format, task)
 
     @app.post(ROUTE, openapi_extra=_OPENAPI)
     async def transcriptions(request: Request):
-        # Every answer is counted by app.py's RequestCounter.
-        _check_engine(runner)
-        if not forms:
-            raise HttpError(501, f"{ROUTE} needs the python-multipart package on the server "
-                                 "(pip install 'trt-llm[server]')", code="not_installed")
-        fields, data, filename = await _read_form(request)
-        job = await _submit(fields, data, filename)
-        try:
-            text = await _collect(job, request)
-        except ClientGone:
-            return client_gone(ROUTE, len(job.prepared.sequence.generated))
-        if fields.get("response_format", "json") == "text":
-            return PlainTextResponse(text)
-        s = job.prepared.sequence
-        usage = {"type": "tokens", "input_tokens": len(s.prompt_ids), "output_tokens": len(s.generated),
-                 "total_tokens": len(s.prompt_ids) + len(s.generated)}
-        return {"text": text, "usage": usage}
+        return await answer(request, "transcribe")
 
-    async def _submit(fields: dict, data: bytes, filename: str) -> Job:
+    @app.post(TRANSLATIONS, openapi_extra=_OPENAPI)
+    async def translations(request: Request):
+        return await answer(request, "translate")
+
+    def _check_model(fields: dict) -> None:
         model = fields.get("model")
         if not model:
             raise HttpError(400, "model: required", "model")
         if model != config.model_name:
             raise HttpError(404, f"model {model!r} is not served here (GET /v1/models lists them)", "model",
                             "model_not_found")
-        settings = _settings(fields, capacity)
-        # The decoder reads the container from the bytes themselves; the type only has to be audio/*.
-        url = f"data:audio/octet-stream;base64,{base64.b64encode(data).decode()}"
-        content = [{"type": "audio", "audio": url}]
-        if fields.get("prompt", "").strip():
-            content.append({"type": "text", "text": fields["prompt"]})
+
+    async def _prepare(fields: dict, upload: SavedUpload, task: str, settings: InputSettings | None = None,
+                       messages: list[dict] | None = None):
+        """The upload's request prepared; `messages` (default: Whisper's, the clip and the prompt's
+        previous text) name the clip by its file on disk, which the preparer reads once."""
+        _check_model(fields)
+        settings = settings or _settings(fields, capacity, task)
+        url = str(upload.path)  # the decoder reads the container from the bytes themselves
+        filename = upload.filename
+        if messages is None:
+            content = [{"type": "audio", "audio": url}]
+            if fields.get("prompt", "").strip():
+                content.append({"type": "text", "text": fields["prompt"]})
+            messages = [{"role": "user", "content": content}]
         try:
-            body = _validated(InputRequest, {"messages": [{"role": "user", "content": content}]})
+            body = _validated(InputRequest, {"messages": messages})
             formatter = runner.formatter(settings)
             # Decoding the clip and running the encoder take milliseconds to seconds: off the event loop.
             prepared = await run_in_threadpool(runner.preparer.prepare, 0, body, settings, formatter, "request",
@@ -107,7 +166,35 @@ def add_transcriptions(app: FastAPI, runner, metrics, config, enqueue, next_upda
             raise HttpError(error.status, str(error), error.param, error.code) from None
         except (PromptError, ValueError) as error:
             raise HttpError(400, *_field_message(str(error), url, filename)) from None
-        return enqueue(prepared, settings)
+        return prepared, settings
+
+    def _with_answer_prefix(prepared: Prepared, prefix: str) -> Prepared:
+        """The prepared request with `prefix` after its generation prompt, as transformers' processor
+        writes a forced language (apply_transcription_request): the prompt's tokens then the prefix's."""
+        ids = runner.tokenizer.encode(prefix, add_special_tokens=False)
+        s, limit = prepared.sequence, runner.limits["max_input_len"]
+        if len(s.prompt_ids) + len(ids) > limit or s.max_new_tokens <= len(ids):
+            raise HttpError(400, f"file: the prompt with the clip's tokens is {len(s.prompt_ids) + len(ids)} tokens, "
+                                 f"over the engine's max_input_len {limit}", "file")
+        prompt = dataclasses.replace(prepared.prompt, text=prepared.prompt.text + prefix,
+                                     token_ids=prepared.prompt.token_ids + ids)
+        sequence = dataclasses.replace(s, prompt_ids=s.prompt_ids + ids, max_new_tokens=s.max_new_tokens - len(ids))
+        return dataclasses.replace(prepared, prompt=prompt, sequence=sequence)
+
+    async def _windows(prepared, settings: InputSettings, request: Request):
+        """A transcription decoded window by window: each decode a job on the serving engine."""
+        t = prepared.transcription
+        while not t.done:
+            attempt = t.next_attempt()
+            if attempt.cross is None:
+                await run_in_threadpool(encode, runner.audio, [attempt])
+            sequence = Sequence(attempt.prompt_ids, attempt.max_new_tokens, IncrementalDetokenizer(runner.token_bytes),
+                                media=SequenceMedia([], cross=attempt.cross))
+            window = Prepared(prepared.index, prepared.request, prepared.prompt, sequence, attempt.params(), None,
+                              seed=t.seed_of(attempt))
+            await _collect(enqueue(window, settings), request)
+            t.finish(attempt, sequence.first_token_time)
+        return transcription_response(prepared, runner.token_bytes, 0, time.perf_counter(), [])
 
     async def _collect(job: Job, request: Request) -> str:
         text = ""
@@ -115,76 +202,192 @@ def add_transcriptions(app: FastAPI, runner, metrics, config, enqueue, next_upda
             update = await next_update(job, request)
             text += update.text
             if update.finished:
-                return text.strip()
+                return text
+
+    async def _chat_transcription(request: Request, fields: dict, upload: SavedUpload, task: str):
+        """A Qwen3-ASR engine's transcription: the chat request its processor makes of the clip
+        (runtime/media/audio/qwen3_asr_prompt.py; the `prompt` is its context) on the serving engine,
+        the answer's text what follows its "language <Name><asr_text>"."""
+        _check_model(fields)
+        settings = _chat_settings(fields, capacity, task)
+        language = fields.get("language", "").strip()
+        try:
+            prefix = forced_language(language) if language else None
+        except ValueError as error:
+            raise HttpError(400, f"language: {error}", "language") from None
+        context = fields.get("prompt", "").strip() or None
+        prepared, settings = await _prepare(fields, upload, task, settings,
+                                            transcription_messages(str(upload.path), context))
+        if prefix is not None:
+            prepared = _with_answer_prefix(prepared, prefix)
+        try:
+            job = enqueue(prepared, settings)
+            _, text = parse_output(await _collect(job, request))
+        except ClientGone:
+            return client_gone(ROUTE, 0)
+        if fields.get("response_format", "json") == "text":
+            return PlainTextResponse(text)
+        s = job.prepared.sequence
+        return {"text": text, "usage": _usage(len(s.prompt_ids), len(s.generated))}
 
 
-def _check_engine(runner) -> None:
-    """Only a Whisper engine transcribes; an audio-LLM (Qwen2-Audio) takes its clips in chat."""
-    if runner.audio is None or runner.audio.kind != "cross_attention":
+def _usage(prompt: int, generated: int) -> dict:
+    return {"type": "tokens", "input_tokens": prompt, "output_tokens": generated, "total_tokens": prompt + generated}
+
+
+def _render(response, response_format: str, task: str):
+    """A windowed transcription's answer in the asked format."""
+    text = response.output_text.strip()
+    segments = response.segments or []
+    if response_format == "text":
+        return PlainTextResponse(text)
+    if response_format in ("srt", "vtt"):
+        body = srt(segments) if response_format == "srt" else vtt(segments)
+        return PlainTextResponse(body, media_type=MEDIA_TYPES[response_format])
+    usage = {"type": "duration", "seconds": math.ceil(response.duration or 0)}
+    if response_format == "json":
+        return {"text": text, "usage": _usage(response.prompt_tokens, response.generated_tokens)}
+    language = LANGUAGES.get(response.language or "", response.language)
+    return {"task": task, "language": "english" if task == "translate" else language,
+            "duration": response.duration, "text": text,
+            "segments": [segment.model_dump() for segment in segments], "usage": usage}
+
+
+def _is_qwen3_asr(runner) -> bool:
+    return runner.audio is not None and runner.audio.settings.get("family") == "qwen3_asr"
+
+
+def _check_engine(runner, route: str) -> None:
+    """Whisper and Qwen3-ASR engines transcribe; another audio-LLM (Qwen2-Audio) takes its clips in chat."""
+    if runner.audio is None or not (runner.audio.kind == "cross_attention" or _is_qwen3_asr(runner)):
         what = "no audio component" if runner.audio is None else f"an audio component of kind {runner.audio.kind!r}"
-        raise HttpError(400, f"{ROUTE} needs a Whisper engine (an encoder-decoder speech model); this engine has "
-                             f"{what}: send its audio to /v1/chat/completions as input_audio parts",
+        raise HttpError(400, f"{route} needs a Whisper engine (an encoder-decoder speech model) or a Qwen3-ASR one; "
+                             f"this engine has {what}: send its audio to /v1/chat/completions as input_audio parts",
                         code="model_not_supported")
 
 
-async def _read_form(request: Request) -> tuple[dict, bytes, str]:
-    """The form's fields (strings), the file's bytes and its name; refuses what the route cannot do
-    before anything is decoded."""
-    content_type = request.headers.get("content-type", "")
-    # A url-encoded form cannot hold a file, but parsing it lets the answer say which field is missing.
-    if not content_type.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
-        raise HttpError(400, f"the body must be multipart/form-data (got {content_type or 'no content type'!r}) "
-                             "with the audio as its file field")
-    async with request.form(max_files=1, max_fields=32) as form:
-        fields, upload = {}, None
-        for key, value in form.multi_items():
-            name = key.removesuffix("[]")
-            if name in UNSUPPORTED:
-                raise HttpError(400, f"{name}: not supported by this server: {UNSUPPORTED[name]}", name)
-            if name not in FIELDS:
-                raise HttpError(400, f"{name}: unknown or unsupported parameter", name)
-            if name in fields or (name == "file" and upload is not None):
-                raise HttpError(400, f"{name}: given more than once", name)
-            if name == "file":
-                if not isinstance(value, UploadFile):
-                    raise HttpError(400, "file: must be a file upload (the audio bytes), not a text field", "file")
-                upload = value
-            elif isinstance(value, UploadFile):
-                raise HttpError(400, f"{name}: must be a text field, not a file", name)
-            else:
-                fields[name] = value
-        if upload is None:
-            raise HttpError(400, "file: required (the audio file, as a multipart file field)", "file")
-        data = await upload.read()
-        filename = upload.filename or ""
-    if not data:
-        raise HttpError(400, f"file: {filename or 'the upload'} is empty", "file")
-    return fields, data, filename
-
-
-def _settings(fields: dict, capacity: int) -> InputSettings:
+def _chat_settings(fields: dict, capacity: int, task: str) -> InputSettings:
+    """A Qwen3-ASR request's settings: what it cannot do (translation, timestamps, a forced
+    language) is refused, naming the field."""
+    if task == "translate":
+        raise HttpError(400, f"{TRANSLATIONS} needs a multilingual Whisper engine; a Qwen3-ASR engine transcribes "
+                             f"({ROUTE})", code="model_not_supported")
     response_format = fields.get("response_format", "json")
-    if response_format not in FORMATS:
-        raise HttpError(400, f"response_format: {response_format!r} is not supported; this server answers json or "
-                             "text (no timestamps, so no verbose_json, srt or vtt)", "response_format")
-    language = fields.get("language", "").strip().lower()
-    if language not in ("", "en"):
-        raise HttpError(400, f"language: {fields['language']!r} is not supported; this server transcribes English "
-                             "(en) only", "language")
+    if response_format not in ("json", "text"):
+        raise HttpError(400, f"response_format: {response_format!r} is not supported on a Qwen3-ASR engine, which "
+                             "gives no timestamps; it answers json, text", "response_format")
+    if "timestamp_granularities" in fields:
+        raise HttpError(400, "timestamp_granularities: a Qwen3-ASR engine gives no timestamps",
+                        "timestamp_granularities")
+    for name in ("vad_filter", "vad_parameters"):
+        if name in fields:
+            raise HttpError(400, f"{name}: Whisper's voice activity detection; not supported on a Qwen3-ASR engine",
+                            name)
     if fields.get("stream", "false").lower() not in ("false", "0"):
         raise HttpError(400, "stream: streamed transcriptions are not supported", "stream")
+    temperature = _temperature(fields)
+    try:
+        return _validated(InputSettings, {"temperature": temperature, "top_p": 1.0, "top_k": 0, "seed": 0,
+                                          "max_generate_length": capacity})
+    except BadRequest as error:
+        raise HttpError(400, str(error), error.param) from None
+
+
+def _temperature(fields: dict) -> float:
     try:
         temperature = float(fields.get("temperature", "0"))
     except ValueError:
         raise HttpError(400, f"temperature: not a number: {fields['temperature']!r}", "temperature") from None
     if not 0 <= temperature <= 1:
         raise HttpError(400, f"temperature: {temperature:g} is outside [0, 1]", "temperature")
+    return temperature
+
+
+async def _read_form(request: Request, task: str, limit: int) -> tuple[dict, SavedUpload]:
+    """The form's fields (strings) and its file, streamed to disk under `limit` bytes
+    (server/uploads.py); refuses what the route cannot do before anything is decoded. The caller
+    removes the file."""
+    content_type = request.headers.get("content-type", "")
+    # A url-encoded form cannot hold a file, but parsing it lets the answer say which field is missing.
+    if not content_type.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
+        raise HttpError(400, f"the body must be multipart/form-data (got {content_type or 'no content type'!r}) "
+                             "with the audio as its file field")
+    items, upload = await read_form(request, limit)
+    try:
+        fields, saw_file = {}, False
+        for key, value in items:
+            name = key.removesuffix("[]")
+            if name in UNSUPPORTED:
+                raise HttpError(400, f"{name}: not supported by this server: {UNSUPPORTED[name]}", name)
+            if name not in FIELDS or (name == "language" and task == "translate"):
+                raise HttpError(400, f"{name}: unknown or unsupported parameter", name)
+            if name in fields or (name == "file" and saw_file):
+                raise HttpError(400, f"{name}: given more than once", name)
+            if name == "file":
+                if not isinstance(value, SavedUpload):
+                    raise HttpError(400, "file: must be a file upload (the audio bytes), not a text field", "file")
+                saw_file = True
+            elif isinstance(value, SavedUpload):
+                raise HttpError(400, f"{name}: must be a text field, not a file", name)
+            else:
+                fields[name] = value
+        if not saw_file:
+            raise HttpError(400, "file: required (the audio file, as a multipart file field)", "file")
+        if upload.size == 0:
+            raise HttpError(400, f"file: {upload.filename or 'the upload'} is empty", "file")
+    except BaseException:
+        if upload is not None:
+            upload.remove()
+        raise
+    return fields, upload
+
+
+def _settings(fields: dict, capacity: int, task: str) -> InputSettings:
+    response_format = fields.get("response_format", "json")
+    if response_format not in FORMATS:
+        raise HttpError(400, f"response_format: {response_format!r} is not supported; this server answers "
+                             f"{', '.join(FORMATS)}", "response_format")
+    granularity = fields.get("timestamp_granularities", "segment")
+    if granularity != "segment":
+        raise HttpError(400, f"timestamp_granularities: {granularity!r} is not supported; this server gives segment "
+                             "timestamps (no word timestamps)", "timestamp_granularities")
+    language = fields.get("language", "").strip() or None
+    if fields.get("stream", "false").lower() not in ("false", "0"):
+        raise HttpError(400, "stream: streamed transcriptions are not supported", "stream")
+    temperature = _temperature(fields)
+    # OpenAI's: at 0 the temperature rises when a window fails the thresholds (seeded: the same
+    # answer every time); at any other temperature that one alone.
+    whisper = {"return_timestamps": response_format in TIMESTAMPED, "language": language, "task": task,
+               "temperature_fallback": STANDARD_FALLBACK if temperature == 0 else [], **_vad_fields(fields)}
     try:
         # OpenAI's sampling: no top-k or top-p cut; as many tokens as the decoder's positions hold.
-        return _validated(InputSettings, {"temperature": temperature, "top_p": 1.0, "top_k": 0,
-                                          "max_generate_length": capacity, "apply_chat_template": False})
+        return _validated(InputSettings, {"temperature": temperature, "top_p": 1.0, "top_k": 0, "seed": 0,
+                                          "max_generate_length": capacity, "apply_chat_template": False,
+                                          "whisper": whisper})
     except BadRequest as error:
+        if str(error).startswith("whisper.vad_parameters"):  # the form's own field
+            raise HttpError(400, str(error).removeprefix("whisper."), "vad_parameters") from None
         raise HttpError(400, str(error), error.param) from None
+
+
+def _vad_fields(fields: dict) -> dict:
+    """vad_filter (true / false) and vad_parameters (a JSON object) as the input file's whisper settings."""
+    out = {}
+    if "vad_filter" in fields:
+        flag = fields["vad_filter"].strip().lower()
+        if flag not in ("true", "false", "1", "0"):
+            raise HttpError(400, f"vad_filter: {fields['vad_filter']!r} is not a boolean (true or false)", "vad_filter")
+        out["vad_filter"] = flag in ("true", "1")
+    if "vad_parameters" in fields:
+        try:
+            parameters = json.loads(fields["vad_parameters"])
+        except json.JSONDecodeError as error:
+            raise HttpError(400, f"vad_parameters: not JSON: {error}", "vad_parameters") from None
+        if not isinstance(parameters, dict):
+            raise HttpError(400, "vad_parameters: must be a JSON object (threshold, min_speech_duration_ms, "
+                                 "max_speech_duration_s, min_silence_duration_ms, speech_pad_ms)", "vad_parameters")
+        out["vad_parameters"] = parameters
+    return out
 
 
 def _field_message(message: str, url: str, filename: str) -> tuple[str, str | None]:
@@ -192,9 +395,14 @@ def _field_message(message: str, url: str, filename: str) -> tuple[str, str | No
     file name, not the data URL), its text the `prompt`."""
     message = message.removeprefix("request.").removeprefix("request: ")
     message = message.replace(_shown(url), repr(filename) if filename else "the upload")
-    for part, field in (("messages[0].content[0]: ", "file"), ("messages[0].content[1]: ", "prompt")):
+    for part, field in (("messages[0].content[0]: ", "file"), ("messages[0].content[1]: ", "prompt"),
+                        ("messages[1].content[0]: ", "file")):  # Qwen3-ASR's clip after its context
         if message.startswith(part):
             return f"{field}: {message.removeprefix(part)}", field
     if message.startswith("messages: the previous-text prompt"):
         return "prompt: " + message.removeprefix("messages: "), "prompt"
+    if message.startswith("whisper.language "):
+        return "language: " + message.removeprefix("whisper.language "), "language"
+    if message.startswith("whisper.task 'translate'"):
+        return f"{TRANSLATIONS}" + message.removeprefix("whisper.task 'translate'"), None
     return message, None

@@ -107,12 +107,13 @@ def test_bad_whisper_requests_fail_alone_and_say_why(engine, clips, tmp_path):
                 {"messages": [{"role": "user", "content": "no audio here"}]},
                 transcribe_request(long_clip),
                 transcribe_request(tmp_path / "missing.flac")]
-    output = run_file(engine, tmp_path, requests)
+    output = run_file(engine, tmp_path, requests, whisper={"max_audio_seconds": 30})
     good, two, none, long, missing = output.responses
     assert good.finish_reason == "end-of-sequence"
     assert two.finish_reason == "error" and "one audio part per request, got 2" in two.error
     assert none.finish_reason == "error" and "got 0" in none.error and "requests[2].messages" in none.error
     assert long.finish_reason == "error" and "31.00 s" in long.error and "over the limit of 30 s" in long.error
+    assert "whisper.max_audio_seconds" in long.error
     assert missing.finish_reason == "error" and "requests[4].messages[0].content[0]" in missing.error
     assert "missing.flac" in missing.error
 

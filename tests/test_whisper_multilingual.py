@@ -15,8 +15,8 @@ openai/whisper-tiny's: is_multilingual, lang_to_id, task_to_id, the prompt token
 suppress_tokens computed by openai-whisper's own rule (its `non_speech_tokens` plus the task and
 prompt tokens; the same rule gives tiny.en's published list exactly, checked below).
 
-The runtime transcribes English (runtime/media/audio/transcription.py: the input format has no language field),
-so the reference is generate with language="en". A random model emits timestamp tokens, which
+These runs name the language (whisper.language "en"), so the reference is generate with language="en";
+without one the language is detected as transformers' `detect_language` does (the last test). A random model emits timestamp tokens, which
 transformers' generate takes as segment ends and seeks on in further decoder calls; the real models
 never do after <|notimestamps|>, and an engine request is one decode, so the reference is one call
 (`force_unique_generate_call`).
@@ -192,10 +192,10 @@ def transcribe_request(clip, text: str | None = None) -> dict:
     return {"messages": [{"role": "user", "content": content}]}
 
 
-def run_file(engine, folder, requests: list[dict], **runner_options):
+def run_file(engine, folder, requests: list[dict], whisper: dict | None = None, **runner_options):
     path = folder / "input.json"
     path.write_text(json.dumps({"batch_size": 4, "temperature": 0.0, "max_generate_length": NEW_TOKENS,
-                                "requests": requests}))
+                                "requests": requests, "whisper": {"language": "en", **(whisper or {})}}))
     loaded = load_input_file(path)
     return Runner(EngineDir.open(engine), threads=2, **runner_options).run(loaded, loaded.settings)
 
@@ -269,3 +269,22 @@ def test_a_previous_text_prompt_is_transformers_prompt_ids(engine, model_dir, cl
     assert prompted.finish_reason in ("end-of-sequence", "max-length"), prompted.error
     assert [t for t in prompted.output_token_ids if t != EOT] == transformers_tokens(model_dir, clips[0], text)
     assert [t for t in plain.output_token_ids if t != EOT] == transformers_tokens(model_dir, clips[1])
+
+
+def test_without_a_language_it_is_detected_as_transformers_does(engine, model_dir, clips, tmp_path):
+    """transformers' detect_language: a decode of <|startoftranscript|> over the clip's first window,
+    argmax over the language tokens; the response reports it, and the prompt carries it."""
+    from transformers import WhisperForConditionalGeneration, WhisperProcessor
+    from trt_llm.runtime.media.audio.decode import load_audio
+
+    model = WhisperForConditionalGeneration.from_pretrained(model_dir).eval()
+    processor = WhisperProcessor.from_pretrained(model_dir)
+    languages = {v: k.strip("<|>") for k, v in model.generation_config.lang_to_id.items()}
+    output = run_file(engine, tmp_path, [transcribe_request(clip) for clip in clips[:2]], whisper={"language": None})
+    for clip, response in zip(clips, output.responses):
+        features = processor(load_audio(str(clip)), sampling_rate=16000, return_tensors="pt").input_features
+        with torch.inference_mode():
+            (expected,) = model.detect_language(features).tolist()
+        assert response.finish_reason != "error", response.error
+        assert response.language == languages[expected]
+        assert f"<|{languages[expected]}|><|transcribe|><|notimestamps|>" in response.formatted_complete_request

@@ -46,6 +46,18 @@ def run_continuous(runner, loaded, settings, formatter, responses: list) -> None
         static_batches.setdefault(p.index // size, []).append(p)
     for batch in static_batches.values():
         apply_batch_rules(batch, settings)
+    # Whisper requests decoded window by window: their windows batched together, before the rest
+    windowed = [(p, messages) for p, messages in pending if p.transcription is not None]
+    if windowed:
+        pending = deque(item for item in pending if item[0].transcription is None)
+        started = time.perf_counter()
+        try:
+            runner.transcribe([p for p, _ in windowed], size)
+            responses += [runner.finish(p, p.index % size, started, messages) for p, messages in windowed]
+        except Exception as error:  # the engine failed: these requests fail, the run goes on
+            log.error("transcribing requests %s failed: %s", [p.index for p, _ in windowed], error)
+            responses += [runner.error(p.index, p.index % size, f"batch failed: {error}", messages)
+                          for p, messages in windowed]
 
     # The pool holds the rows the file can fill (a file of one request: one row, not batch_size).
     rows = max(1, min(size, len(pending)))

@@ -19,6 +19,7 @@ from trt_llm.runtime.backends.embedding import load_embedding
 from trt_llm.runtime.engine.engine_core import EngineCore, EngineRequest
 from trt_llm.runtime.engine_dir import EngineDir, loading
 from trt_llm.runtime.engine.model import model_of
+from trt_llm.runtime.cache.cache_set import cache_bytes
 from trt_llm.runtime.cache.context_cache import ContextCache
 from trt_llm.runtime.cache.reuse import ContextPlan
 from trt_llm.runtime.engine.profiler import Profiler
@@ -27,6 +28,9 @@ from trt_llm.runtime.requests.prepare import Prepared, RequestPreparer, apply_ba
 from trt_llm.runtime.requests.responses import ResponseBuilder, interrupted_output, logged_error
 from trt_llm.runtime.decoding.spec_config import SpecConfig, resolve_spec
 from trt_llm.runtime.engine.threads import leaves_cores_to_the_engine
+from trt_llm.runtime.media.audio.answer import transcription_response
+from trt_llm.runtime.media.audio.longform import run_transcriptions
+from trt_llm.runtime.media.audio.whisper_sampling import WhisperSampler
 from trt_llm.runtime.text.token_bytes import TokenBytes
 from trt_llm.runtime.text.tokenizer import Tokenizer
 from trt_llm.schemas.input_file import InputSettings, LoadedInput, Request, RequestError
@@ -86,6 +90,9 @@ class Runner:
         self.context_reuse = context_reuse
         self.prefill_chunk, self.latency_target = prefill_chunk, latency_target
         self.profiler = profiler
+        if profiler is not None:  # what a row of the pool holds (the profile's cache)
+            itemsize = 2 if engine_dir.manifest["model"]["dtype"] in ("fp16", "bf16") else 4
+            profiler.cache = cache_bytes(engine_dir.layers(), itemsize)
         self.scheduling = scheduling
         self.lora_layout = engine_dir.manifest.get("lora")
         self.vision = None
@@ -159,10 +166,13 @@ class Runner:
             try:
                 # Batch-wide, like the reference: one request asking for vanilla decoding gets it
                 # for its whole batch.
-                core = self.engine_core(len(prepared), "static", speculate=prepared[0].speculate)
-                for p in prepared:
-                    core.add_request(self.engine_request(p))
-                _run_to_completion(core)
+                whole = [p for p in prepared if p.transcription is None]
+                if whole:
+                    core = self.engine_core(len(whole), "static", speculate=prepared[0].speculate)
+                    for p in whole:
+                        core.add_request(self.engine_request(p))
+                    _run_to_completion(core)
+                self.transcribe([p for p in prepared if p.transcription is not None], len(batch))
             except Exception as error:  # the engine failed: this batch's requests fail, the run goes on
                 # One line; the traceback only with -v (it is for us, the message is for the user).
                 log.error("batch starting at request %d failed: %s", batch_start, error)
@@ -179,7 +189,9 @@ class Runner:
         """An EngineCore on this runner's model, with EAGLE when the engine has a draft (and
         `speculate`), else vanilla decoding."""
         strategy = Eagle(self.draft, self.spec, self.spec_stats) if self.draft is not None and speculate else Vanilla()
-        return EngineCore(self.model, max_rows, policy, self.lora_layout, self.profiler, strategy,
+        # Whisper: its windows' decodes carry their logits rules (runtime/media/audio/whisper_sampling.py)
+        sampler = WhisperSampler() if self.audio is not None and self.audio.kind == "cross_attention" else None
+        return EngineCore(self.model, max_rows, policy, self.lora_layout, self.profiler, strategy, sampler=sampler,
                           context=self.prefix_cache, prefill_chunk=self.prefill_chunk, step_tokens=self.prefill_chunk,
                           mixed_steps=self.latency_target is not None, latency_target=self.latency_target)
 
@@ -207,9 +219,17 @@ class Runner:
     def error(self, index: int, batch_idx: int, message: str, messages) -> Response:
         return logged_error(index, batch_idx, message, messages)
 
+    def transcribe(self, prepared: list[Prepared], max_rows: int) -> None:
+        """Whisper requests decoded window by window, their windows batched together."""
+        if prepared:
+            _run_transcriptions(self, [p.transcription for p in prepared], max(1, max_rows))
+
     def finish(self, p: Prepared, batch_idx: int, started: float, messages) -> Response:
         """The response of a finished request."""
-        response = self.responses.response(p, batch_idx, started, messages)
+        if p.transcription is not None:
+            response = transcription_response(p, self.token_bytes, batch_idx, started, messages)
+        else:
+            response = self.responses.response(p, batch_idx, started, messages)
         if self.profiler:
             self.profiler.ttft_ms[p.index] = response.time_to_first_token_ms
             self.profiler.first_token(p.sequence.first_token_time)
@@ -249,3 +269,6 @@ def unprepared(index: int, error: Exception) -> str:
 @leaves_cores_to_the_engine
 def _run_to_completion(core: EngineCore) -> None:
     core.run_to_completion()
+
+
+_run_transcriptions = leaves_cores_to_the_engine(run_transcriptions)

@@ -5,8 +5,10 @@ extractor the component's config names (runtime/media/audio/features.py) and enc
 kept under a hash of the file's bytes (runtime/media/encoder_cache.py). Two kinds of encoder
 (build/audio_stage.py):
 
-- "rows" (Qwen2-Audio): one graph run over every clip of a request not seen before gives each clip's
-  rows, written at its audio placeholder tokens like an image's (runtime/media/audio/prompt.py);
+- "rows" (Qwen2-Audio, Qwen3-ASR): one graph run over every clip of a request not seen before gives
+  each clip's rows, written at its audio placeholder tokens like an image's (runtime/media/audio/prompt.py);
+  Qwen3-ASR's (config `layout` "qwen3_asr") takes the clips' chunks of 100 frames
+  (runtime/media/audio/qwen3_asr_tokens.py), Qwen2-Audio's a 30 s window per clip;
 - "cross_attention" (Whisper): the graph gives each decoder layer's cross-attention keys and values
   for the clip, which the decoder attends to at every step.
 
@@ -25,6 +27,7 @@ import numpy as np
 
 from trt_llm.runtime.media.audio.decode import AudioError, decode_audio
 from trt_llm.runtime.media.audio.features import extractor_for
+from trt_llm.runtime.media.audio.qwen3_asr_tokens import Qwen3ASRLayout
 from trt_llm.runtime.media.audio.tokens import audio_token_count, packing
 from trt_llm.runtime.media.encoder_cache import EncoderCache, content_key
 from trt_llm.runtime.media.encoder_session import encoder_session
@@ -37,7 +40,7 @@ class PendingClip:
     """A decoded clip before encoding: its content key, features and length."""
     key: str
     name: str
-    features: np.ndarray  # [mel bins, window frames] (whisper) or [frames, mel bins] (parakeet)
+    features: np.ndarray  # [mel bins, window frames] (whisper), [mel bins, chunks * 100] (qwen3_asr), [frames, mel bins] (parakeet)
     frames: int  # the mel frames that hold the clip
     seconds: float
 
@@ -65,6 +68,9 @@ class AudioEncoder:
         self.max_frames = min(s["max_mel_frames"], self.window_frames)
         self.min_frames, self.max_clips = s["min_mel_frames"], s["max_clips"]
         self.audio_token_id = s.get("audio_token_id")  # rows: the placeholder the template writes
+        # rows: Qwen2-Audio's one 30 s window per clip, or Qwen3-ASR's chunks of 100 frames
+        self.layout = Qwen3ASRLayout(s.get("n_window", 50), s.get("n_window_infer", 800)) \
+            if s.get("layout") == "qwen3_asr" else None
         self.session = encoder_session(engine_dir, "audio", threads)
         self.cache = EncoderCache(CACHE_CLIPS)
         self.profiler = None  # a runtime.profiler.Profiler: clips, audio seconds, the encoder's time
@@ -77,6 +83,10 @@ class AudioEncoder:
         """A clip's file bytes, decoded and cut into features; AudioError names it when it cannot be,
         or when it is outside the engine's limits (a too long clip before its samples are decoded)."""
         waveform = decode_audio(data, name, self.extractor.sampling_rate, max_seconds=self.max_seconds)
+        return self.pending_waveform(waveform, content_key(data), name)
+
+    def pending_waveform(self, waveform: np.ndarray, key: str, name: str) -> PendingClip:
+        """pending() of a decoded clip (key: its file's content hash)."""
         frames = self.extractor.num_frames(len(waveform))
         seconds = len(waveform) / self.extractor.sampling_rate
         if frames > self.max_frames:
@@ -85,15 +95,17 @@ class AudioEncoder:
         if frames < self.min_frames:
             raise AudioError(f"audio {name}: {frames} mel frames ({seconds:.2f} s), fewer than the engine's "
                              f"min_mel_frames {self.min_frames}")
-        return PendingClip(content_key(data), name, self.extractor(waveform).features, frames, seconds)
+        return PendingClip(key, name, self.extractor(waveform).features, frames, seconds)
 
     def tokens_of(self, clip: PendingClip) -> int:
         """The audio tokens a clip takes in the prompt (rows encoders only)."""
-        return audio_token_count(clip.frames)
+        return self.layout.audio_token_count(clip.frames) if self.layout else audio_token_count(clip.frames)
 
-    def encode(self, clips: list[PendingClip]) -> list[EncodedClip]:
+    def encode(self, clips: list[PendingClip], cached: bool = True) -> list[EncodedClip]:
+        """cached=False: not kept (a long recording's windows, each read by its own decodes only: kept,
+        they would hold the whole recording's keys and values)."""
         started = time.perf_counter()
-        encoded, missing = self.cache.encode(clips, self._run)
+        encoded, missing = self.cache.encode(clips, self._run) if cached else (self._run(clips), clips)
         if self.profiler:
             if missing:
                 self.profiler.stages["audio_encode"].append((time.perf_counter() - started) * 1000)
@@ -104,6 +116,8 @@ class AudioEncoder:
 
     def _run(self, clips: list[PendingClip]) -> list[EncodedClip]:
         dtype = self.session.input_dtype("input_features")
+        if self.layout is not None:
+            return self._run_chunks(clips, dtype)
         features = np.stack([clip.features for clip in clips]).astype(dtype)
         if self.kind == "rows":
             frames = [clip.frames for clip in clips]
@@ -115,3 +129,13 @@ class AudioEncoder:
         outputs = self.session.run({"input_features": features})  # cross_key_i, cross_value_i per layer
         pairs = list(zip(outputs[0::2], outputs[1::2]))
         return [EncodedClip(cross=[(key[i], value[i]) for key, value in pairs]) for i in range(len(clips))]
+
+    def _run_chunks(self, clips: list[PendingClip], dtype) -> list[EncodedClip]:
+        """Qwen3-ASR: every clip's features [mel, chunks * 100] cut into its chunks, clip after clip."""
+        size = self.layout.chunk_frames
+        chunks = np.concatenate([clip.features.reshape(clip.features.shape[0], -1, size).transpose(1, 0, 2)
+                                 for clip in clips]).astype(dtype)
+        row_index, cu_seqlens, _ = self.layout.packing([clip.frames for clip in clips])
+        (embeds,) = self.session.run({"input_features": chunks, "row_index": row_index, "cu_seqlens": cu_seqlens})
+        bounds = np.cumsum([0] + [self.layout.audio_token_count(clip.frames) for clip in clips])
+        return [EncodedClip(embeds=embeds[start:stop]) for start, stop in zip(bounds[:-1], bounds[1:])]

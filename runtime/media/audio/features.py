@@ -1,8 +1,8 @@
 """Log-mel features of a 16 kHz mono waveform for an audio encoder, in numpy: the runtime needs
-neither torch nor librosa to feed a Whisper-style or Parakeet encoder engine.
+neither torch nor librosa to feed a Whisper-style, Qwen3-ASR or Parakeet encoder engine.
 
-Two families, each the algorithm of its transformers feature extractor (tests/test_audio_inputs.py
-compares them within 1e-4). Both compute in float64 -- but for Parakeet's preemphasis, float32 as in
+Three families, each the algorithm of its transformers feature extractor (tests/test_audio_inputs.py
+and tests/test_qwen3_asr.py compare them within 1e-4). All compute in float64 -- but for Parakeet's preemphasis, float32 as in
 transformers -- and hand back float32. transformers computes the spectrograms in float32 (torch), so
 the two differ by its rounding: some 3e-5 for Whisper, up to 8e-5 for Parakeet on real speech, and far
 more for Parakeet on very quiet or band-limited audio, where its per-bin normalisation divides by a
@@ -18,6 +18,11 @@ own steps run in float64.
   its audio tokens from. Without the padding (`pad_to_chunk` false, transformers' `padding="longest"`;
   still cut to the chunk) there are n // hop frames, all of them the clip's, and the last ones differ
   from the padded features: reflection instead of silence past the end.
+- qwen3_asr (`Qwen3ASRFeatureExtractor`, as Qwen3ASRProcessor calls it on one clip: padding
+  "longest", no truncation): Whisper's spectrogram of the whole clip, zero-padded first to
+  `min_length` samples (8,000: 0.5 s; those count as the clip), never cut; n // hop frames, all the
+  clip's, then zeros (not silence's log-mel) up to a multiple of 2 * `n_window` frames (100: the
+  encoder's chunk). Layout [mel bins, frames].
 - parakeet (`ParakeetFeatureExtractor`): a 0.97 preemphasis, zero padding by n_fft / 2 at both ends,
   a symmetric Hann window of `win_length` (400) centred in n_fft (512), |rfft|^2 with every frame
   kept, a Slaney mel filterbank (0 to sampling_rate / 2), the natural log of (it + 2^-24), then each
@@ -27,7 +32,7 @@ own steps run in float64.
 
 `extractor_for(config)` picks one from the audio settings of an engine (`audio/config.json`):
 
-    feature_extractor  "whisper" or "parakeet" (required)
+    feature_extractor  "whisper", "parakeet" or "qwen3_asr" (required)
     num_mel_bins       mel bins, default 80 (Whisper large-v3 and Qwen2-Audio use 128)
     sampling_rate      default 16000: the waveform's rate, from runtime/media/audio/decode.py
     n_fft, hop_length  defaults 400 / 160 (whisper), 512 / 160 (parakeet)
@@ -35,6 +40,8 @@ own steps run in float64.
     pad_to_chunk       whisper: pad to chunk_length (true, the default: Whisper and Qwen2-Audio) or not
     win_length         parakeet: the window inside n_fft, default 400
     preemphasis        parakeet: the filter's coefficient, default 0.97; null or 0 for none
+    n_window           qwen3_asr: half the encoder's chunk of frames, default 50
+    min_length         qwen3_asr: samples a shorter clip is zero-padded to, default 8000
 
 Other keys are ignored (the file holds the encoder's settings too). `config_from_preprocessor`
 writes these keys from a model's `preprocessor_config.json`.
@@ -49,7 +56,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-FAMILIES = ("whisper", "parakeet")
+FAMILIES = ("whisper", "parakeet", "qwen3_asr")
 WHISPER_MAX_FREQUENCY = 8000.0  # WhisperFeatureExtractor's, whatever the sampling rate
 WHISPER_MEL_FLOOR = 1e-10
 WHISPER_DYNAMIC_RANGE = 8.0  # log10 units kept below the maximum: 80 dB
@@ -134,7 +141,22 @@ def _positive_int(key: str, value) -> int:
     return value
 
 
-# --- The two families ---
+def _whisper_log_mel(samples: np.ndarray, num_mel_bins: int, sampling_rate: int, n_fft: int,
+                     hop_length: int) -> np.ndarray:
+    """Whisper's log-mel spectrogram of float64 `samples`, float32 [mel bins, len // hop]."""
+    half = n_fft // 2
+    padded = np.pad(samples, (half, half), mode="reflect")
+    # periodic Hann: np.hanning's symmetric window one sample longer, its last sample cut
+    window = np.hanning(n_fft + 1)[:-1]
+    frames = _frames(padded, n_fft, hop_length)[:-1]  # Whisper drops the last frame
+    filters = mel_filter_bank(n_fft // 2 + 1, num_mel_bins, 0.0, WHISPER_MAX_FREQUENCY, sampling_rate)
+    log_mel = np.log10(np.maximum(_mel_power(frames, window, filters).T, WHISPER_MEL_FLOOR))
+    # the floor follows the loudest frame of the whole (padded) spectrogram
+    log_mel = np.maximum(log_mel, log_mel.max() - WHISPER_DYNAMIC_RANGE)
+    return ((log_mel + 4.0) / 4.0).astype(np.float32)
+
+
+# --- The families ---
 
 @dataclass(frozen=True)
 class WhisperFeatures:
@@ -168,17 +190,43 @@ class WhisperFeatures:
         elif valid == 0:
             raise ValueError(f"audio features: {len(samples)} samples make no whisper frame unpadded; "
                              f"a frame needs hop_length ({self.hop_length}) samples")
-        half = self.n_fft // 2
-        padded = np.pad(samples, (half, half), mode="reflect")
-        # periodic Hann: np.hanning's symmetric window one sample longer, its last sample cut
-        window = np.hanning(self.n_fft + 1)[:-1]
-        frames = _frames(padded, self.n_fft, self.hop_length)[:-1]  # Whisper drops the last frame
-        filters = mel_filter_bank(self.n_fft // 2 + 1, self.num_mel_bins, 0.0, WHISPER_MAX_FREQUENCY,
-                                  self.sampling_rate)
-        log_mel = np.log10(np.maximum(_mel_power(frames, window, filters).T, WHISPER_MEL_FLOOR))
-        # the floor follows the loudest frame of the whole (padded) spectrogram
-        log_mel = np.maximum(log_mel, log_mel.max() - WHISPER_DYNAMIC_RANGE)
-        return AudioFeatures(((log_mel + 4.0) / 4.0).astype(np.float32), valid)
+        return AudioFeatures(_whisper_log_mel(samples, self.num_mel_bins, self.sampling_rate, self.n_fft,
+                                              self.hop_length), valid)
+
+
+@dataclass(frozen=True)
+class Qwen3ASRFeatures:
+    """Qwen3ASRFeatureExtractor's log-mel spectrogram, as its processor computes it for one clip."""
+
+    num_mel_bins: int = 128
+    sampling_rate: int = 16000
+    n_fft: int = 400
+    hop_length: int = 160
+    n_window: int = 50
+    min_length: int = 8000
+
+    def __post_init__(self):
+        for key in ("num_mel_bins", "sampling_rate", "n_fft", "hop_length", "n_window"):
+            _positive_int(key, getattr(self, key))
+        if isinstance(self.min_length, bool) or not isinstance(self.min_length, int) or self.min_length < 0:
+            raise ValueError(f"audio config: min_length must be a non-negative integer, got {self.min_length!r}")
+
+    def num_frames(self, num_samples: int) -> int:
+        """The frames that hold a clip of `num_samples` (its padding to min_length included, as the
+        extractor's attention mask counts it)."""
+        return max(num_samples, self.min_length) // self.hop_length
+
+    def __call__(self, audio) -> AudioFeatures:
+        samples = _waveform(audio).astype(np.float64)
+        # a clip under min_length samples is zero-padded first (and the padding counts as the clip)
+        samples = np.pad(samples, (0, max(0, self.min_length - len(samples))))
+        valid = self.num_frames(len(samples))
+        if valid == 0:
+            raise ValueError(f"audio features: {len(samples)} samples make no qwen3_asr frame; a frame needs "
+                             f"hop_length ({self.hop_length}) samples")
+        log_mel = _whisper_log_mel(samples, self.num_mel_bins, self.sampling_rate, self.n_fft, self.hop_length)
+        chunk = 2 * self.n_window  # the encoder's chunk: zeros (not silence's log-mel) up to a whole one
+        return AudioFeatures(np.pad(log_mel, ((0, 0), (0, -valid % chunk))), valid)
 
 
 @dataclass(frozen=True)
@@ -241,9 +289,10 @@ class ParakeetFeatures:
 
 _WHISPER_KEYS = ("num_mel_bins", "sampling_rate", "n_fft", "hop_length", "chunk_length", "pad_to_chunk")
 _PARAKEET_KEYS = ("num_mel_bins", "sampling_rate", "n_fft", "hop_length", "win_length", "preemphasis")
+_QWEN3_ASR_KEYS = ("num_mel_bins", "sampling_rate", "n_fft", "hop_length", "n_window", "min_length")
 
 
-def extractor_for(config: dict) -> WhisperFeatures | ParakeetFeatures:
+def extractor_for(config: dict) -> WhisperFeatures | ParakeetFeatures | Qwen3ASRFeatures:
     """The feature extractor an engine's audio config names (keys in the module docstring)."""
     if not isinstance(config, dict):
         raise TypeError(f"audio config: expected a JSON object, got {type(config).__name__}")
@@ -255,11 +304,15 @@ def extractor_for(config: dict) -> WhisperFeatures | ParakeetFeatures:
         return WhisperFeatures(**fields)
     if family == "parakeet":
         return ParakeetFeatures(**{key: config[key] for key in _PARAKEET_KEYS if key in config})
+    if family == "qwen3_asr":
+        return Qwen3ASRFeatures(**{key: config[key] for key in _QWEN3_ASR_KEYS if key in config})
     raise ValueError(f"audio config: feature_extractor must be one of {', '.join(map(repr, FAMILIES))}, "
                      f"got {family!r}")
 
 
-_PREPROCESSOR_TYPES = {"WhisperFeatureExtractor": "whisper", "ParakeetFeatureExtractor": "parakeet"}
+_PREPROCESSOR_TYPES = {"WhisperFeatureExtractor": "whisper", "ParakeetFeatureExtractor": "parakeet",
+                       "Qwen3ASRFeatureExtractor": "qwen3_asr"}
+_FAMILY_KEYS = {"whisper": _WHISPER_KEYS, "parakeet": _PARAKEET_KEYS, "qwen3_asr": _QWEN3_ASR_KEYS}
 
 
 def config_from_preprocessor(preprocessor: dict) -> dict:
@@ -280,7 +333,7 @@ def config_from_preprocessor(preprocessor: dict) -> dict:
     config = {"feature_extractor": family}
     if "feature_size" in preprocessor:
         config["num_mel_bins"] = preprocessor["feature_size"]
-    keys = _WHISPER_KEYS if family == "whisper" else _PARAKEET_KEYS
+    keys = _FAMILY_KEYS[family]
     config.update({key: preprocessor[key] for key in keys if key in preprocessor and key != "num_mel_bins"})
     extractor_for(config)  # refuses a bad value here, where the file is named, not at the first request
     return config

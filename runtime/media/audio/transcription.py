@@ -1,36 +1,45 @@
 """Whisper requests: transcription, as transformers' `WhisperForConditionalGeneration.generate` does it.
 
 A request for a Whisper engine is a user message with one audio part; the message's text, if any, is
-the previous-text prompt (transformers' `prompt_ids`). The decoder's prompt is
+the previous-text prompt (transformers' `prompt_ids`). The input file's `whisper` settings
+(schemas/input_file.py's WhisperSettings) say how it is transcribed:
 
-    [<|startofprev|> " " + text]  <|startoftranscript|>  [<|lang|> <|task|>]  <|notimestamps|>
+- a clip of at most 30 s, without timestamps, fallback temperatures or language detection, is one
+  decode (this module): its prompt is
 
-(the language and task only for a multilingual checkpoint) and the encoder's output reaches the
-decoder as each layer's cross-attention keys and values, computed once per request
-(runtime/media/audio/encoder.py). The generation config's token rules are a per-sequence constraint:
-`suppress_tokens` never, and `begin_suppress_tokens` (a space, end of text) not as the first token.
-Clips longer than the encoder's 30 s window are refused (no window-by-window long-form
-transcription yet).
+      [<|startofprev|> " " + text]  <|startoftranscript|>  [<|lang|> <|task|>]  <|notimestamps|>
 
-The language is always English: a multilingual checkpoint's prompt is transformers' for
-`generate(language="en", task="transcribe")`, token for token (tests/test_whisper_multilingual.py).
-The input format names no language, and transformers' detection (what `generate` does without
-`language=`) is a decoder pass over <|startoftranscript|> alone, before and apart from the prompt
-(previous text included), argmax over the language tokens: to match it an engine would return those
-logits from the encoder graph, beside the clip's keys and values (a graph-spec output and an
-EncodedClip field), not guess the language inside the request's own decode.
+  (the language and task only for a multilingual checkpoint) and the generation config's token rules
+  are a per-sequence constraint: `suppress_tokens` never, and `begin_suppress_tokens` (a space, end of
+  text) not as the first token;
+- anything else (a longer clip, timestamps asked for, fallback temperatures, a multilingual
+  checkpoint without a language) is a `Transcription` (runtime/media/audio/longform.py): window by
+  window, its decodes run by a driver (`run_transcriptions`, or the server's);
+- with `whisper.vad_filter`, the clip's speech chunks (Silero VAD, at most 30 s each) are each such a
+  Transcription, decoded side by side (runtime/media/audio/vad_transcription.py).
+
+The encoder's output reaches the decoder as each layer's cross-attention keys and values, computed
+once per window (runtime/media/audio/encoder.py). A clip over `whisper.max_audio_seconds` is refused
+before it is decoded.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
 
 import numpy as np
 
+from trt_llm.runtime.media.audio.decode import AudioError, decode_audio
 from trt_llm.runtime.media.audio.encoder import AudioEncoder
-from trt_llm.runtime.media.audio.prompt import pending_clips
+from trt_llm.runtime.media.audio.languages import language_code
+from trt_llm.runtime.media.audio.longform import Options, Transcription
+from trt_llm.runtime.media.audio.whisper_sampling import WhisperTokens
+from trt_llm.runtime.media.encoder_cache import content_key
+from trt_llm.runtime.media.sequence_media import SequenceMedia, media_parts, read_parts
 from trt_llm.runtime.text.prompt import Prompt, PromptError
-from trt_llm.runtime.media.sequence_media import SequenceMedia, media_parts
+from trt_llm.schemas.input_file import WhisperSettings
 
 
 class TokenRules:
@@ -62,29 +71,111 @@ def _text_of(messages, where: str) -> str:
                     if part.type == "text" and part.text.strip())
 
 
+def _language_and_task(tokens: WhisperTokens, whisper: WhisperSettings, where: str) -> tuple[int | None, int | None]:
+    """The language and task tokens (None: detect the language; an English-only model has neither)."""
+    if not tokens.multilingual:
+        if whisper.language is not None and language_code(whisper.language) != "en":
+            raise ValueError(f"{where}: whisper.language {whisper.language!r}: this Whisper is English-only (en)")
+        if whisper.task != "transcribe":
+            raise ValueError(f"{where}: whisper.task 'translate' needs a multilingual Whisper; this one is "
+                             "English-only")
+        return None, None
+    task = tokens.task_to_id.get(whisper.task)
+    if task is None:
+        raise ValueError(f"{where}: whisper.task {whisper.task!r}: this checkpoint's tasks are "
+                         f"{', '.join(sorted(tokens.task_to_id))}")
+    if whisper.language is None:
+        return None, task
+    code = language_code(whisper.language)
+    language = tokens.lang_to_id.get(f"<|{code}|>") if code else None
+    if language is None:
+        raise ValueError(f"{where}: whisper.language {whisper.language!r} is not a language of this checkpoint "
+                         f"(an ISO 639-1 code: {', '.join(sorted(k.strip('<|>') for k in tokens.lang_to_id)[:8])}, ...)")
+    return language, task
+
+
+def _decoded(audio: AudioEncoder, whisper: WhisperSettings):
+    """The media reader of a Whisper clip: (waveform, content key, name), refusing a clip over the limit."""
+    rate = audio.extractor.sampling_rate
+
+    def read(data: bytes, name: str):
+        try:
+            waveform = decode_audio(data, name, rate, max_seconds=whisper.max_audio_seconds)
+        except AudioError as error:
+            if "over the limit" in str(error):
+                raise AudioError(f"{error} (whisper.max_audio_seconds)") from None
+            raise
+        return waveform, content_key(data), name
+
+    return read
+
+
 def transcription_prompt(audio: AudioEncoder, tokenizer, messages, media_dir: Path | None, where: str,
-                         vocab_size: int) -> tuple[Prompt, SequenceMedia, TokenRules]:
-    """The decoder prompt of a transcription request, its clip's cross-attention keys and values,
-    and its token rules. Raises ValueError / PromptError naming the field before the clip is encoded."""
+                         vocab_size: int, whisper: WhisperSettings | None = None, temperature: float = 0.0,
+                         seed: int | None = None, max_new_tokens: int | None = None) -> tuple[Prompt, SequenceMedia | None, TokenRules | None, Transcription | None]:
+    """The decoder prompt of a transcription request, and either its clip's cross-attention keys and
+    values with its token rules (one decode) or its Transcription (windows; its first decode at
+    `temperature`, its fallback sampling seeded with `seed`). Raises ValueError /
+    PromptError naming the field before anything is encoded."""
+    whisper = whisper or WhisperSettings()
     s = audio.settings
+    tokens = WhisperTokens.from_settings(s, vocab_size)
     parts = media_parts(messages, "audio")
     if len(parts) != 1:
         raise PromptError(f"{where}.messages: a Whisper engine transcribes one audio part per request, "
                           f"got {len(parts)}")
     text = _text_of(messages, where)
-    ids = []
+    previous = []
     if text:
-        ids = [s["prev_token_id"], *tokenizer.encode(" " + text, add_special_tokens=False)]
+        previous = [s["prev_token_id"], *tokenizer.encode(" " + text, add_special_tokens=False)]
         most = s["max_target_positions"] // 2 - 1  # what transformers keeps of prompt_ids
-        if len(ids) > most:
-            raise ValueError(f"{where}.messages: the previous-text prompt is {len(ids)} tokens, more than "
+        if len(previous) > most:
+            raise ValueError(f"{where}.messages: the previous-text prompt is {len(previous)} tokens, more than "
                              f"Whisper's {most} (half its {s['max_target_positions']} positions, less one)")
-    ids.append(s["decoder_start_token_id"])
-    if s["is_multilingual"]:
-        ids += [s["lang_to_id"]["<|en|>"], s["task_to_id"]["transcribe"]]
-    ids.append(s["no_timestamps_token_id"])
-    (clip,) = pending_clips(audio, messages, media_dir, where)
-    (encoded,) = audio.encode([clip])
-    rules = TokenRules(vocab_size, s["suppress_tokens"], s["begin_suppress_tokens"])
+    language, task = _language_and_task(tokens, whisper, where)
+    ((waveform, key, name),) = read_parts(parts, "audio", media_dir, where, _decoded(audio, whisper))
+    extractor = audio.extractor
+    long = len(waveform) > extractor.chunk_samples and not whisper.vad_filter  # VAD: chunks of at most 30 s
+    timestamps = long or whisper.return_timestamps
+    if not (timestamps or whisper.temperature_fallback or (tokens.multilingual and language is None)
+            or whisper.vad_filter):
+        ids = previous + [tokens.sot] + ([language, task] if tokens.multilingual else []) + [tokens.no_timestamps]
+        try:
+            clip = audio.pending_waveform(waveform, key, name)
+        except AudioError as error:
+            (m, c, _), = parts
+            raise ValueError(f"{where}.messages[{m}].content[{c}]: {error}") from None
+        (encoded,) = audio.encode([clip])
+        rules = TokenRules(vocab_size, s["suppress_tokens"], s["begin_suppress_tokens"])
+        prompt_text = tokenizer.decode(ids, skip_special_tokens=False)
+        return Prompt(prompt_text, "", ids), SequenceMedia([], cross=encoded.cross), rules, None
+    temperatures = (temperature,) + tuple(whisper.temperature_fallback)
+    options = Options(timestamps, temperatures, whisper.compression_ratio_threshold, whisper.logprob_threshold,
+                      whisper.no_speech_threshold, whisper.condition_on_prev_tokens, language, task, max_new_tokens)
+    if whisper.vad_filter:  # the speech chunks of the clip, each transcribed as a clip of its own
+        from trt_llm.runtime.media.audio.vad_transcription import vad_transcription
+
+        transcription = vad_transcription(audio, tokens, options, waveform, key, name, seed, previous or None,
+                                          whisper.vad_parameters, where)
+    else:
+        transcription = windowed(audio, tokens, options, waveform, key, name, seed, previous or None)
+    # The first window's prompt as far as it is known (a detected language joins it later).
+    ids = previous + [tokens.sot] + ([language, task] if tokens.multilingual and language is not None else []) + \
+        ([] if timestamps else [tokens.no_timestamps])
     prompt_text = tokenizer.decode(ids, skip_special_tokens=False)
-    return Prompt(prompt_text, "", ids), SequenceMedia([], cross=encoded.cross), rules
+    return Prompt(prompt_text, "", ids), None, None, transcription
+
+
+def windowed(audio: AudioEncoder, tokens: WhisperTokens, options: Options, waveform: np.ndarray, key: str, name: str,
+             seed: int | None, previous: list[int] | None) -> Transcription:
+    """The Transcription of a decoded clip: with timestamps over the whole clip's features, unpadded
+    (transformers' truncation=False, padding="longest"), else its padded 30 s."""
+    extractor = audio.extractor
+    if options.timestamps:
+        whole = dataclasses.replace(extractor, chunk_length=math.ceil(len(waveform) / extractor.sampling_rate) + 1,
+                                    pad_to_chunk=False)
+        features = whole(waveform).features
+    else:
+        features = extractor(waveform).features
+    return Transcription(tokens, options, features, key, name, len(waveform) / extractor.sampling_rate,
+                         seed, previous, window_frames=audio.window_frames)
