@@ -41,7 +41,7 @@ from trt_llm.server.convert import BadRequest, convert, force_tool_calls
 from trt_llm.server.engine import EngineStopped, Job, QueueFull, ServingEngine, Update
 from trt_llm.runtime.engine import DEFAULT_PREFILL_CHUNK
 from trt_llm.server.metrics import Metrics
-from trt_llm.server.tool_calls import HermesParser, tool_parser_for
+from trt_llm.server.tool_calls import make_parser, tool_parser_for
 from trt_llm.runtime.text.reasoning import ReasoningSplitter
 from trt_llm.schemas._errors import describe, did_you_mean, show
 from trt_llm.server.protocol import PART_TYPES, UNION_FIELDS, ChatCompletionRequest, CompletionRequest
@@ -186,12 +186,13 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
                 if tool_parser is None:
                     why = ("--tool-call-parser none" if config.tool_call_parser == "none" else
                            "this model's chat template has no tool-call format this server parses "
-                           "(--tool-call-parser hermes parses Hermes' <tool_call> format)")
+                           "(--tool-call-parser hermes parses Hermes' <tool_call> format, llama3_json Llama 3's "
+                           "JSON)")
                     param = "tool_choice" if converted.forced else "tools"  # required / named: no call syntax to force
                     raise BadRequest(f"{param}: tool calls are off here: {why}; send tool_choice 'none' or no tools",
                                      param=param)
                 if converted.forced:  # a grammar over the parser's call syntax (server/tool_grammar.py)
-                    converted.request = force_tool_calls(converted, body, runner.preparer.grammars)
+                    converted.request = force_tool_calls(converted, body, runner.preparer.grammars, tool_parser)
             # Image sources are already checked and resolved (convert.media_source: data URLs, or files
             # inside --allowed-local-media-path).
             formatter = PromptFormatter(runner.tokenizer, converted.chat, True, converted.settings.enable_thinking,
@@ -387,7 +388,7 @@ class _Answer:
         self._offset = 0  # completions' text_offset of the next token
         mode = job.prepared.prompt.reasoning if self.chat else None
         self.splitter = ReasoningSplitter(mode) if mode is not None else None
-        self.parser = HermesParser(body.parallel_tool_calls) if self.chat and tool_parser == "hermes" else None
+        self.parser = make_parser(tool_parser, body.parallel_tool_calls) if self.chat and tool_parser else None
         self.reasoning, self.content, self.tool_calls = "", "", []
         self._delta = ("", "", [])  # the last update's reasoning, content and new calls
 

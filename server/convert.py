@@ -104,15 +104,16 @@ def tool_choice(body: ChatCompletionRequest) -> str:
     return "named"
 
 
-def force_tool_calls(converted: Converted, body: ChatCompletionRequest, grammars) -> Request:
+def force_tool_calls(converted: Converted, body: ChatCompletionRequest, grammars, syntax: str = "hermes") -> Request:
     """The converted request with its answer forced to be tool calls (tool_choice required or named):
-    a grammar over the Hermes call syntax as its guided decoding (server/tool_grammar.py). grammars:
-    the engine's grammar.Grammars (the tags as its tokenizer writes them)."""
+    a grammar over the call syntax of the parser `syntax` (hermes, llama3_json) as its guided decoding
+    (server/tool_grammar.py). grammars: the engine's grammar.Grammars (the tags as its tokenizer
+    writes them)."""
     from trt_llm.server.tool_grammar import ToolGrammarError, tool_grammar
 
     name = body.tool_choice.function.name if converted.forced == "named" else None
     try:
-        grammar = tool_grammar(converted.request.tools, name, body.parallel_tool_calls, grammars.literal)
+        grammar = tool_grammar(converted.request.tools, name, body.parallel_tool_calls, grammars.literal, syntax)
     except ToolGrammarError as error:
         raise BadRequest(str(error), param=error.param) from None
     return converted.request.model_copy(update={"guided_decoding": GuidedDecoding(ebnf=grammar)})

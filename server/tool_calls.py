@@ -14,8 +14,9 @@ left in the content as the model wrote it, never an error; one the length cut sh
 body is already whole. Streaming holds back only what could still be the start of a call (a cut-short
 `<tool_call>`, a call not yet closed) and whitespace that may turn out to precede one.
 
-The parser is chosen from the chat template (it mentions `<tool_call>`: hermes), or by
-`--tool-call-parser` (hermes, none).
+The parser is chosen from the chat template (it mentions `<tool_call>`: hermes; it renders calls
+with their `"parameters"`: Llama 3's JSON, server/llama3_tool_calls.py), or by `--tool-call-parser`
+(hermes, llama3_json, none).
 """
 
 from __future__ import annotations
@@ -25,16 +26,32 @@ import secrets
 from dataclasses import dataclass
 
 CALL_START, CALL_END = "<tool_call>", "</tool_call>"
-PARSERS = ("auto", "hermes", "none")
+PARSERS = ("auto", "hermes", "llama3_json", "none")
 
 
 def tool_parser_for(template: str | None, choice: str = "auto") -> str | None:
-    """The parser for a chat template: "hermes", or None (no tool calls are parsed)."""
+    """The parser for a chat template: "hermes", "llama3_json", or None (no tool calls are parsed)."""
     if choice == "none":
         return None
-    if choice == "hermes":
+    if choice in ("hermes", "llama3_json"):
+        return choice
+    if not template:
+        return None
+    if CALL_START in template:
         return "hermes"
-    return "hermes" if template and CALL_START in template else None
+    # Llama 3.1 / 3.2: 'Respond in the format {"name": ..., "parameters": ...}', calls rendered so
+    if '"parameters"' in template and "tool_call" in template:
+        return "llama3_json"
+    return None
+
+
+def make_parser(name: str, parallel: bool = True):
+    """The streaming parser of a format tool_parser_for names."""
+    if name == "llama3_json":
+        from trt_llm.server.llama3_tool_calls import Llama3JsonParser
+
+        return Llama3JsonParser(parallel)
+    return HermesParser(parallel)
 
 
 @dataclass
@@ -150,9 +167,9 @@ class HermesParser:
             calls.append(call)
 
 
-def parse_tool_calls(text: str, parallel: bool = True) -> tuple[str, list[ToolCall]]:
+def parse_tool_calls(text: str, parallel: bool = True, name: str = "hermes") -> tuple[str, list[ToolCall]]:
     """(content, calls) of a whole answer."""
-    parser = HermesParser(parallel)
+    parser = make_parser(name, parallel)
     content, calls = parser.feed(text)
     more, later = parser.finish()
     return content + more, calls + later

@@ -1,5 +1,6 @@
 """tool_choice `required` and a named function, enforced: a grammar (llguidance's Lark syntax) over the
-Hermes call syntax that Qwen 2.5 / 3's chat templates ask for and render their own calls in,
+call syntax of the template's parser: the Hermes syntax that Qwen 2.5 / 3's chat templates ask for
+and render their own calls in (or Llama 3's JSON, `{"name": ..., "parameters": ...}`),
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
@@ -50,22 +51,31 @@ def _arguments_schema(index: int, parameters: dict | None) -> dict:
     return schema
 
 
-def tool_grammar(tools: list[dict], name: str | None, parallel: bool, literal) -> str:
+def tool_grammar(tools: list[dict], name: str | None, parallel: bool, literal, syntax: str = "hermes") -> str:
     """The Lark grammar of the calls a request must make. tools: OpenAI's tool dicts ({type,
     function: {name, parameters}}); name: the named function (None: `required`, any tool); parallel:
     several calls allowed (`required` only); literal(text): the Lark terminal of a tag
-    (grammar.Grammars.literal: the special token where the vocabulary has one)."""
+    (grammar.Grammars.literal: the special token where the vocabulary has one); syntax: the call
+    format, "hermes" or "llama3_json" (Llama 3's `{"name": ..., "parameters": ...}`, calls joined by
+    "; " as vLLM's llama3_json parser reads them)."""
     functions = [(i, tool["function"]) for i, tool in enumerate(tools)]
     if name is not None:
         functions = [(i, f) for i, f in functions if f["name"] == name]
+    llama3 = syntax == "llama3_json"
     start, end, close = literal(CALL_START), literal(CALL_END), json.dumps("}\n")
     rules, alternatives = [], []
     for n, (index, function) in enumerate(functions):
         schema = _arguments_schema(index, function.get("parameters"))
-        head = json.dumps('\n{"name": ' + json.dumps(function["name"], ensure_ascii=False) + ', "arguments": ')
-        rules += [f"call_{n}: {start} {head} args_{n} {close} {end}",
-                  f"args_{n}: {json_lark(schema)}"]
+        quoted = json.dumps(function["name"], ensure_ascii=False)
+        if llama3:
+            head = json.dumps('{"name": ' + quoted + ', "parameters": ')
+            rules.append(f'call_{n}: {head} args_{n} "}}"')
+        else:
+            head = json.dumps('\n{"name": ' + quoted + ', "arguments": ')
+            rules.append(f"call_{n}: {start} {head} args_{n} {close} {end}")
+        rules.append(f"args_{n}: {json_lark(schema)}")
         alternatives.append(f"call_{n}")
     many = name is None and parallel
-    top = ['start: call ("\\n" call)*' if many else "start: call", "call: " + " | ".join(alternatives)]
+    joiner = '"; "' if llama3 else '"\\n"'
+    top = [f"start: call ({joiner} call)*" if many else "start: call", "call: " + " | ".join(alternatives)]
     return "\n".join(top + rules) + "\n"
