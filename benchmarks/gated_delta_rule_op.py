@@ -6,11 +6,16 @@ Qwen3.5-0.8B's widths (linear_num_key_heads = linear_num_value_heads = 16, head 
     python benchmarks/gated_delta_rule_op.py --smoke   # tiny widths, seconds: checks the plumbing
 
 Forms: `recurrent` (the rule token by token in an ONNX Loop over S), `chunked` (the node's function
-body: chunks of 64 in a Loop over S / 64, the UT transform's inverse by block doubling; ONNX Runtime
-inlines the function itself), `lowered` (what lower_for_onnxruntime writes: If(S == 1) the single
-step, else the chunked form). At S = 1, 64, 512, 2000 and batch 1 and 4 (every row full). Each setting
-runs the forms in turn, repetition after repetition, after an untimed warm-up; medians in ms. Every
-form is checked against the torch op before it is timed.
+body: chunks of 64 in a Loop over S / 64, each chunk's whole work in the Loop's body, the UT
+transform's inverse by block doubling; ONNX Runtime inlines the function itself), `lowered` (what
+lower_for_onnxruntime writes: If(S == 1) the single step, else the chunked form). At S = 1, 64,
+512, 2000 and batch 1 and 4 (every row full). Each setting runs the forms in turn, repetition after
+repetition, after an untimed warm-up; medians in ms. Every form is checked against the torch op
+before it is timed.
+
+Peak memory: the `lowered` form at B = 8 and 1, S = 4000, each in a fresh subprocess (its own ONNX
+Runtime session, the CPU memory arena on, one call), as the process's VmHWM (/proc/self/status) in
+MB, the inputs (made there too) included; `--peak-batch 0` skips it.
 
 Also the inverse's accuracy: (I + N)^-1 for a chunk of 64 alike keys (each key the first one plus
 noise of `--spread`, beta 1, no decay: the hard case, where the delta rule rewrites one direction over
@@ -25,6 +30,7 @@ import argparse
 import json
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -49,11 +55,19 @@ def parse_args(argv=None):
     p.add_argument("--out-dir", type=Path, default=REPO / "out" / "bench")
     p.add_argument("--smoke", action="store_true", help="2 heads of 16, S up to 70, 2 repetitions")
     p.add_argument("--spread", type=float, default=0.1, help="the alike keys' noise (accuracy part)")
+    p.add_argument("--peak-batch", type=int, nargs="*", default=None, help="batches of the peak memory part")
+    p.add_argument("--peak-seq", type=int, default=None, help="tokens of the peak memory part")
+    p.add_argument("--peak-one", nargs=3, metavar=("FORM", "B", "S"), help=argparse.SUPPRESS)  # the subprocess
     args = p.parse_args(argv)
     args.heads, args.dim = (2, 16) if args.smoke else (16, 128)
     args.lengths = (1, 5, 70) if args.smoke else (1, 64, 512, 2000)
     if args.smoke and args.reps == p.get_default("reps"):
         args.reps = 2
+    if args.peak_batch is None:
+        args.peak_batch = [2, 1] if args.smoke else [8, 1]
+    args.peak_batch = [b for b in args.peak_batch if b > 0]
+    if args.peak_seq is None:
+        args.peak_seq = 70 if args.smoke else 4000
     return args
 
 
@@ -70,6 +84,7 @@ def session(form: str, threads: int) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
     options.log_severity_level = 3
+    options.enable_cpu_mem_arena = True
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
@@ -106,8 +121,33 @@ def inverse_accuracy(spread: float, dim: int, seed: int = 0) -> dict[str, float]
             for name, fn in (("doubling", gdr.unit_lower_inverse), ("neumann", neumann_inverse))}
 
 
+def peak_one(form: str, batch: int, seq: int, args) -> dict[str, float]:
+    """In this (fresh) process: one call of `form`; VmHWM in MB and the call's seconds."""
+    s = session(form, args.threads)
+    feed = dict(zip(gdr.INPUTS, (t.numpy() for t in example(batch, seq, args.heads, args.dim))))
+    start = time.perf_counter()
+    s.run(None, feed)
+    seconds = time.perf_counter() - start
+    status = Path("/proc/self/status").read_text().splitlines()
+    kb = next(int(line.split()[1]) for line in status if line.startswith("VmHWM"))
+    return {"peak_mb": kb / 1024, "s": seconds}
+
+
+def peak_memory(form: str, batch: int, seq: int, args) -> dict[str, float]:
+    """peak_one in a subprocess: the peak is the process's, so every measurement needs its own."""
+    command = [sys.executable, __file__, "--peak-one", form, str(batch), str(seq), "--threads", str(args.threads)]
+    if args.smoke:
+        command.append("--smoke")
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.peak_one:
+        form, batch, seq = args.peak_one
+        print(json.dumps(peak_one(form, int(batch), int(seq), args)))
+        return 0
     torch.set_num_threads(args.threads)
     report = {"heads": args.heads, "head_dim": args.dim, "threads": args.threads, "reps": args.reps,
               "onnxruntime": ort.__version__, "cpu": platform.processor() or platform.machine()}
@@ -115,6 +155,13 @@ def main(argv=None) -> int:
     report["inverse_relative_error_float32"] = {str(s): a for s, a in accuracy.items()}
     for spread, errors in accuracy.items():
         print(f"inverse of 64 alike keys (noise {spread}): " + ", ".join(f"{n} {e:.1e}" for n, e in errors.items()))
+
+    peaks = {}
+    for batch in args.peak_batch:
+        peaks[f"B={batch} S={args.peak_seq}"] = peak = peak_memory("lowered", batch, args.peak_seq, args)
+        print(f"peak memory, lowered, B={batch} S={args.peak_seq}: {peak['peak_mb']:.0f} MB ({peak['s']:.2f} s)",
+              flush=True)
+    report["lowered_peak_memory"] = peaks
 
     sessions = {form: session(form, args.threads) for form in FORMS}
     table = {}

@@ -41,29 +41,43 @@ Facets (the fixed names every op file exposes for the registry in plugins/__init
  2. `onnx_translation` + `function_protos`: a node `trt::GatedDeltaRulePlugin` (with
     `plugin_namespace`) whose model-local function (opset 18, standard ops) is the chunked form,
     the chunks in an ONNX Loop (one iteration per chunk: one for a decode step, 32 for 2,000 tokens)
-    whose scan output is the chunks' outputs. No If: TensorRT-RTX parses it as it is.
+    whose scan output is the chunks' outputs. All of a chunk's work is in the Loop's body (`_chunk`):
+    it gathers its C tokens straight from the inputs (past S, token S - 1 again, made a padding
+    token), l2-normalises them, and does the decay, the inverse, the in-chunk attention and the
+    state update, so the intermediates alive at a time are one chunk's, O(B H C D), not the
+    sequence's; outside the Loop only the chunk count and the output's reassembly. Heads as
+    [B, Hk, r, C, *] (r = Hv / Hk): q and k stay at Hk heads and MatMul broadcasts them over their
+    v heads, so nothing is expanded (Hv == Hk is a Reshape only). No If: TensorRT-RTX parses it as it is.
  3. `lower_for_onnxruntime`: ONNX Runtime has no kernel for it, so the node becomes standard ops
-    written into the graph: If(S == 1) the single recurrent step, else the chunked form. Measured
+    written into the graph: If(S == 1) the single recurrent step, else the chunked form (the step's
+    whole-sequence preparation lives in the then branch only). Measured
     (benchmarks/gated_delta_rule_op.py; Qwen3.5-0.8B's widths Hk = Hv = 16, Dk = Dv = 128; one op,
     float32, every row full; ONNX Runtime 1.32, 2 threads on 2 cores of an Intel Xeon shared with
-    other jobs, so single numbers vary up to 2x between runs; medians of 5 interleaved calls, 2 at
-    S = 2000; ms):
-                     token-by-token Loop   chunked (the body)   lowered (If S == 1)
-        B=1 S=1              0.72                1.62                 0.44
-        B=1 S=64            30.8                13.1                 17.8
-        B=1 S=512          112.5                52.0                 53.9
-        B=1 S=2000         420.2               328.2                202.0
-        B=4 S=1              7.0                 7.6                  7.0
-        B=4 S=64            96.3                25.6                 42.8
-        B=4 S=512         1605.8               410.9                385.2
-        B=4 S=2000        5037.5               773.7                878.4
-    The token-by-token Loop is what the recurrent rule costs in ONNX (a Loop iteration per token);
-    the chunked form replaces its S small steps by S / 64 chunks of matmuls: 1.3-6.5x faster from 64
-    tokens on in this run (2.6x at B=1 S=2000 in a second, busier one), about 0.1-0.2 ms a token at
-    batch 1 however long the prompt. A decode step runs the single step without a
-    Loop (the If's then branch): fastest at batch 1, level with the others at batch 4, where the
-    state's 4 MB of arithmetic dominates; past one token the If's else branch is the chunked form
-    (the two columns differ by the run's noise only).
+    other jobs, so single numbers vary up to 2x between runs). Before (the chunk's intermediates
+    computed for the whole sequence outside the Loop, only the recurrence inside) and after (all in
+    the Loop's body), in one process, the forms interleaved; medians of 5 calls, 3 at S = 2000; ms:
+                        chunked (the body)     lowered (If S == 1)
+                         before     after        before     after
+        B=1 S=1            1.2       1.3           0.9       0.9
+        B=1 S=64          24.9      29.9          35.0      29.4
+        B=1 S=512        122.9      96.9         119.3      97.9
+        B=1 S=2000       449.6     299.8         426.8     315.6
+        B=4 S=1           16.6      16.1          17.4      19.4
+        B=4 S=64          72.8      73.1          87.7      67.7
+        B=4 S=512        437.7     344.6         434.5     353.4
+        B=4 S=2000      1588.6    1355.2        1604.7    1404.1
+    and the lowered form's peak memory (a fresh process per measurement, the CPU arena on, one
+    call; VmHWM, the process's few hundred MB of Python, torch and ONNX Runtime and the inputs
+    included) and that call's time:
+        B=1 S=4000       785 MB -> 534 MB      1.43 s -> 0.60 s
+        B=8 S=4000      3851 MB -> 1893 MB    17.1 s -> 5.8 s
+    (the same process at the smoke widths peaks at about 340 MB, so the inputs and the call took
+    about 440 -> 190 MB at batch 1 and 3.5 -> 1.55 GB at batch 8, where q, k, v alone are 0.8 GB).
+    The token-by-token Loop (the `recurrent` form, a Loop iteration per token) is 3-6x slower than
+    the chunked form from 64 tokens on (1644 vs 314 ms at B=1 S=2000 in the after run). A decode step
+    runs the single step without a Loop (the If's then branch): fastest at batch 1, level with the
+    others at batch 4, where the state's 4 MB of arithmetic dominates; past one token the If's else
+    branch is the chunked form (the two columns differ by the run's noise only).
  4. `register_tensorrt_plugin`: the node as a `tensorrt.plugin` plugin whose kernel is
     `gated_delta_rule_kernel` (plain torch on TensorRT's stream: the recurrent step for S == 1, the
     chunked form otherwise; its work depends on the shapes only, so it may be captured in a CUDA
@@ -273,43 +287,64 @@ def _prepare(query, key, value, g, beta, query_lengths):
 
 
 @onnxscript.script(_TRT, default_opset=op)
-def _chunk_inputs(q, k, v, g, beta, seq, mask1, mask2, mask4, mask8, mask16, mask32):
-    """[B, S, H, *] -> the chunks' tensors [N, B, H, C, *] (C = min(S, 64), padded to N whole chunks) and
-    what the chunk loop reads: new values u, decayed keys w, decayed queries, the in-chunk attention,
-    the keys decayed to the chunk's end (transposed) and the chunk's decay; also N as a scalar.
+def _chunk(n, state, query, key, value, g, beta, query_lengths, size, mask1, mask2, mask4, mask8, mask16, mask32):
+    """Chunk n (tokens n*C ... n*C + C - 1, C = `size` [1]) of the raw inputs against the state
+    [B, Hv, Dk, Dv], everything of the chunk computed here, in the Loop's body, so that the
+    intermediates are one chunk's (O(B H C D)), never the sequence's: its output [B, C, Hv, Dv] in the
+    query's dtype (zeros at padding) and the next state. Heads as [B, Hk, r, C, *] (r = Hv / Hk): q/k
+    stay at Hk heads ([B, Hk, 1, C, Dk]) and MatMul broadcasts them over r, so nothing is expanded.
     mask<b>: the doubling's level masks [64, 64] (Constants beside the function: a script cannot
     compute them)."""
     zero = op.Constant(value_ints=[0])
-    size = op.Min(seq, op.Constant(value_ints=[64]))
-    chunks = op.Div(op.Sub(op.Add(seq, size), op.Constant(value_ints=[1])), size)
-    pad = op.Sub(op.Mul(chunks, size), seq)
-    pads4 = op.Concat(op.Constant(value_ints=[0, 0, 0, 0, 0]), pad, op.Constant(value_ints=[0, 0]), axis=0)
-    pads3 = op.Concat(op.Constant(value_ints=[0, 0, 0, 0]), pad, op.Constant(value_ints=[0]), axis=0)
-    batch = op.Shape(q, start=0, end=1)
-    heads = op.Shape(q, start=2, end=3)
-    shape5 = op.Concat(batch, chunks, size, heads, op.Shape(q, start=3), axis=0)
-    shape5v = op.Concat(batch, chunks, size, heads, op.Shape(v, start=3), axis=0)
-    shape4 = op.Concat(batch, chunks, size, heads, axis=0)
-    # [B, N, C, H, D] -> [N, B, H, C, D]: the loop gathers whole chunks along the first axis
-    q = op.Transpose(op.Reshape(op.Pad(q, pads4), shape5, allowzero=1), perm=[1, 0, 3, 2, 4])
-    k = op.Transpose(op.Reshape(op.Pad(k, pads4), shape5, allowzero=1), perm=[1, 0, 3, 2, 4])
-    v = op.Transpose(op.Reshape(op.Pad(v, pads4), shape5v, allowzero=1), perm=[1, 0, 3, 2, 4])
-    g = op.Transpose(op.Reshape(op.Pad(g, pads3), shape4, allowzero=1), perm=[1, 0, 3, 2])  # [N, B, H, C]
-    beta = op.Unsqueeze(op.Transpose(op.Reshape(op.Pad(beta, pads3), shape4, allowzero=1), perm=[1, 0, 3, 2]),
-                        op.Constant(value_ints=[-1]))
-    cum = op.CumSum(g, op.Constant(value_int=-1))
-    cum_i = op.Unsqueeze(cum, op.Constant(value_ints=[-1]))  # [N, B, H, C, 1]
-    cum_j = op.Unsqueeze(cum, op.Constant(value_ints=[-2]))  # [N, B, H, 1, C]
-    index = op.Range(op.Constant(value_int=0), op.Squeeze(size, zero), op.Constant(value_int=1))
-    rows = op.Unsqueeze(index, op.Constant(value_ints=[1]))
+    one = op.Constant(value_ints=[1])
+    last = op.Constant(value_ints=[-1])
+    nothing = op.Constant(value_float=0.0)
+    seq = op.Shape(query, start=1, end=2)
+    batch = op.Shape(query, start=0, end=1)
+    k_heads = op.Shape(query, start=2, end=3)
+    v_heads = op.Shape(value, start=2, end=3)
+    k_dim = op.Shape(query, start=3, end=4)
+    v_dim = op.Shape(value, start=3, end=4)
+    group = op.Div(v_heads, k_heads)
+    width = op.Squeeze(size, zero)
+    index = op.Range(op.Constant(value_int=0), width, op.Constant(value_int=1))  # [C]
+    steps = op.Add(op.Mul(n, width), index)  # the chunk's tokens; past S in the last chunk
+    # Past S the gather reads token S - 1 again, made a padding token by `valid` (t < S >= length).
+    tokens = op.Min(steps, op.Sub(seq, one))
+    lengths = op.Unsqueeze(op.Cast(query_lengths, to=7), one)
+    valid = op.Less(op.Unsqueeze(steps, zero), lengths)  # [B, C]
+    valid3 = op.Unsqueeze(valid, op.Constant(value_ints=[2]))
+    valid4 = op.Unsqueeze(valid, op.Constant(value_ints=[2, 3]))
+    eps = op.Constant(value_float=1e-6)
+    q = op.Cast(op.Gather(query, tokens, axis=1), to=1)  # [B, C, Hk, Dk]
+    k = op.Cast(op.Gather(key, tokens, axis=1), to=1)
+    q = op.Mul(q, op.Reciprocal(op.Sqrt(op.Add(op.ReduceSum(op.Mul(q, q), last, keepdims=1), eps))))
+    k = op.Mul(k, op.Reciprocal(op.Sqrt(op.Add(op.ReduceSum(op.Mul(k, k), last, keepdims=1), eps))))
+    q = op.Div(q, op.Sqrt(op.Cast(k_dim, to=1)))
+    k = op.Where(valid4, k, nothing)
+    v = op.Where(valid4, op.Cast(op.Gather(value, tokens, axis=1), to=1), nothing)  # [B, C, Hv, Dv]
+    gc = op.Where(valid3, op.Cast(op.Gather(g, tokens, axis=1), to=1), nothing)  # [B, C, Hv]
+    bc = op.Where(valid3, op.Cast(op.Gather(beta, tokens, axis=1), to=1), nothing)
+    # Heads first: [B, C, Hk, 1, D] / [B, C, Hk, r, D] (a Reshape) -> [B, Hk, 1 or r, C, D] (one Transpose)
+    q = op.Transpose(op.Unsqueeze(q, op.Constant(value_ints=[3])), perm=[0, 2, 3, 1, 4])
+    k = op.Transpose(op.Unsqueeze(k, op.Constant(value_ints=[3])), perm=[0, 2, 3, 1, 4])
+    v = op.Transpose(op.Reshape(v, op.Concat(batch, size, k_heads, group, v_dim, axis=0), allowzero=1),
+                     perm=[0, 2, 3, 1, 4])
+    gc = op.Transpose(op.Reshape(gc, op.Concat(batch, size, k_heads, group, axis=0), allowzero=1), perm=[0, 2, 3, 1])
+    bc = op.Transpose(op.Reshape(bc, op.Concat(batch, size, k_heads, group, axis=0), allowzero=1), perm=[0, 2, 3, 1])
+    beta_i = op.Unsqueeze(bc, last)  # [B, Hk, r, C, 1]
+    cum = op.CumSum(gc, op.Constant(value_int=-1))  # [B, Hk, r, C]
+    cum_i = op.Unsqueeze(cum, last)  # [B, Hk, r, C, 1]
+    cum_j = op.Unsqueeze(cum, op.Constant(value_ints=[-2]))  # [B, Hk, r, 1, C]
+    rows = op.Unsqueeze(index, one)
     cols = op.Unsqueeze(index, zero)
     causal = op.GreaterOrEqual(rows, cols)
     strictly = op.Cast(op.Greater(rows, cols), to=1)
     # exp(G_i - G_j) where i >= j, else 0 (the exponent zeroed first: above the diagonal it may overflow)
-    decay = op.Mul(op.Exp(op.Where(causal, op.Sub(cum_i, cum_j), op.Constant(value_float=0.0))), op.Cast(causal, to=1))
-    k_t = op.Transpose(k, perm=[0, 1, 2, 4, 3])
-    k_beta = op.Mul(k, beta)
-    strict = op.Mul(op.Mul(op.MatMul(k_beta, k_t), decay), strictly)
+    decay = op.Mul(op.Exp(op.Where(causal, op.Sub(cum_i, cum_j), nothing)), op.Cast(causal, to=1))
+    k_t = op.Transpose(k, perm=[0, 1, 2, 4, 3])  # [B, Hk, 1, Dk, C]
+    # (beta k) k^T = beta_i (k k^T): one product per q/k head, broadcast over its v heads
+    strict = op.Mul(op.Mul(op.MatMul(k, k_t), op.Mul(beta_i, decay)), strictly)
     # (I + strict)^-1 by block doubling (the module docstring); level b's mask sliced to the chunk
     ends = op.Concat(size, size, axis=0)
     starts = op.Constant(value_ints=[0, 0])
@@ -326,14 +361,20 @@ def _chunk_inputs(q, k, v, g, beta, seq, mask1, mask2, mask4, mask8, mask16, mas
     e = op.Mul(strict, op.Slice(mask32, starts, ends))
     inverse = op.Sub(inverse, op.MatMul(op.MatMul(inverse, e), inverse))
     grown = op.Exp(cum_i)
-    new_values = op.MatMul(inverse, op.Mul(v, beta))
-    decayed_keys = op.MatMul(inverse, op.Mul(k_beta, grown))
-    attention = op.Mul(op.MatMul(q, k_t), decay)
-    queries = op.Mul(q, grown)
-    end = op.Slice(cum_i, op.Constant(value_ints=[-1]), op.Constant(value_ints=[9223372036854775807]), op.Constant(value_ints=[3]))
-    keys_t = op.Transpose(op.Mul(k, op.Exp(op.Sub(end, cum_i))), perm=[0, 1, 2, 4, 3])  # [N, B, H, Dk, C]
-    chunk_decay = op.Exp(end)  # [N, B, H, 1, 1]
-    return new_values, decayed_keys, queries, attention, keys_t, chunk_decay, op.Squeeze(chunks, zero)
+    new_values = op.MatMul(inverse, op.Mul(v, beta_i))  # u [B, Hk, r, C, Dv]
+    decayed_keys = op.MatMul(inverse, op.Mul(k, op.Mul(beta_i, grown)))  # w [B, Hk, r, C, Dk]
+    attention = op.Mul(op.MatMul(q, k_t), decay)  # [B, Hk, r, C, C]
+    end = op.Slice(cum_i, last, op.Constant(value_ints=[9223372036854775807]), op.Constant(value_ints=[3]))
+    keys_t = op.Transpose(op.Mul(k, op.Exp(op.Sub(end, cum_i))), perm=[0, 1, 2, 4, 3])  # [B, Hk, r, Dk, C]
+    state5 = op.Reshape(state, op.Concat(batch, k_heads, group, k_dim, v_dim, axis=0), allowzero=1)
+    corrected = op.Sub(new_values, op.MatMul(decayed_keys, state5))
+    out = op.Add(op.MatMul(op.Mul(q, grown), state5), op.MatMul(attention, corrected))
+    state5 = op.Add(op.Mul(state5, op.Exp(end)), op.MatMul(keys_t, corrected))
+    # [B, Hk, r, C, Dv] -> [B, C, Hv, Dv], zeros at padding, in the query's dtype
+    out = op.Reshape(op.Transpose(out, perm=[0, 3, 1, 2, 4]), op.Concat(batch, size, v_heads, v_dim, axis=0),
+                     allowzero=1)
+    out = op.CastLike(op.Where(valid4, out, nothing), query)
+    return op.Reshape(state5, op.Shape(state), allowzero=1), out
 
 
 def _mask_tensor(block: int) -> onnx.TensorProto:
@@ -344,22 +385,22 @@ def _mask_tensor(block: int) -> onnx.TensorProto:
 
 
 @onnxscript.script(_TRT, default_opset=op)
-def _chunk_step(n, state, new_values, decayed_keys, queries, attention, keys_t, chunk_decay):
-    """Chunk n against the state [B, H, Dk, Dv]: its output [B, H, C, Dv] and the next state."""
-    corrected = op.Sub(op.Gather(new_values, n, axis=0), op.MatMul(op.Gather(decayed_keys, n, axis=0), state))
-    out = op.Add(op.MatMul(op.Gather(queries, n, axis=0), state), op.MatMul(op.Gather(attention, n, axis=0), corrected))
-    state = op.Add(op.Mul(state, op.Gather(chunk_decay, n, axis=0)), op.MatMul(op.Gather(keys_t, n, axis=0), corrected))
-    return state, out
+def _chunk_count(query):
+    """C = min(S, 64) [1] and the number of chunks N = ceil(S / C) as a scalar (the Loop's trip count)."""
+    seq = op.Shape(query, start=1, end=2)
+    size = op.Min(seq, op.Constant(value_ints=[64]))
+    chunks = op.Div(op.Sub(op.Add(seq, size), op.Constant(value_ints=[1])), size)
+    return size, op.Squeeze(chunks, op.Constant(value_ints=[0]))
 
 
 @onnxscript.script(_TRT, default_opset=op)
-def _finish(chunk_outputs, seq, valid, query):
-    """The chunks' outputs [N, B, H, C, Dv] -> [B, S, H, Dv] in the query's dtype, zeros at padding."""
-    out = op.Transpose(chunk_outputs, perm=[1, 0, 3, 2, 4])  # [B, N, C, H, Dv]
+def _finish(chunk_outputs, query):
+    """The chunks' outputs [N, B, C, H, Dv] -> [B, S, H, Dv] (the last chunk's padding cut)."""
+    out = op.Transpose(chunk_outputs, perm=[1, 0, 2, 3, 4])  # [B, N, C, H, Dv]
     padded = op.Mul(op.Shape(out, start=1, end=2), op.Shape(out, start=2, end=3))
     shape = op.Concat(op.Shape(out, start=0, end=1), padded, op.Shape(out, start=3), axis=0)
-    out = op.Slice(op.Reshape(out, shape, allowzero=1), op.Constant(value_ints=[0]), seq, op.Constant(value_ints=[1]))
-    return op.CastLike(op.Where(valid, out, op.Constant(value_float=0.0)), query)
+    seq = op.Shape(query, start=1, end=2)
+    return op.Slice(op.Reshape(out, shape, allowzero=1), op.Constant(value_ints=[0]), seq, op.Constant(value_ints=[1]))
 
 
 @onnxscript.script(_TRT, default_opset=op)
@@ -422,25 +463,25 @@ def _prepare_nodes() -> list[onnx.NodeProto]:
 
 
 def _chunked_nodes(outputs: list[str]) -> list[onnx.NodeProto]:
-    """The chunked form from the prepared tensors to `outputs` (output, present_state)."""
+    """The chunked form from the op's inputs to `outputs` (output, present_state): all of a chunk's
+    work in the Loop's body (`_chunk`), so only one chunk's intermediates are alive at a time."""
     p = "chunked/"
     masks = [_constant(f"{p}mask{b}", _mask_tensor(b)) for b in (1, 2, 4, 8, 16, 32)]
-    names = [f"{p}{n}" for n in ("new_values", "decayed_keys", "queries", "attention", "keys_t", "chunk_decay")]
-    chunk = _inline(_chunk_inputs.to_function_proto(),
-                    [f"prepared/{n}" for n in ("q", "k", "v", "g", "beta", "seq")] + [m.output[0] for m in masks],
-                    [*names, f"{p}chunks"], f"{p}inputs/")
-    step = _inline(_chunk_step.to_function_proto(), [f"{p}n", f"{p}state_in", *names], [f"{p}state_out", f"{p}out"],
-                   f"{p}step/")
-    finish = _inline(_finish.to_function_proto(), [f"{p}chunk_outputs", "prepared/seq", "prepared/valid", "query"],
-                     [outputs[0]], f"{p}finish/")
-    return [*masks, *chunk, *_loop(p, f"{p}chunks", "past_state", [outputs[1], f"{p}chunk_outputs"], step), *finish]
+    count = _inline(_chunk_count.to_function_proto(), ["query"], [f"{p}size", f"{p}chunks"], f"{p}count/")
+    step = _inline(_chunk.to_function_proto(),
+                   [f"{p}n", f"{p}state_in", "query", "key", "value", "g", "beta", "query_lengths", f"{p}size",
+                    *(m.output[0] for m in masks)],
+                   [f"{p}state_out", f"{p}out"], f"{p}step/")
+    finish = _inline(_finish.to_function_proto(), [f"{p}chunk_outputs", "query"], [outputs[0]], f"{p}finish/")
+    return [*masks, *count, *_loop(p, f"{p}chunks", "past_state", [outputs[1], f"{p}chunk_outputs"], step), *finish]
 
 
 def _single_step_nodes(outputs: list[str]) -> list[onnx.NodeProto]:
-    """S == 1: the recurrent step from the prepared tensors to `outputs`."""
-    return _inline(_single_step.to_function_proto(),
-                   [f"prepared/{n}" for n in ("q", "k", "v", "g", "beta", "valid")] + ["past_state", "query"],
-                   outputs, "step/")
+    """S == 1: the recurrent step from the op's inputs to `outputs`."""
+    return [*_prepare_nodes(),
+            *_inline(_single_step.to_function_proto(),
+                     [f"prepared/{n}" for n in ("q", "k", "v", "g", "beta", "valid")] + ["past_state", "query"],
+                     outputs, "step/")]
 
 
 def _recurrent_nodes(outputs: list[str]) -> list[onnx.NodeProto]:
@@ -453,7 +494,7 @@ def _recurrent_nodes(outputs: list[str]) -> list[onnx.NodeProto]:
                     [f"{p}{n}_t" for n in ("q", "k", "v", "g", "beta", "valid")] + [f"{p}state_in", "query"],
                     [f"{p}out", f"{p}state_out"], f"{p}step/")
     return [
-        _ints(f"{p}axis0", [0]), _ints(f"{p}axis2", [2]),
+        *_prepare_nodes(), _ints(f"{p}axis0", [0]), _ints(f"{p}axis2", [2]),
         helper.make_node("Squeeze", ["prepared/seq", f"{p}axis0"], [f"{p}steps"]),
         *_loop(p, f"{p}steps", "past_state", [outputs[1], f"{p}outputs"], body),
         # the tokens' outputs [S, B, 1, H, Dv] -> [B, S, H, Dv]
@@ -471,7 +512,8 @@ def _decode_or_chunked_nodes() -> list[onnx.NodeProto]:
     step_out, chunked_out = ["step/output", "step/present_state"], ["chunked/output", "chunked/present_state"]
     return [
         _ints("decode/one", [1]),
-        helper.make_node("Equal", ["prepared/seq", "decode/one"], ["decode/is_step"]),
+        helper.make_node("Shape", ["query"], ["decode/seq"], name="decode/seq", start=1, end=2),
+        helper.make_node("Equal", ["decode/seq", "decode/one"], ["decode/is_step"], name="decode/is_step"),
         helper.make_node("If", ["decode/is_step"], OUTPUTS, name="decode/if",
                          then_branch=_branch("step", _single_step_nodes(step_out), step_out),
                          else_branch=_branch("chunked", _chunked_nodes(chunked_out), chunked_out)),
@@ -479,7 +521,7 @@ def _decode_or_chunked_nodes() -> list[onnx.NodeProto]:
 
 
 def _function(nodes: list[onnx.NodeProto]) -> onnx.FunctionProto:
-    return helper.make_function(DOMAIN, OP_NAME, INPUTS, OUTPUTS, [*_prepare_nodes(), *nodes],
+    return helper.make_function(DOMAIN, OP_NAME, INPUTS, OUTPUTS, nodes,
                                 [helper.make_opsetid("", 18)], attributes=["plugin_namespace"])
 
 

@@ -224,3 +224,32 @@ def test_tensorrt_rtx_builds_the_body_ahead_of_time():
     config.add_optimization_profile(profile)
     plan = builder.build_serialized_network(network, config)
     assert plan is not None and plan.nbytes > 0
+
+
+def test_the_chunk_work_runs_inside_the_loop():
+    """Every chunk's arithmetic (the MatMuls, the l2norm) is in the Loop's body, one chunk at a time,
+    and nothing expands the q/k heads (MatMul broadcasts them over their v heads): outside the Loop
+    only the chunk count, the masks and the outputs' reassembly, so the prefill's intermediates are
+    one chunk's, never the sequence's."""
+    lowered = op.lower_for_onnxruntime(single_node_model(op.function_protos()[0]))
+    for graph in (lowered.graph, next(a.g for a in lowered.graph.node[-1].attribute if a.name == "else_branch")):
+        outside = {n.op_type for n in graph.node}
+        assert not outside & {"MatMul", "Expand", "ReduceSum", "CumSum", "Pad"}, outside
+    body = op.function_protos()[0]
+    assert not {n.op_type for n in body.node} & {"MatMul", "Expand", "ReduceSum", "CumSum", "If"}
+    loop = next(n for n in body.node if n.op_type == "Loop")
+    inside = [n.op_type for n in loop.attribute[0].g.node]
+    assert inside.count("MatMul") >= 15 and "Expand" not in inside
+
+
+def test_padding_garbage_never_reaches_the_onnx_forms():
+    # NaN and huge values at a ragged row's padding (across a chunk boundary: 70 tokens, 20 valid).
+    x = example(2, 70, lengths=[70, 20])
+    dirty = [t.clone() for t in x]
+    for t in dirty[:5]:
+        t[1, 20:] = float("nan")
+    dirty[3][1, 20:] = 1e4
+    lowered = session(op.lower_for_onnxruntime(single_node_model(op.function_protos()[0])))
+    for s in (session(single_node_model(op.function_protos()[0])), lowered):
+        for a, b in zip(run(s, x), run(s, dirty)):
+            torch.testing.assert_close(a, b)
