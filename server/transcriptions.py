@@ -30,6 +30,7 @@ include) are refused with a 400 naming the field, never ignored, as every unknow
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import importlib.util
 import json
@@ -182,18 +183,29 @@ def add_transcriptions(app: FastAPI, runner, metrics, config, enqueue, next_upda
         return dataclasses.replace(prepared, prompt=prompt, sequence=sequence)
 
     async def _windows(prepared, settings: InputSettings, request: Request):
-        """A transcription decoded window by window: each decode a job on the serving engine."""
+        """A transcription decoded window by window: each round's decodes (one, or a VAD
+        transcription's one per speech chunk, side by side) jobs on the serving engine, their windows
+        encoded in one encoder batch."""
         t = prepared.transcription
         while not t.done:
-            attempt = t.next_attempt()
-            if attempt.cross is None:
-                await run_in_threadpool(encode, runner.audio, [attempt])
-            sequence = Sequence(attempt.prompt_ids, attempt.max_new_tokens, IncrementalDetokenizer(runner.token_bytes),
-                                media=SequenceMedia([], cross=attempt.cross))
-            window = Prepared(prepared.index, prepared.request, prepared.prompt, sequence, attempt.params(), None,
-                              seed=t.seed_of(attempt))
-            await _collect(enqueue(window, settings), request)
-            t.finish(attempt, sequence.first_token_time)
+            attempts = t.next_attempts()
+            if not attempts:
+                break
+            await run_in_threadpool(encode, runner.audio, attempts)
+            rounds = []
+            for attempt in attempts:
+                sequence = Sequence(attempt.prompt_ids, attempt.max_new_tokens,
+                                    IncrementalDetokenizer(runner.token_bytes), media=SequenceMedia([], cross=attempt.cross))
+                window = Prepared(prepared.index, prepared.request, prepared.prompt, sequence, attempt.params(), None,
+                                  seed=t.seed_of(attempt))
+                rounds.append((attempt, sequence, enqueue(window, settings)))
+            # Each job sees the client leave (or its time run out) and aborts itself: wait for all, then raise.
+            outcomes = await asyncio.gather(*(_collect(job, request) for _, _, job in rounds), return_exceptions=True)
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            for attempt, sequence, _ in rounds:
+                t.finish(attempt, sequence.first_token_time)
         return transcription_response(prepared, runner.token_bytes, 0, time.perf_counter(), [])
 
     async def _collect(job: Job, request: Request) -> str:
