@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
-python -m pytest -q "$@"
+python -m pytest -q --durations=15 "$@"  # the slowest tests, to keep the suite within its budget
