@@ -47,10 +47,16 @@ def assert_transformers_tokens(model, responses):
     return lengths
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("runner", [{}, {"scheduling": "continuous"},
-                                    {"prefill_chunk": 5, "context_reuse": True, "scheduling": "continuous"}],
-                         ids=["static", "continuous", "chunked-reuse"])
+RUNNERS = {"static": {}, "continuous": {"scheduling": "continuous"},
+           "chunked-reuse": {"prefill_chunk": 5, "context_reuse": True, "scheduling": "continuous"}}
+# Qwen3-Next and LFM2 share Qwen3.5's hybrid runtime, whose continuous rows tests/test_hybrid.py runs
+# for LFM2 too: static and chunked with reuse here.
+SHARED = ("qwen3_next", "lfm2")
+
+
+@pytest.mark.parametrize("family, runner", [
+    pytest.param(family, runner, id=f"{name}-{family}") for family in FAMILIES for name, runner in RUNNERS.items()
+    if not (family in SHARED and name == "continuous")])
 def test_greedy_tokens_are_transformers(family, runner, family_model, build_engine_for):
     model = family_model(family)
     engine = build_engine_for(model)
@@ -138,7 +144,7 @@ def test_what_does_not_apply_is_refused_in_one_line(family_model, build_engine_f
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="TensorRT-RTX is not installed")
-@pytest.mark.parametrize("family", ["gemma3", "gemma2", "phi3", "qwen3_moe", "qwen3_5", "lfm2"])
+@pytest.mark.parametrize("family", ["gemma3", "gemma2", "phi3", "qwen3_moe", "qwen3_5"])
 def test_tensorrt_rtx_plans_build_ahead_of_time(family, family_model, build_engine_for):
     """TensorRT-RTX parses each family's graph (its ops' function bodies inlined: the window, the
     soft-caps, partial rotary, the experts) and builds its plan without a GPU."""

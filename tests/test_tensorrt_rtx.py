@@ -218,6 +218,7 @@ def _audio_feeds(engine, frames: list[int], outputs) -> tuple[list[dict], list]:
 
     encoder = AudioEncoder.__new__(AudioEncoder)
     encoder.settings, encoder.kind, encoder.session = settings, settings["kind"], Recorder()
+    encoder.layout = None  # (Qwen3-ASR's chunk layout: not these encoders)
     features = np.zeros((settings["num_mel_bins"], settings["window_frames"]), np.float32)
     clips = encoder._run([PendingClip(f"clip{i}", "clip", features, n, n / 100) for i, n in enumerate(frames)])
     return fed, clips
