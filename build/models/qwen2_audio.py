@@ -36,10 +36,14 @@ import trt_llm.plugins.vision_attention  # noqa: F401 - registers torch.ops.trt_
 
 
 class EncoderLayer(nn.Module):
-    """transformers' Qwen2AudioEncoderLayer on packed rows [N, d], its attention through our op."""
+    """transformers' Qwen2AudioEncoderLayer (and Qwen3ASRAudioEncoderLayer, the same layer) on packed
+    rows [N, d], its attention through our op. prescale: q is scaled before the product and the
+    attention runs with scale 1.0, as Qwen2-Audio's transformers code rounds it; else the scale goes
+    to the attention, as Qwen3-ASR's does."""
 
-    def __init__(self, hf_layer):
+    def __init__(self, hf_layer, prescale: bool = True):
         super().__init__()
+        self.prescale = prescale
         attention = hf_layer.self_attn
         self.heads, self.scaling = attention.num_heads, float(attention.scaling)
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (attention.q_proj, attention.k_proj, attention.v_proj,
@@ -50,10 +54,11 @@ class EncoderLayer(nn.Module):
     def forward(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
         n = x.shape[0]
         h = self.norm1(x)
-        # transformers scales q before the product (and attends with scale 1.0): the same rounding
-        q = (self.q_proj(h) * self.scaling).reshape(n, self.heads, -1)
+        q = self.q_proj(h) * self.scaling if self.prescale else self.q_proj(h)  # (transformers' rounding)
+        q = q.reshape(n, self.heads, -1)
         k, v = self.k_proj(h).reshape(n, self.heads, -1), self.v_proj(h).reshape(n, self.heads, -1)
-        x = x + self.out_proj(torch.ops.trt_llm.vision_attention(q, k, v, cu_seqlens, 1.0).reshape(n, -1))
+        scale = 1.0 if self.prescale else self.scaling
+        x = x + self.out_proj(torch.ops.trt_llm.vision_attention(q, k, v, cu_seqlens, scale).reshape(n, -1))
         x = x + self.fc2(self.activation(self.fc1(self.norm2(x))))
         if x.dtype == torch.float16:  # transformers' clamp against fp16 overflow
             limit = torch.finfo(torch.float16).max - 1000

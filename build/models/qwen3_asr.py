@@ -29,31 +29,7 @@ from torch import Tensor, nn
 from torch.export import Dim
 
 import trt_llm.plugins.vision_attention  # noqa: F401 - registers torch.ops.trt_llm.vision_attention
-
-
-class EncoderLayer(nn.Module):
-    """transformers' Qwen3ASRAudioEncoderLayer on packed rows [N, d], its attention through our op."""
-
-    def __init__(self, hf_layer):
-        super().__init__()
-        attention = hf_layer.self_attn
-        self.heads, self.scaling = attention.num_heads, float(attention.scaling)
-        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (attention.q_proj, attention.k_proj, attention.v_proj,
-                                                                attention.out_proj)
-        self.norm1, self.norm2 = hf_layer.self_attn_layer_norm, hf_layer.final_layer_norm
-        self.fc1, self.fc2, self.activation = hf_layer.fc1, hf_layer.fc2, hf_layer.activation_fn
-
-    def forward(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
-        n = x.shape[0]
-        h = self.norm1(x)
-        # transformers passes the scale to its attention (it does not pre-scale q): so does this
-        q, k, v = (proj(h).reshape(n, self.heads, -1) for proj in (self.q_proj, self.k_proj, self.v_proj))
-        x = x + self.out_proj(torch.ops.trt_llm.vision_attention(q, k, v, cu_seqlens, self.scaling).reshape(n, -1))
-        x = x + self.fc2(self.activation(self.fc1(self.norm2(x))))
-        if x.dtype == torch.float16:  # transformers' clamp against fp16 overflow
-            limit = torch.finfo(torch.float16).max - 1000
-            x = x.clamp(-limit, limit)
-        return x
+from trt_llm.build.models.qwen2_audio import EncoderLayer
 
 
 class AudioEncoderGraph(nn.Module):
@@ -68,7 +44,8 @@ class AudioEncoderGraph(nn.Module):
         config = tower.config
         self.conv1, self.conv2, self.conv3 = tower.conv2d1, tower.conv2d2, tower.conv2d3
         self.conv_out = tower.conv_out
-        self.layers = nn.ModuleList(EncoderLayer(layer) for layer in tower.layers)
+        # Qwen2-Audio's layer; transformers passes Qwen3-ASR's scale to its attention (q not pre-scaled)
+        self.layers = nn.ModuleList(EncoderLayer(layer, prescale=False) for layer in tower.layers)
         self.norm = tower.ln_post
         self.projector = inner.multi_modal_projector
         self.num_mel_bins = config.num_mel_bins
