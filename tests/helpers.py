@@ -47,6 +47,26 @@ def _load(model_dir: str):
     return _MODELS[model_dir]
 
 
+def assert_adapter_rows_are_peft(model_dir, engine, adapter, text: str, new_tokens: int) -> None:
+    """A batch of two rows of `text`, the first with `adapter`, the second without: the first gives
+    PEFT's greedy tokens on the adapter, the second the base model's, and they differ."""
+    import peft
+    from transformers import AutoTokenizer
+
+    data = {"temperature": 0.0, "max_generate_length": new_tokens, "available_lora_weights": {"a": adapter},
+            "batch_size": 2, "requests": [{"messages": [{"role": "user", "content": text}], "lora_name": "a"},
+                                          {"messages": [{"role": "user", "content": text}]}]}
+    with_adapter, base = run_input(engine, data).responses
+    ids = AutoTokenizer.from_pretrained(model_dir)(with_adapter.formatted_complete_request,
+                                                   add_special_tokens=False)["input_ids"]
+    tuned = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), adapter).eval()
+    with torch.no_grad():
+        expected = tuned.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False)[0, len(ids):]
+    assert with_adapter.output_token_ids == expected.tolist()[: len(with_adapter.output_token_ids)]
+    assert base.output_token_ids == hf_greedy(model_dir, ids, new_tokens)[: len(base.output_token_ids)]
+    assert with_adapter.output_token_ids != base.output_token_ids
+
+
 LORA_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 

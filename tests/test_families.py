@@ -110,27 +110,13 @@ def test_phi3_rotates_half_its_head_with_longrope_tables(family_model, build_eng
                                             ("gemma3", ["q_proj", "v_proj", "o_proj", "down_proj"])])
 def test_lora_adapters_mixed_in_a_batch_are_peft(family, targets, family_model, build_engine_for, tmp_path):
     """Phi-3's adapters name its packed projections; each row of a batch its own adapter or none."""
-    peft = pytest.importorskip("peft")
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from helpers import make_adapter, run_input
+    pytest.importorskip("peft")
+    from helpers import assert_adapter_rows_are_peft, make_adapter
 
     model = family_model(family)
     engine = build_engine_for(model, lora={"max_rank": 4})
     adapter = make_adapter(model, tmp_path / "adapter", seed=1, rank=4, targets=targets)
-    requests = [{**chat_request(TEXT), "lora_name": "a"}, chat_request(TEXT)]
-    data = {"temperature": 0.0, "max_generate_length": NEW, "available_lora_weights": {"a": adapter},
-            "batch_size": 2, "requests": requests}
-    with_adapter, base = run_input(engine, data).responses
-    ids = AutoTokenizer.from_pretrained(model)(with_adapter.formatted_complete_request,
-                                               add_special_tokens=False)["input_ids"]
-    tuned = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model), adapter).eval()
-    with torch.no_grad():
-        expected = tuned.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False)[0, len(ids):].tolist()
-    assert with_adapter.output_token_ids == expected[: len(with_adapter.output_token_ids)]
-    assert base.output_token_ids == hf_greedy(model, ids, NEW)[: len(base.output_token_ids)]
-    assert with_adapter.output_token_ids != base.output_token_ids
+    assert_adapter_rows_are_peft(model, engine, adapter, TEXT, NEW)
 
 
 def test_what_does_not_apply_is_refused_in_one_line(family_model, build_engine_for, tmp_path):

@@ -162,26 +162,13 @@ def test_what_a_recurrent_state_rules_out_is_refused_in_one_line(qwen3_5, build_
 def test_mlp_adapters_mixed_in_a_batch_are_peft(qwen3_5, build_engine_for, tmp_path):
     """LoRA on a hybrid's MLPs (every layer has one; its mixers differ): a row with an adapter gives
     PEFT's tokens, the row beside it without one the base model's."""
-    peft = pytest.importorskip("peft")
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from helpers import make_adapter, run_input
+    pytest.importorskip("peft")
+    from helpers import assert_adapter_rows_are_peft, make_adapter
 
     model, _ = qwen3_5
     engine = build_engine_for(model, lora={"max_rank": 4})  # the default targets: the MLPs'
     adapter = make_adapter(model, tmp_path / "adapter", seed=1, rank=4, targets=["gate_proj", "up_proj", "down_proj"])
-    data = {"temperature": 0.0, "max_generate_length": NEW, "available_lora_weights": {"a": adapter},
-            "batch_size": 2, "requests": [{**chat_request(STORY), "lora_name": "a"}, chat_request(STORY)]}
-    with_adapter, base = run_input(engine, data).responses
-    ids = AutoTokenizer.from_pretrained(model)(with_adapter.formatted_complete_request,
-                                               add_special_tokens=False)["input_ids"]
-    tuned = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model), adapter).eval()
-    with torch.no_grad():
-        expected = tuned.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False)[0, len(ids):].tolist()
-    assert with_adapter.output_token_ids == expected[: len(with_adapter.output_token_ids)]
-    assert base.output_token_ids == hf_greedy(model, ids, NEW)[: len(base.output_token_ids)]
-    assert with_adapter.output_token_ids != base.output_token_ids
+    assert_adapter_rows_are_peft(model, engine, adapter, STORY, NEW)
 
 
 def test_a_qwen3_5_vision_checkpoint_builds_its_text_decoder(qwen3_5, build_engine_for, tmp_path):
