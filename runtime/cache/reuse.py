@@ -136,16 +136,19 @@ def commit(context: ContextCache, cache, row: int, s, computed: int, token_ids=N
     if plan is None:
         return
     tokens = s.prompt_ids if token_ids is None else token_ids
-    # A recurrent row's states now are those after its `computed` tokens (the pass just ended there).
-    states = cache.snapshot(row) if cache.recurrent else None
-    if plan.save_kept and computed >= len(plan.kept) and (states is None or computed == len(plan.kept)):
+    size, recurrent = context.block_tokens, cache.recurrent
+    # A recurrent row's states now are those after its `computed` tokens (the pass just ended there):
+    # copied only where a record ends there (a block, a kept system prompt).
+    at_kept = plan.save_kept and computed == len(plan.kept)
+    at_block = plan.commit != "none" and computed % size == 0
+    states = cache.snapshot(row) if recurrent and (at_kept or at_block) else None
+    if plan.save_kept and computed >= len(plan.kept) and (not recurrent or at_kept):
         keys, values = cache.read_prefix(row, len(plan.kept))
         context.put(plan.adapter, Entry(tuple(plan.kept), keys, values, states=states))
         context.stats["saved"] += 1
         plan.save_kept = False
     if plan.commit == "none":
         return
-    size = context.block_tokens
     at = {computed: states} if states is not None else {}
     if plan.decoded_states is not None:
         at.setdefault(*plan.decoded_states)
