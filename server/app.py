@@ -109,6 +109,7 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
     # A chat client resends the whole conversation each turn: the turns before it are restored.
     runner.context_reuse = config.save_prefixes
     engine = ServingEngine(runner, config.max_rows, config.max_waiting, metrics, config.save_prefixes)
+    metrics.watch_memory(engine)
 
     @asynccontextmanager
     async def lifespan(_app):

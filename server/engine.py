@@ -73,6 +73,7 @@ class ServingEngine:
         self._lock = threading.Lock()
         self._stop = False
         self._thread: threading.Thread | None = None
+        self.core = None  # the engine thread's EngineCore (read by /metrics: its KV pool's bytes)
         self.start()
 
     def start(self) -> None:
@@ -120,7 +121,7 @@ class ServingEngine:
     # -- the engine thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
-        core = self.runner.engine_core(self.max_rows, "continuous")
+        core = self.core = self.runner.engine_core(self.max_rows, "continuous")
         with single_threaded_host_math():
             while not self._stop:
                 try:
@@ -140,7 +141,7 @@ class ServingEngine:
                     log.error("a step failed with %d requests in flight: %s", len(self._jobs), error)
                     log.info("the step's traceback:", exc_info=True)
                     self._fail_all(f"the engine failed: {error}")
-                    core = self.runner.engine_core(self.max_rows, "continuous")
+                    core = self.core = self.runner.engine_core(self.max_rows, "continuous")
 
     def _fail_all(self, why: str) -> None:
         for job in self._jobs.values():

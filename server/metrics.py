@@ -1,9 +1,17 @@
-"""Prometheus metrics of one server (GET /metrics), in a registry of its own."""
+"""Prometheus metrics of one server (GET /metrics), in a registry of its own.
+
+Memory: the process's (prometheus_client's process_* metrics, read from /proc: Linux only), its peak
+resident set, and the bytes the running batch's KV pools hold (server/memory.py). Registries are per
+app: several apps in one process (the tests; a Ray Serve replica is a process of its own) each report
+the same process.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from trt_llm.server import memory
 
 # Seconds: from a few ms (a decode step on a GPU) to a minute (a long prompt on a busy CPU).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -34,6 +42,11 @@ class Metrics:
         """Report the context cache (runtime/cache/context_cache.py) at every scrape."""
         self.registry.register(_ContextCacheCollector(cache))
 
+    def watch_memory(self, engine) -> None:
+        """Report the process's memory and the KV pools of `engine` (a server.engine.ServingEngine)."""
+        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, ...: read from /proc
+        self.registry.register(_MemoryCollector(engine))
+
 
 class _ContextCacheCollector:
     def __init__(self, cache):
@@ -48,3 +61,24 @@ class _ContextCacheCollector:
             yield CounterMetricFamily(f"trt_llm_context_cache_{name}", help_text, value=value)
         yield GaugeMetricFamily("trt_llm_context_cache_bytes", "Bytes of keys and values held", value=cache.size_bytes)
         yield GaugeMetricFamily("trt_llm_context_cache_entries", "Blocks and kept system prompts held", value=len(cache))
+
+
+class _MemoryCollector:
+    def __init__(self, engine):
+        self.engine = engine
+
+    def collect(self):
+        peak = memory.peak_resident_bytes()
+        if peak is not None:
+            yield GaugeMetricFamily("trt_llm_peak_resident_memory_bytes",
+                                    "The process's peak resident memory since it started (VmHWM)", value=peak)
+        pools = GaugeMetricFamily(
+            "trt_llm_kv_pool_bytes",
+            "Bytes allocated for the running batch's caches (keys, values, states), by pool (base, draft) and "
+            "memory (host, device); allocated once and grown, never shrunk. Zero-filled host pages never "
+            "written are not resident, so this can exceed what the pool adds to the resident memory",
+            labels=["pool", "memory"])
+        for pool, cache in memory.engine_pools(self.engine.core):
+            for where, nbytes in memory.pool_bytes(cache).items():
+                pools.add_metric([pool, where], nbytes)
+        yield pools
