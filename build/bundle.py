@@ -43,14 +43,24 @@ def write_embedding(checkpoint, path: Path, storage: str, blocks=None) -> None:
 
 def encoder_decoder_config(config: BuildConfig, checkpoint) -> BuildConfig:
     """An encoder-decoder's build (Whisper) as it can be: refused with what it does not support, the
-    prompt and cache limits within its max_target_positions (it has no positions past them)."""
-    from trt_llm.build.compile import BuildError
+    prompt and cache limits within its max_target_positions (it has no positions past them).
+
+    `quantization:` (int8, int4; round to nearest) covers the decoder's and the encoder's linears on
+    the cpu backend (build/models/whisper.py). The TensorRT backends refuse it: their weight-only
+    plans of these two graphs are not built or checked yet. AWQ is refused: its calibration runs the
+    model as a text decoder over text."""
+    from trt_llm.build.compile import TENSORRT_BACKENDS, BuildError
 
     name = checkpoint.family.architecture
-    for key, unsupported in (("lora", config.lora is not None), ("draft", config.draft is not None),
-                             ("quantization", config.quantization.weights != "none")):
+    for key, unsupported in (("lora", config.lora is not None), ("draft", config.draft is not None)):
         if unsupported:
             raise BuildError(f"{key}: not supported for {name} (an encoder-decoder); build without it")
+    quantization = config.quantization
+    if quantization.weights != "none" and config.backend in TENSORRT_BACKENDS:
+        raise BuildError(f"quantization: a quantized {name} is built for the cpu backend only (on "
+                         f"{config.backend!r}: quantization: none)")
+    if quantization.weights != "none" and quantization.method == "awq":
+        raise BuildError(f"quantization.method: awq calibrates a text decoder on text, not {name}; use rtn")
     positions = checkpoint.model.config.max_target_positions
     if config.max_kv_cache_capacity > positions or config.max_input_len > positions:
         log.info("%s: max_input_len and max_kv_cache_capacity set to at most its %d decoder positions", name, positions)
@@ -132,7 +142,7 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
         graphs = checkpoint.family.load()  # build/models/<module>.py builds its graph
         lora_layout, draft, graph_deepstack = None, None, 0
         if checkpoint.family.encoder_decoder:  # Whisper: the module exports its own decoder
-            dims, layers = graphs.export_llm(checkpoint.model, directory / "llm" / "model.onnx", dtype)
+            dims, layers = graphs.export_llm(checkpoint.model, directory / "llm" / "model.onnx", dtype, make_linear)
         else:
             hf_config = graphs.text_decoder(checkpoint.model).config
             if config.lora and hasattr(graphs, "LORA_TARGETS"):  # a family whose layers take adapters on some modules
@@ -168,7 +178,9 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
         if checkpoint.family.audio:
             from trt_llm.build.audio_stage import export_audio_component
 
-            components["audio"] = export_audio_component(checkpoint, config, directory / "audio", dtype)
+            # Whisper's encoder takes the decoder's linear factory (quantized with it); the others stay float.
+            components["audio"] = export_audio_component(checkpoint, config, directory / "audio", dtype,
+                                                         make_linear if checkpoint.family.encoder_decoder else None)
         eagle = None
         if draft is not None:
             export_eagle_draft(draft, checkpoint, config, directory / "draft", dtype)

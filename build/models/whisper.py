@@ -25,6 +25,12 @@ asked) with the encoder's keys and values as extra inputs.
 Whisper scales q by head_dim ** -0.5 after its projection; both ops take that scale (the attention
 op applies it to the scores: equal up to rounding). q and v have biases, k none (the packed
 projection gets zeros there).
+
+Quantized (`quantization:`, the cpu backend): every linear of both graphs is the build's linear
+factory's (build/quantize/factory.py, as a text decoder's): the decoder's self-attention q/k/v and
+out, cross-attention q and out, fc1 and fc2; the encoder's q/k/v, out, fc1, fc2 and the packed cross
+k / v projection of every decoder layer; proj_out is the LM head (`lm_head:`). The encoder's two
+convolutions and the norms stay float (CTranslate2's int8 keeps its convolutions float too).
 """
 
 from __future__ import annotations
@@ -83,10 +89,10 @@ def _heads(x: Tensor, heads: int) -> Tensor:
 class _FeedForward(nn.Module):
     """The pre-norm MLP block both stacks end their layers with: x + fc2(gelu(fc1(norm(x))))."""
 
-    def __init__(self, hf_layer):
+    def __init__(self, hf_layer, make_linear=linear):
         super().__init__()
         self.norm = _copy(hf_layer.final_layer_norm)
-        self.fc1, self.fc2 = linear(hf_layer.fc1), linear(hf_layer.fc2)
+        self.fc1, self.fc2 = make_linear(hf_layer.fc1), make_linear(hf_layer.fc2)
 
     def forward(self, hidden: Tensor) -> Tensor:
         return hidden + self.fc2(F.gelu(self.fc1(self.norm(hidden))))
@@ -95,14 +101,14 @@ class _FeedForward(nn.Module):
 class EncoderLayer(nn.Module):
     """transformers' WhisperEncoderLayer: packed q/k/v, unmasked attention, out_proj, MLP."""
 
-    def __init__(self, hf_layer, heads: int):
+    def __init__(self, hf_layer, heads: int, make_linear=linear):
         super().__init__()
         attn = hf_layer.self_attn
         self.heads, self.scale = heads, float(attn.scaling)
         self.norm = _copy(hf_layer.self_attn_layer_norm)
-        self.qkv = linear(attn.q_proj, attn.k_proj, attn.v_proj)
-        self.out = linear(attn.out_proj)
-        self.mlp = _FeedForward(hf_layer)
+        self.qkv = make_linear(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.out = make_linear(attn.out_proj)
+        self.mlp = _FeedForward(hf_layer, make_linear)
 
     def forward(self, hidden: Tensor) -> Tensor:
         q, k, v = self.qkv(self.norm(hidden)).chunk(3, dim=-1)
@@ -118,7 +124,7 @@ class EncoderLayer(nn.Module):
 class WhisperEncoderGraph(nn.Module):
     """input_features -> cross_key_i, cross_value_i per decoder layer (see the module docstring)."""
 
-    def __init__(self, hf_model, dtype: torch.dtype):
+    def __init__(self, hf_model, dtype: torch.dtype, make_linear=linear):
         super().__init__()
         config = hf_model.config
         encoder = hf_model.model.encoder
@@ -126,11 +132,12 @@ class WhisperEncoderGraph(nn.Module):
         self.dims = WhisperDims(config)
         self.conv1, self.conv2 = _copy(encoder.conv1), _copy(encoder.conv2)
         self.positions = frozen(encoder.embed_positions.weight)
-        self.layers = nn.ModuleList(EncoderLayer(layer, config.encoder_attention_heads) for layer in encoder.layers)
+        self.layers = nn.ModuleList(EncoderLayer(layer, config.encoder_attention_heads, make_linear)
+                                    for layer in encoder.layers)
         self.norm = _copy(encoder.layer_norm)
         # Every decoder layer's cross k / v projection as one matmul: [d_model, 2 * layers * d_model].
-        self.cross = linear(*(p for layer in decoder_layers for p in (layer.encoder_attn.k_proj,
-                                                                       layer.encoder_attn.v_proj)))
+        self.cross = make_linear(*(p for layer in decoder_layers for p in (layer.encoder_attn.k_proj,
+                                                                            layer.encoder_attn.v_proj)))
         cast_floats(self, dtype)
 
     def forward(self, input_features: Tensor) -> tuple[Tensor, ...]:
@@ -147,18 +154,18 @@ class DecoderLayer(nn.Module):
     """transformers' WhisperDecoderLayer: self-attention over the in-place cache (our attention op,
     identity rotary), cross-attention over the encoder's keys / values (our cross-attention op), MLP."""
 
-    def __init__(self, hf_layer, dims: WhisperDims):
+    def __init__(self, hf_layer, dims: WhisperDims, make_linear=linear):
         super().__init__()
         self.dims = dims
         attn, cross = hf_layer.self_attn, hf_layer.encoder_attn
         self.scale = float(attn.scaling)
         self.self_norm = _copy(hf_layer.self_attn_layer_norm)
-        self.qkv = linear(attn.q_proj, attn.k_proj, attn.v_proj)
-        self.self_out = linear(attn.out_proj)
+        self.qkv = make_linear(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.self_out = make_linear(attn.out_proj)
         self.cross_norm = _copy(hf_layer.encoder_attn_layer_norm)
-        self.cross_q = linear(cross.q_proj)
-        self.cross_out = linear(cross.out_proj)
-        self.mlp = _FeedForward(hf_layer)
+        self.cross_q = make_linear(cross.q_proj)
+        self.cross_out = make_linear(cross.out_proj)
+        self.mlp = _FeedForward(hf_layer, make_linear)
 
     def forward(self, hidden, past_key, past_value, cross_key, cross_value, past_lengths, query_lengths,
                 position_ids, cos, sin):
@@ -177,16 +184,17 @@ class WhisperDecoderGraph(nn.Module):
     """inputs_embeds, position_ids, past_lengths, query_lengths, logits_indices, caches, cross keys /
     values -> logits, caches (see the module docstring)."""
 
-    def __init__(self, hf_model, dtype: torch.dtype):
+    def __init__(self, hf_model, dtype: torch.dtype, make_linear=linear):
         super().__init__()
         config = hf_model.config
         decoder = hf_model.model.decoder
         self.dims = WhisperDims(config)
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.positions = frozen(decoder.embed_positions.weight)
-        self.layers = nn.ModuleList(DecoderLayer(layer, self.dims) for layer in decoder.layers)
+        self.layers = nn.ModuleList(DecoderLayer(layer, self.dims, make_linear) for layer in decoder.layers)
         self.norm = _copy(decoder.layer_norm)
-        self.proj_out = linear(hf_model.proj_out)
+        # The LM head: the factory treats it as the model's output embedding (`lm_head:` applies).
+        self.proj_out = make_linear(hf_model.proj_out)
         # Identity rotation: the attention op turns every token by row position_ids of these.
         rows = (self.dims.max_target_positions, self.dims.head_dim // 2)
         self.register_buffer("cos_cache", torch.ones(rows))
@@ -251,9 +259,10 @@ def layer_specs(dims: WhisperDims) -> list[CrossAttention]:
                            cross_heads=dims.heads, cross_head_dim=dims.head_dim) for _ in range(dims.num_layers)]
 
 
-def export_llm(hf_model, path: Path, dtype: torch.dtype) -> tuple[dict, list]:
-    """The decoder graph at `path`; returns the manifest's dims (kv_heads = heads: no GQA) and layer specs."""
-    graph = WhisperDecoderGraph(hf_model, dtype)
+def export_llm(hf_model, path: Path, dtype: torch.dtype, make_linear=linear) -> tuple[dict, list]:
+    """The decoder graph at `path`; returns the manifest's dims (kv_heads = heads: no GQA) and layer specs.
+    make_linear: the build's linear factory (build/quantize/factory.py), `linear` when unquantized."""
+    graph = WhisperDecoderGraph(hf_model, dtype, make_linear)
     export_whisper_decoder(graph, path, dtype)
     d = graph.dims
     return ({"hidden_size": d.d_model, "num_layers": d.num_layers, "num_heads": d.heads, "kv_heads": d.heads,
@@ -261,10 +270,11 @@ def export_llm(hf_model, path: Path, dtype: torch.dtype) -> tuple[dict, list]:
             layer_specs(d))
 
 
-def export_audio(hf_model, path: Path, dtype: torch.dtype) -> dict:
+def export_audio(hf_model, path: Path, dtype: torch.dtype, make_linear=linear) -> dict:
     """The encoder graph at `path`; returns the audio config's entries: the encoder's geometry and
-    the generation config's prompt tokens and token rules (runtime/media/audio/transcription.py)."""
-    graph = WhisperEncoderGraph(hf_model, dtype)
+    the generation config's prompt tokens and token rules (runtime/media/audio/transcription.py).
+    make_linear: the decoder's factory, so that `quantization:` covers the encoder's linears too."""
+    graph = WhisperEncoderGraph(hf_model, dtype, make_linear)
     export_whisper_encoder(graph, path, dtype)
     g = hf_model.generation_config
     missing = [k for k in ("decoder_start_token_id", "no_timestamps_token_id", "prev_sot_token_id")

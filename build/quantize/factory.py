@@ -27,6 +27,9 @@ class LinearFactory:
     def __init__(self, model: nn.Module, dtype: torch.dtype, spec: QuantSpec,
                  published: dict[str, QuantizedWeight] | None = None, head_spec: QuantSpec | None | str = "spec"):
         self.names = {id(module): name for name, module in model.named_modules()}
+        # The LM head: lm_head, or the model's output embedding by its own name (Whisper's proj_out)
+        output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        self.head = self.names.get(id(output), "lm_head") if output is not None else "lm_head"
         self.dtype, self.spec = dtype, spec
         self.published = dict(published or {})
         self.head_spec = spec if head_spec == "spec" else head_spec
@@ -64,7 +67,7 @@ class LinearFactory:
     def __call__(self, *parts: nn.Linear) -> Linear | QuantizedLinear | ConcatenatedLinear:
         names = [self.names.get(id(p), "") for p in parts]
         kept = [self.published.get(name) for name in names]
-        is_head = names == ["lm_head"]
+        is_head = names == [self.head]
         if any(k is not None for k in kept):
             if any(k is None for k in kept):
                 from trt_llm.build.checkpoint import CheckpointError
