@@ -22,9 +22,11 @@ import re
 import stat
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, unquote_to_bytes, urlsplit
 
-from PIL import Image, ImageOps
+if TYPE_CHECKING:  # Pillow is imported by the functions that decode pictures: a text run's cold start
+    from PIL import Image  # does not pay for it
 
 # Pillow's format ids (a JPEG with several pictures, as phones write, opens as MPO through "JPEG").
 IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "AVIF")
@@ -147,6 +149,8 @@ def media_bytes(source: str, base_dir: Path | None = None, kind: str = "image") 
 
 
 def _check_pixels(image: Image.Image, name: str) -> None:
+    from PIL import Image
+
     limit = Image.MAX_IMAGE_PIXELS
     if limit is not None and image.width * image.height > limit:
         raise MediaError(f"image {name}: {image.width}x{image.height} is {image.width * image.height:,} pixels, over "
@@ -158,6 +162,8 @@ def to_rgb(image: Image.Image) -> Image.Image:
     colour (RGBA, LA, PA, a palette or RGB image with a tRNS entry) composited onto opaque white,
     everything else through Pillow's own conversion (CMYK, L, P, and 16-bit I;16, which Pillow clips
     at 255 rather than scales)."""
+    from PIL import Image
+
     if "A" in image.getbands() or image.info.get("transparency") is not None:
         rgba = image.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
@@ -168,6 +174,8 @@ def to_rgb(image: Image.Image) -> Image.Image:
 def decode_image(data: bytes, name: str) -> Image.Image:
     """An image's bytes as an upright RGB picture (the first frame of an animation); `name` is what
     a MediaError calls the source."""
+    from PIL import Image, ImageOps
+
     Image.init()  # registers Pillow's plugins (once), so that AVIF is known where this Pillow has it
     formats = [f for f in IMAGE_FORMATS if f in Image.OPEN]
     try:

@@ -8,17 +8,14 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
-from trt_llm.runtime.media.audio.prompt import attach_audio
 from trt_llm.runtime.text.detokenizer import IncrementalDetokenizer
 from trt_llm.runtime.sampling.grammar import GrammarError, Grammars
-from trt_llm.runtime.media.vision.prompt import attach_images
 from trt_llm.runtime.requests.lora import LoraAdapter, LoraError, load_adapter
 from trt_llm.runtime.text.prompt import Prompt, PromptError, PromptFormatter
 from trt_llm.runtime.sampling.sampler import SamplingParams
 from trt_llm.runtime.engine.sequence import Sequence
 from trt_llm.runtime.media.sequence_media import media_parts
 from trt_llm.runtime.text.token_bytes import TokenBytes
-from trt_llm.runtime.media.audio.transcription import transcription_prompt
 from trt_llm.schemas.input_file import InputSettings, Request
 
 log = logging.getLogger(__name__)
@@ -99,6 +96,8 @@ class RequestPreparer:
             if request.resolved_guided_decoding(settings)[0] is not None:
                 raise ValueError(f"{where}.guided_decoding: a Whisper engine transcribes; it takes no "
                                  "guided decoding")
+            from trt_llm.runtime.media.audio.transcription import transcription_prompt
+
             prompt, media, rules, transcription = transcription_prompt(
                 self.audio, self.tokenizer, request.messages, formatter.media_dir, where, self.vocab_size,
                 settings.whisper, settings.temperature, request_seed(settings.seed or 0, index),
@@ -108,11 +107,17 @@ class RequestPreparer:
                 prompt = formatter.format(request.messages, request.tools)
             except PromptError as error:
                 raise PromptError(f"{where}.{error}") from None
+        # The media modules (Pillow, soundfile, the encoders) are imported by the first request that
+        # has media: a text run's cold start does not pay for them.
         if self.vision is not None and media_parts(request.messages, "image"):
+            from trt_llm.runtime.media.vision.prompt import attach_images
+
             ids, media = attach_images(self.vision, request.messages, prompt.token_ids, formatter.media_dir, where,
                                        self.limits["max_input_len"])
             prompt = dataclasses.replace(prompt, token_ids=ids)
         if self.audio is not None and self.audio.kind == "rows" and media_parts(request.messages, "audio"):
+            from trt_llm.runtime.media.audio.prompt import attach_audio
+
             ids, media = attach_audio(self.audio, request.messages, prompt.token_ids, formatter.media_dir, where,
                                       self.limits["max_input_len"])
             prompt = dataclasses.replace(prompt, token_ids=ids)

@@ -28,9 +28,6 @@ from trt_llm.runtime.requests.prepare import Prepared, RequestPreparer, apply_ba
 from trt_llm.runtime.requests.responses import ResponseBuilder, interrupted_output, logged_error
 from trt_llm.runtime.decoding.spec_config import SpecConfig, resolve_spec
 from trt_llm.runtime.engine.threads import leaves_cores_to_the_engine
-from trt_llm.runtime.media.audio.answer import transcription_response
-from trt_llm.runtime.media.audio.longform import run_transcriptions
-from trt_llm.runtime.media.audio.whisper_sampling import WhisperSampler
 from trt_llm.runtime.text.token_bytes import TokenBytes
 from trt_llm.runtime.text.tokenizer import Tokenizer
 from trt_llm.schemas.input_file import InputSettings, LoadedInput, Request, RequestError
@@ -189,8 +186,13 @@ class Runner:
         """An EngineCore on this runner's model, with EAGLE when the engine has a draft (and
         `speculate`), else vanilla decoding."""
         strategy = Eagle(self.draft, self.spec, self.spec_stats) if self.draft is not None and speculate else Vanilla()
-        # Whisper: its windows' decodes carry their logits rules (runtime/media/audio/whisper_sampling.py)
-        sampler = WhisperSampler() if self.audio is not None and self.audio.kind == "cross_attention" else None
+        sampler = None
+        if self.audio is not None and self.audio.kind == "cross_attention":
+            # Whisper: its windows' decodes carry their logits rules. The speech modules are imported
+            # only for an engine that transcribes: a text run's cold start does not pay for them.
+            from trt_llm.runtime.media.audio.whisper_sampling import WhisperSampler
+
+            sampler = WhisperSampler()
         return EngineCore(self.model, max_rows, policy, self.lora_layout, self.profiler, strategy, sampler=sampler,
                           context=self.prefix_cache, prefill_chunk=self.prefill_chunk, step_tokens=self.prefill_chunk,
                           mixed_steps=self.latency_target is not None, latency_target=self.latency_target)
@@ -222,11 +224,15 @@ class Runner:
     def transcribe(self, prepared: list[Prepared], max_rows: int) -> None:
         """Whisper requests decoded window by window, their windows batched together."""
         if prepared:
-            _run_transcriptions(self, [p.transcription for p in prepared], max(1, max_rows))
+            from trt_llm.runtime.media.audio.longform import run_transcriptions
+
+            leaves_cores_to_the_engine(run_transcriptions)(self, [p.transcription for p in prepared], max(1, max_rows))
 
     def finish(self, p: Prepared, batch_idx: int, started: float, messages) -> Response:
         """The response of a finished request."""
         if p.transcription is not None:
+            from trt_llm.runtime.media.audio.answer import transcription_response
+
             response = transcription_response(p, self.token_bytes, batch_idx, started, messages)
         else:
             response = self.responses.response(p, batch_idx, started, messages)
@@ -270,5 +276,3 @@ def unprepared(index: int, error: Exception) -> str:
 def _run_to_completion(core: EngineCore) -> None:
     core.run_to_completion()
 
-
-_run_transcriptions = leaves_cores_to_the_engine(run_transcriptions)
