@@ -7,7 +7,8 @@ llama.cpp Q4_0, in one interleaved run (issue 17's speed targets).
 
 The engines (sidebyside/peers/): trt-llm fp32 (`ours`), int8 (`ours-int8`: round to nearest, one
 scale per column), int4 on llama.cpp's Q4_0 weights (`ours-int4`: built from the Q4_0 GGUF that
-llama.cpp-Q4_0 runs, its blocks kept), int4 with the default groups of 128 (`ours-int4-g128`),
+llama.cpp-Q4_0 runs, its blocks kept), int4 with the default groups of 128 (`ours-int4-g128`), int4 in GenAI's layout (`ours-int4-g32`: blocks of 32, an
+int4 LM head, from the same HF folder),
 GenAI's builder `-p int4` (`genai-int4`) and llama.cpp on the Q4_0 file (`llamacpp-q4_0`, one
 sequence at a time). Every engine runs in its own process, loaded once, with the same thread
 count; each setting (prompt length, batch) runs every engine in turn, then the next round, after an
@@ -33,10 +34,11 @@ from sidebyside.measure import CLEAN_LOAD, LoadMeter, log, pin_threads  # noqa: 
 from sidebyside.prompts import exact_prompts  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-ENGINES = ("ours", "ours-int8", "ours-int4", "ours-int4-g128", "genai-int4", "llamacpp-q4_0")
+ENGINES = ("ours", "ours-int8", "ours-int4", "ours-int4-g128", "ours-int4-g32", "genai-int4", "llamacpp-q4_0")
 # (numerator, denominator, what is compared, the issue's target)
 RATIOS = [
     ("trt-llm-int4", "ort-genai-int4", "decode", 1.2),
+    ("trt-llm-int4-g32", "ort-genai-int4", "decode", 1.2),
     ("trt-llm-int4", "llama.cpp-Q4_0", "decode", 1.3),
     ("trt-llm-int4", "trt-llm", "decode", 2.5),
     ("trt-llm-int8", "trt-llm", "decode", 1.8),

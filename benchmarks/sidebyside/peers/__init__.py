@@ -21,6 +21,7 @@ ENGINES = {"ours": "ours", "ours-ref": "ours_ref", "transformers": "hf", "genai"
            "llamacpp-q4": "llamacpp_q4",
            # quantized (benchmarks/quantized_speed.py)
            "ours-int8": "ours_int8", "ours-int4": "ours_int4", "ours-int4-g128": "ours_int4_g128",
+           "ours-int4-g32": "ours_int4_g32",
            "genai-int4": "genai_int4", "llamacpp-q4_0": "llamacpp_q4_0"}
 
 
