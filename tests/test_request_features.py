@@ -69,7 +69,7 @@ def test_sampled_bytes_rebuild_text_with_split_characters(qwen3):
     rebuild output_text exactly, also where a character is split across tokens."""
     model_dir, engine = qwen3
     table = TokenBytes(AutoTokenizer.from_pretrained(model_dir))
-    partial = [i for i in range(len(table)) if table.table[i] and _is_partial(table.table[i])]
+    partial = [i for i in range(len(table)) if table.bytes_of(i) and _is_partial(table.bytes_of(i))]
     assert partial, "the tiny tokenizer has tokens that hold part of a character"
     data = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "max_generate_length": 48, "num_logprobs": 1,
             "seed": 7, "logit_bias": {str(i): 6.0 for i in partial[:60]},

@@ -58,7 +58,9 @@ def _components(state: bytes | None) -> list[dict]:
 
 
 class TokenBytes:
-    """Per-token raw bytes of a Hugging Face fast tokenizer, precomputed for the whole vocabulary.
+    """Per-token raw bytes of a Hugging Face fast tokenizer, each token's computed when first asked
+    for and kept (a run touches a few hundred of a vocabulary's 50-250k tokens: building the whole
+    table up front cost SmolLM2's cold start 40 ms).
 
     `vocab_size` may be the model's embedding size: ids past the tokenizer's vocabulary
     (padding rows) get b"".
@@ -71,35 +73,36 @@ class TokenBytes:
         types = {c.get("type") for c in decoder + pre}
         self.byte_level = "ByteLevel" in types
         # SentencePiece marks word starts with U+2581 (configurable in Metaspace).
-        space_mark = next((c["replacement"] for c in decoder + pre if c.get("type") == "Metaspace"),
-                          "\u2581")
-        byte_fallback = "ByteFallback" in types or bool(getattr(backend.model, "byte_fallback", False))
+        self._space_mark = next((c["replacement"] for c in decoder + pre if c.get("type") == "Metaspace"),
+                                "\u2581")
+        self._byte_fallback = "ByteFallback" in types or bool(getattr(backend.model, "byte_fallback", False))
+        self._backend = backend
 
         added = backend.get_added_tokens_decoder()  # id -> AddedToken
-        vocab = backend.get_vocab(with_added_tokens=False)  # token string -> id
-        size = max(backend.get_vocab_size(with_added_tokens=True), vocab_size or 0, max(vocab.values(), default=-1) + 1,
-                   max(added, default=-1) + 1)
-        table = [b""] * size  # holes (ids with no token) stay empty
-
-        if self.byte_level:
-            for token, i in vocab.items():
-                table[i] = _byte_level_bytes(token)
-        else:
-            for token, i in vocab.items():
-                m = _BYTE_TOKEN.fullmatch(token) if byte_fallback else None
-                table[i] = bytes([int(m[1], 16)]) if m else token.replace(space_mark, " ").encode()
-
+        size = max(backend.get_vocab_size(with_added_tokens=True), vocab_size or 0, max(added, default=-1) + 1)
+        self._table: list[bytes | None] = [None] * size  # None: not computed yet
         # Added tokens are matched and emitted verbatim, never through the model's alphabet.
         for i, tok in added.items():
-            table[i] = tok.content.encode()
-        self.table: list[bytes] = table
+            self._table[i] = tok.content.encode()
         self.special_ids: frozenset[int] = frozenset(i for i, tok in added.items() if tok.special)
 
     def __len__(self) -> int:
-        return len(self.table)
+        return len(self._table)
 
     def bytes_of(self, token_id: int) -> bytes:
-        return self.table[token_id]
+        data = self._table[token_id]
+        if data is None:  # two threads may both compute it: the same bytes
+            data = self._table[token_id] = self._model_bytes(token_id)
+        return data
+
+    def _model_bytes(self, token_id: int) -> bytes:
+        token = self._backend.id_to_token(token_id)
+        if token is None:  # a hole in the vocabulary, or a padding row past it
+            return b""
+        if self.byte_level:
+            return _byte_level_bytes(token)
+        m = _BYTE_TOKEN.fullmatch(token) if self._byte_fallback else None
+        return bytes([int(m[1], 16)]) if m else token.replace(self._space_mark, " ").encode()
 
     def is_special(self, token_id: int) -> bool:
         """Special added tokens (<|im_end|>, ...): output text skips them."""
@@ -107,4 +110,4 @@ class TokenBytes:
 
     def text_of(self, token_id: int) -> str:
         """The token alone as text; lossy (U+FFFD) when it holds part of a character."""
-        return self.table[token_id].decode("utf-8", errors="replace")
+        return self.bytes_of(token_id).decode("utf-8", errors="replace")
