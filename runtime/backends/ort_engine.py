@@ -73,11 +73,11 @@ def offline_graph(engine_path: Path) -> Path | None:
         return None
 
 
-# Session creation prepacks every weight into MLAS's layout (an fp32 matmul's panels, an int4 / int8
-# MatMulNBits' blocks); ONNX Runtime does it one initializer after another unless asked to spread it
-# over the intra-op threads. Measured on 2 cores (SmolLM2-135M, medians of 7 loads): the int4 session
-# 194 -> 139 ms, fp32 616 -> 431 ms; the packed weights are the same bytes.
-PARALLEL_PREPACK = ("session.prepack.enable_parallel", "1")
+# Session creation prepacks every weight into MLAS's layout, one initializer after another. ONNX
+# Runtime can spread it over the intra-op threads (session.prepack.enable_parallel), measured and
+# left off: on 2 cores it took SmolLM2's one-request run from 625 to 551 ms of session (fp32) but
+# its peak memory from 816 to 1,221 MB (int4: 237 -> 213 ms, 304 -> 353 MB), the originals and
+# several packed copies held at once. An edge device has the time, not the memory.
 
 # Measuring knob (benchmarks/cold_start.py): extra session settings for every decoder session, e.g.
 # "session.disable_prepacking=1,enable_cpu_mem_arena=0,graph_optimization_level=0": a dotted key is
@@ -120,7 +120,6 @@ class OrtEngine:
         else:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(MATMUL_ACCURACY_LEVEL))
-        options.add_session_config_entry(*PARALLEL_PREPACK)
         options.log_severity_level = 3
         options.intra_op_num_threads = threads  # 0 = ONNX Runtime's choice (all physical cores)
         options.inter_op_num_threads = 1

@@ -15,14 +15,13 @@ class OrtSession:
 
         import onnxruntime as ort
 
-        from trt_llm.runtime.backends.ort_engine import MATMUL_ACCURACY_LEVEL, PARALLEL_PREPACK, offline_graph
+        from trt_llm.runtime.backends.ort_engine import MATMUL_ACCURACY_LEVEL, offline_graph
 
         options = ort.SessionOptions()
         options.log_severity_level = 3
         if threads:
             options.intra_op_num_threads = threads
         options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(MATMUL_ACCURACY_LEVEL))
-        options.add_session_config_entry(*PARALLEL_PREPACK)
         # A quantized encoder's graph as ONNX Runtime optimised it at build time (as the decoder's,
         # runtime/backends/ort_engine.py): loaded without fusing its matmuls again (int8 Whisper's
         # encoder: 89 -> 28 ms). A float encoder has none.
