@@ -121,7 +121,10 @@ def run_once(engine: Path, env: dict[str, str], tokens: int, ban_eos: bool, args
                "-o", str(tmp / "out.json"), "--profile-output", str(tmp / "profile.json"),
                "--threads", str(args.threads), "--scheduling", args.scheduling]
     started = time.perf_counter()
-    proc = subprocess.Popen(command, env={**os.environ, **env}, stderr=subprocess.PIPE, text=True)
+    # Python's bytecode cache on, as an installed package has it (edge_sidebyside.installed_env: a
+    # PYTHONDONTWRITEBYTECODE shell would compile the modules from source in every run).
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    proc = subprocess.Popen(command, env={**base, **env}, stderr=subprocess.PIPE, text=True)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - started
     stderr = proc.stderr.read()
