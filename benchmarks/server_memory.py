@@ -123,6 +123,8 @@ def scrape(port: int) -> dict:
                 got["peak"] = int(s.value)
             elif s.name == "trt_llm_kv_pool_bytes":
                 got["kv_pool_bytes"] += int(s.value)
+            elif s.name == "trt_llm_context_cache_bytes":  # the prompts' keys and values kept for reuse
+                got["context_cache_bytes"] = int(s.value)
     return got
 
 
@@ -242,18 +244,19 @@ def mb(value) -> str:
 
 def table(rows: list[dict], clients: int, per_client: int) -> str:
     lines = [f"| server | idle after start | after 1 request | under {clients} clients x {per_client}: RSS max "
-             f"(median) | peak (VmHWM) | idle after load | KV pool | /metrics agrees |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"(median) | peak (VmHWM) | idle after load | KV pool | context cache | /metrics agrees |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['server']} | error: {r['error'][:80]} |  |  |  |  |  |  |")
+            lines.append(f"| {r['server']} | error: {r['error'][:80]} |  |  |  |  |  |  |  |")
             continue
         phases = [r["idle_start"], r["after_one"], r["load"], r["idle_after"]]
         agree = [p["metrics_agree"] for p in phases if "metrics_agree" in p]
         kv = r["load"].get("metrics", {}).get("kv_pool_bytes")
+        cached = r["idle_after"].get("metrics", {}).get("context_cache_bytes")
         lines.append(f"| {r['server']} | {mb(r['idle_start']['rss'])} | {mb(r['after_one']['rss'])} | "
                      f"{mb(r['load']['rss_max'])} ({mb(r['load']['rss_median'])}) | {mb(r['load']['peak'])} | "
-                     f"{mb(r['idle_after']['rss'])} | {mb(kv)} | "
+                     f"{mb(r['idle_after']['rss'])} | {mb(kv)} | {mb(cached)} | "
                      f"{('yes' if all(agree) else 'NO') if agree else 'n/a'} |")
     return "\n".join(lines)
 
