@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sidebyside import report  # noqa: E402
 from sidebyside.artifacts import Context  # noqa: E402
-from sidebyside.measure import CLEAN_LOAD, BusyLoad, LoadMeter, cpu_name, log, pin_threads  # noqa: E402
+from sidebyside.measure import CLEAN_LOAD, BusyLoad, LoadMeter, cpu_name, lock_work_dir, log, pin_threads  # noqa: E402
 from sidebyside.prompts import exact_prompts  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -206,15 +206,7 @@ def main(argv=None) -> int:
     if args.smoke:
         args.work_dir = args.work_dir / "smoke"
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    # One benchmark per work directory at a time: another would rebuild what this one's engines load.
-    import fcntl
-
-    lock = open(args.work_dir / ".lock", "w")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        log(f"another benchmark uses {args.work_dir}; waiting for it")
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    lock = lock_work_dir(args.work_dir)  # noqa: F841  (held to the end)
 
     import torch
     from transformers import AutoTokenizer

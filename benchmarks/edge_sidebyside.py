@@ -44,9 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cold_start  # noqa: E402  (the cold request's message, the profile's load stages)
 import decode_speed  # noqa: E402  (the checkpoint, cpu name, versions)
-from quantized_speed import size_mb  # noqa: E402
-from sidebyside.artifacts import Context  # noqa: E402
-from sidebyside.measure import CLEAN_LOAD, LoadMeter, log, pin_threads, run_timed  # noqa: E402
+from sidebyside.artifacts import Context, prepare_engines  # noqa: E402
+from sidebyside.measure import CLEAN_LOAD, LoadMeter, lock_work_dir, log, pin_threads, run_timed  # noqa: E402
 from sidebyside.prompts import exact_prompts  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -171,33 +170,6 @@ def cold_run(key: str, artifact: Path, threads: int, capacity: int, tmp: Path) -
 
 
 # --- engines -------------------------------------------------------------------------------------
-
-def prepare_engines(args, ctx: Context, notes: list[str]) -> dict:
-    """Each engine's artifact (built once, cached), or a note saying why it is skipped."""
-    from sidebyside import peers
-
-    engines = {}
-    for key in args.engines:
-        module = peers.load(key)
-        reason = module.missing(ctx)
-        if reason is None:
-            try:
-                artifact = module.prepare(ctx)
-            except Exception as error:
-                if key == "ours":
-                    raise
-                reason = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
-            else:
-                engines[module.NAME] = {"key": key, "batched": module.BATCHED,
-                                        "batch_note": getattr(module, "BATCH_NOTE", None),
-                                        "precision": artifact.precision, "artifact": str(artifact.path),
-                                        "disk_mb": round(size_mb(artifact.path), 1), "build": artifact.build}
-                notes += [f"{module.NAME}: {note}" for note in artifact.notes]
-        if reason is not None:
-            notes.append(f"{module.NAME} skipped: {reason}")
-            log(notes[-1])
-    return engines
-
 
 def measure(args, ctx: Context, engines: dict, prompts: list[list[int]], warnings: list[str]) -> tuple[dict, dict]:
     """The interleaved rounds: per round, every engine's cold run, then its decode runs. Returns the cold
@@ -335,15 +307,7 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     args.work_dir = args.work_dir.expanduser().resolve() / ("smoke" if args.smoke else "")
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    import fcntl
-
-    # One benchmark per work directory at a time: another would rebuild what this one's engines load.
-    lock = open(args.work_dir / ".lock", "w")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        log(f"another benchmark uses {args.work_dir}; waiting for it")
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    lock = lock_work_dir(args.work_dir)  # noqa: F841  (held to the end)
     from transformers import AutoTokenizer
 
     model_dir = decode_speed.hf_dir(args)
@@ -358,7 +322,7 @@ def main(argv=None) -> int:
                   max_batch=max(args.batch_sizes), max_input=max_input,
                   capacity=max(1024, max_input + args.new_tokens), rebuild=args.rebuild)
     notes, warnings = [], []
-    engines = prepare_engines(args, ctx, notes)
+    engines = prepare_engines(args.engines, ctx, notes, log)
     cold, decode = measure(args, ctx, engines, prompts, warnings)
     table, ratios = summarize(args, engines, cold, decode, warnings)
     report = {"machine": {"cpu": decode_speed.cpu_name(), "threads": args.threads},

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import decode_speed  # noqa: E402  (the checkpoint conversion, cpu name, versions)
-from sidebyside.artifacts import Context  # noqa: E402
+from sidebyside.artifacts import Context, prepare_engines  # noqa: E402
 from sidebyside.measure import CLEAN_LOAD, LoadMeter, log, pin_threads  # noqa: E402
 from sidebyside.prompts import exact_prompts  # noqa: E402
 
@@ -76,13 +76,6 @@ def parse_args(argv=None):
     return args
 
 
-def size_mb(path: Path) -> float:
-    """On disk: a file, or the files of a folder (an engine directory's tokenizer included)."""
-    path = Path(path)
-    files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
-    return sum(f.stat().st_size for f in files) / 1e6
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     pin_threads(args.threads)
@@ -91,7 +84,6 @@ def main(argv=None) -> int:
     args.work_dir.mkdir(parents=True, exist_ok=True)
     from transformers import AutoTokenizer
 
-    from sidebyside import peers
     from sidebyside.worker import Worker, WorkerError
 
     model_dir = decode_speed.hf_dir(args)
@@ -102,25 +94,8 @@ def main(argv=None) -> int:
                   max_batch=max_batch, max_input=max(args.prompt_lengths),
                   capacity=max(1024, max(args.prompt_lengths) + n), rebuild=args.rebuild)
 
-    engines, notes, warnings = {}, [], []
-    for key in args.engines:
-        module = peers.load(key)
-        reason = module.missing(ctx)
-        if reason is None:
-            try:
-                artifact = module.prepare(ctx)
-            except Exception as error:
-                if key == "ours":
-                    raise
-                reason = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
-            else:
-                engines[module.NAME] = {"key": key, "batched": module.BATCHED, "precision": artifact.precision,
-                                        "artifact": str(artifact.path), "disk_mb": round(size_mb(artifact.path), 1),
-                                        "build": artifact.build}
-                notes += [f"{module.NAME}: {note}" for note in artifact.notes]
-        if reason is not None:
-            notes.append(f"{module.NAME} skipped: {reason}")
-            log(notes[-1])
+    notes, warnings = [], []
+    engines = prepare_engines(args.engines, ctx, notes, log)
 
     workers = {name: Worker(e["key"], Path(e["artifact"]), args.threads, ctx.capacity) for name, e in engines.items()}
     results: dict[tuple, list] = {}

@@ -82,3 +82,39 @@ def source_hash(*paths: Path) -> str:
             name = file.relative_to(root) if root.is_dir() else file.name
             digest.update(str(name).encode() + b"\0" + file.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def size_mb(path: Path) -> float:
+    """On disk: a file, or the files of a folder (an engine directory's tokenizer included)."""
+    path = Path(path)
+    files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
+    return sum(f.stat().st_size for f in files) / 1e6
+
+
+def prepare_engines(keys: list[str], ctx: Context, notes: list[str], log) -> dict:
+    """{report name: its entry} of the engines `keys` (sidebyside/peers/), each built once (cached); an
+    engine whose package is missing or whose build fails is left out with a note saying why (ours'
+    failure is raised: without it there is nothing to compare)."""
+    from . import peers
+
+    engines = {}
+    for key in keys:
+        module = peers.load(key)
+        reason = module.missing(ctx)
+        if reason is None:
+            try:
+                artifact = module.prepare(ctx)
+            except Exception as error:
+                if key == "ours":
+                    raise
+                reason = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+            else:
+                engines[module.NAME] = {"key": key, "batched": module.BATCHED,
+                                        "batch_note": getattr(module, "BATCH_NOTE", None),
+                                        "precision": artifact.precision, "artifact": str(artifact.path),
+                                        "disk_mb": round(size_mb(artifact.path), 1), "build": artifact.build}
+                notes += [f"{module.NAME}: {note}" for note in artifact.notes]
+        if reason is not None:
+            notes.append(f"{module.NAME} skipped: {reason}")
+            log(notes[-1])
+    return engines

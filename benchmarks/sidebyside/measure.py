@@ -277,3 +277,17 @@ class LoadMeter:
             load = self.other_cores(before, self.snapshot())
             if load < threshold or time.perf_counter() >= deadline:
                 return load
+
+
+def lock_work_dir(work_dir: Path):
+    """One benchmark per work directory at a time: another would rebuild what this one's engines load.
+    Returns the open lock file (held until it is closed or the process ends)."""
+    import fcntl
+
+    lock = open(Path(work_dir) / ".lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        log(f"another benchmark uses {work_dir}; waiting for it")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    return lock
