@@ -275,4 +275,3 @@ def unprepared(index: int, error: Exception) -> str:
 @leaves_cores_to_the_engine
 def _run_to_completion(core: EngineCore) -> None:
     core.run_to_completion()
-
