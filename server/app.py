@@ -65,6 +65,8 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()  # none: no key needed
     max_body_bytes: int = 4 << 20
     max_upload_bytes: int = 25 << 20  # a speech upload's file (--max-upload-mb; server/uploads.py)
+    max_audio_seconds: float = 1800.0  # a speech upload's duration (--max-audio-seconds; server/audio_budget.py)
+    audio_decode_budget: int = 256 << 20  # bytes the speech decodes take together (--audio-decode-budget)
     max_rows: int = 8  # requests decoding together (at most the engine's max_batch_size)
     max_waiting: int = 256  # requests queued for a row before 429
     request_timeout_s: float | None = None
@@ -205,7 +207,9 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
             raise HttpError(error.status, str(error), error.param, error.code) from None
         except (PromptError, ValueError) as error:
             raise HttpError(400, *_preparation_message(str(error))) from None
-        return _enqueue(prepared, converted.settings), tool_parser
+        job = _enqueue(prepared, converted.settings)
+        job.forced_calls = converted.forced is not None  # its grammar is the server's (_constraint_failed)
+        return job, tool_parser
 
     def _enqueue(prepared, settings) -> Job:
         """A prepared request as a job on the serving engine (429 when its queue is full, 503 while it
@@ -243,6 +247,8 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
                 continue
             if update.error:
                 raise HttpError(503, update.error, code="engine_failed")
+            if update.finished and job.prepared.sequence.error:
+                raise _constraint_failed(job)
             return update
 
     async def _wait(job: Job, request: Request, answer: "_Answer") -> None:
@@ -261,9 +267,9 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
                     update = await _next(job, request)
                 except ClientGone:
                     return
-                except HttpError as error:  # past its timeout, or the engine failed: say so, then end
+                except HttpError as error:  # past its timeout, its constraint failed, the engine failed: say so
                     yield _sse({"error": {"message": error.message, "type": ERROR_TYPES.get(error.status),
-                                          "param": None, "code": error.code}})
+                                          "param": error.param, "code": error.code}})
                     finished = True
                     break
                 span = answer.add(update)
@@ -286,6 +292,19 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
 
     add_messages(app, runner, config, _submit, _next)
     return app
+
+
+def _constraint_failed(job: Job) -> "HttpError":
+    """A request whose constraint the grammar library gave up on mid-answer (sequence.append_token):
+    a 400 naming the constraint, never a cut answer ending as "stop". A forced call's grammar is the
+    server's, made from the tools' parameters: the message says so, in these words."""
+    request, why = job.prepared.request, job.prepared.sequence.error
+    if getattr(job, "forced_calls", False):
+        reason = why.partition(": ")[2]
+        return HttpError(400, f"tools: the grammar that makes the answer calls of these tools failed: {reason} "
+                              "(simpler parameters schemas, or tool_choice auto)", "tools", "constraint_failed")
+    field = "response_format" if request.response_format is not None else "guided_decoding"
+    return HttpError(400, f"{field}.{why}", f"{field}.{why.partition(':')[0]}", "constraint_failed")
 
 
 def _sse(payload: dict) -> str:

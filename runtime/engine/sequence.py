@@ -12,6 +12,9 @@ END_OF_SEQUENCE = "end-of-sequence"
 MAX_LENGTH = "max-length"
 STOP_WORDS = "stop-words"
 ABORTED = "aborted"
+# The request's constraint stopped it: the grammar library gave up mid-answer (Sequence.error says
+# why). Not end-of-sequence: the answer so far does not complete the constraint.
+CONSTRAINT_FAILED = "error"
 
 
 class TokenCounts:
@@ -80,6 +83,7 @@ class Sequence:
     media: object | None = None  # a sequence_media.SequenceMedia: its image / audio rows, mRoPE positions
     generated: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    error: str | None = None  # with CONSTRAINT_FAILED: why (the constraint's field first)
     first_token_time: float | None = None
     # With log-probabilities on: per step, the top-K (ids, logprobs) and the sampled token's logprob.
     top_logprobs: list[tuple[list[int], list[float]]] = field(default_factory=list)
@@ -108,7 +112,16 @@ def append_token(eos: set[int], s: Sequence, token: int, now: float) -> bool:
         s.constraint.accept(token)
     if s.first_token_time is None:
         s.first_token_time = now
-    if token in eos:
+    # Checked first: a grammar the library gave up on allows only end-of-sequence, which is no answer's
+    # end (a transcription's token rules never fail: they have no `failed`).
+    failed = getattr(s.constraint, "failed", None)
+    if failed:
+        kept = len(s.generated) - (token in eos)  # the end-of-sequence it forced is not the answer's
+        if s.detokenizer is not None and token not in eos:
+            s.detokenizer.add(token)  # the answer so far is kept whole (a stop string now changes nothing)
+        s.finish_reason = CONSTRAINT_FAILED
+        s.error = f"{failed}; the answer stops after {kept} token{'' if kept == 1 else 's'}"
+    elif token in eos:
         s.finish_reason = END_OF_SEQUENCE
     elif s.detokenizer is not None and s.detokenizer.add(token):
         s.finish_reason = STOP_WORDS

@@ -29,10 +29,15 @@ class ResponseBuilder:
         # what follows cut off), decoded as UTF-8 with invalid bytes as U+FFFD.
         text = s.detokenizer.finish()
         reasoning, content = split_reasoning(text, p.prompt.reasoning)
+        error = None
+        if s.error:  # the constraint stopped it: the request failed, its answer so far kept
+            field, suffix = constraint_field(p.request)
+            error = f"requests[{p.index}].{field}.{s.error}{suffix}"
+            log.error("%s", error)
         return Response(
             request_idx=p.index, batch_idx=batch_idx, output_text=text, reasoning_text=reasoning,
             content_text=content if reasoning is not None else None,
-            finish_reason=s.finish_reason, messages=messages, logprobs=logprobs,
+            finish_reason=s.finish_reason, error=error, messages=messages, logprobs=logprobs,
             sampled_tokens=sampled_tokens,
             formatted_system_prompt=p.prompt.system_text, formatted_complete_request=p.prompt.text,
             prompt_tokens=len(s.prompt_ids), generated_tokens=len(s.generated),
@@ -44,6 +49,15 @@ class ResponseBuilder:
     def candidate(self, token_id: int, logprob: float) -> LogprobCandidate:
         return LogprobCandidate(token_id=token_id, token=self.token_bytes.text_of(token_id),
                                 bytes=list(self.token_bytes.bytes_of(token_id)), logprob=logprob)
+
+
+def constraint_field(request) -> tuple[str, str]:
+    """(the field of a request's constraint, a suffix when it is the file's default), as prepare.py
+    names them."""
+    if request.response_format is not None:
+        return "response_format", ""
+    return "guided_decoding", "" if "guided_decoding" in request.model_fields_set else \
+        " (the top-level guided_decoding)"
 
 
 def error_response(index: int, batch_idx: int, message: str, messages) -> Response:

@@ -10,7 +10,12 @@ millisecond or more (the tokenizer's view is built once per engine, ~1 s for a 1
 
 Fail closed: a schema keyword the compiler cannot enforce (`if`/`then`, `dependentRequired`, ...),
 a regex or grammar that does not parse makes the request fail, the message naming the field,
-never a silently looser output. A failure is cached like a success.
+never a silently looser output. A failure is cached like a success. So does a grammar no answer can
+start (a schema that is only a reference to itself): each compiled grammar's first mask is computed
+once, at compile time. Where the library gives up in the middle of an answer (a lexer or parser past
+its limits: `a{1000000}`, a grammar that can never end), it allows only end-of-sequence from then
+on: `Constraint.failed` says so, and the request ends with that reason (sequence.append_token:
+finish reason "error" with the answer so far), never as a complete answer.
 
 Per request, a `Constraint` holds the grammar's state: before each sampled token the sampler's
 logits are masked to the tokens the grammar allows (`mask_logits`), and every appended token
@@ -39,6 +44,16 @@ CACHE_SIZE = 256  # compiled grammars kept per engine (a matcher of a small gram
 class GrammarError(ValueError):
     """A constraint the grammar library cannot enforce; the message starts with the field it names
     (say `regex: ...`)."""
+
+
+# The library's stop reasons that are not a message of their own, in our words.
+_STOP_REASONS = {"NoExtensionBias": "no answer can satisfy it (no token can come next and it is not complete)"}
+
+
+def gave_up(error: str) -> str:
+    """One line for why the library gave up (its error text is followed by a dump of its state)."""
+    first = error.strip().splitlines()[0].strip() if error.strip() else "no reason given"
+    return _STOP_REASONS.get(first, first)
 
 
 def json_lark(schema: dict) -> str:
@@ -132,7 +147,7 @@ class Grammars:
         if isinstance(compiled, str):  # a schema the compiler cannot enforce, a pattern that does not parse
             what = "cannot be enforced" if mode in ("json_schema", "json_object") else "does not compile"
             raise GrammarError(f"{field}: {what}: {compiled}")
-        return Constraint(compiled.deep_copy(), self._vocab_size)
+        return Constraint(compiled.deep_copy(), self._vocab_size, field)
 
     def _compiled(self, text: str, tokenizer):
         """The cached matcher of a grammar text (never advanced: each request copies it), or the
@@ -145,11 +160,20 @@ class Grammars:
 
         self.stats["compiled"] += 1
         matcher = llguidance.LLMatcher(tokenizer, text, log_level=0)
-        compiled = matcher.get_error() if matcher.is_error() else matcher
+        compiled = matcher.get_error() if matcher.is_error() else self._first_mask_error(matcher)
         self._cache[text] = compiled
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
         return compiled
+
+    def _first_mask_error(self, matcher):
+        """The matcher, or why no answer can begin (its first mask, computed on a copy: a grammar
+        the library gives up on before the first token fails its requests at preparation)."""
+        import llguidance.numpy
+
+        probe = matcher.deep_copy()
+        llguidance.numpy.fill_next_token_bitmask(probe, np.zeros((1, (self._vocab_size + 31) // 32), np.int32))
+        return gave_up(probe.get_error()) if probe.is_error() else matcher
 
     def literal(self, text: str) -> str:
         """A Lark terminal that matches `text` as the tokenizer writes it: the special token's name
@@ -164,10 +188,11 @@ class Grammars:
 
 
 class Constraint:
-    """One request's grammar state."""
+    """One request's grammar state. field: the constraint's name in the request (`regex`,
+    `json_schema.schema`), for the message when the library gives up on it."""
 
-    def __init__(self, matcher, vocab_size: int):
-        self._matcher, self._vocab_size = matcher, vocab_size
+    def __init__(self, matcher, vocab_size: int, field: str = "constraint"):
+        self._matcher, self._vocab_size, self.field = matcher, vocab_size, field
         self._bitmask = np.full((1, (vocab_size + 31) // 32), -1, dtype=np.int32)
 
     def allowed(self) -> np.ndarray:
@@ -183,7 +208,11 @@ class Constraint:
 
     @property
     def failed(self) -> str | None:
-        return self._matcher.get_error() if self._matcher.is_error() else None
+        """None while the grammar holds; else one line naming the field and why the library gave up
+        (it then allows only end-of-sequence, which would end a cut answer as a complete one)."""
+        if not self._matcher.is_error():
+            return None
+        return f"{self.field}: the grammar library gave up on it: {gave_up(self._matcher.get_error())}"
 
 
 def _unpacked(bitmask: np.ndarray, vocab_size: int) -> np.ndarray:
