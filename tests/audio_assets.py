@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
-from assets import AssetUnavailable
+from assets import AssetUnavailable, before_fetch
 
 POCKETSPHINX = "pocketsphinx-testdata"
 POCKETSPHINX_DATA = "usr/share/pocketsphinx/test/data"
@@ -63,6 +63,7 @@ def _run(command: list[str], cwd: Path, timeout: float = 300, env: dict | None =
 
 def _unpack(packages: list[str], root: Path) -> None:
     """`apt-get download` the packages into a scratch folder and unpack them all into `root`."""
+    before_fetch(f"the Debian packages {', '.join(packages)}", root.parent)
     with tempfile.TemporaryDirectory(prefix=".debs-", dir=root.parent) as scratch:
         _run([_tool("apt-get"), "download", *packages], Path(scratch))
         dpkg_deb = _tool("dpkg-deb")
@@ -119,6 +120,7 @@ def pocketsphinx_clips(cache_dir: Path | None = None) -> dict[str, Clip]:
         (folder / "transcripts.json").write_text(json.dumps(transcripts, indent=1) + "\n")
 
     if not index.is_file():
+        before_fetch(f"the Debian package {POCKETSPHINX}", final)
         _install(final, build)
     return {utterance: Clip(final / f"{utterance}.wav", words)
             for utterance, words in json.loads(index.read_text()).items()}
@@ -137,6 +139,7 @@ def _espeak_tree(cache_dir: Path) -> Path:
         _unpack(packages, folder)
 
     if not (final / "usr" / "bin" / "espeak-ng").is_file():
+        before_fetch("espeak-ng (not installed on this system) and its Debian packages", final)
         _install(final, build)
     return final
 
@@ -152,6 +155,12 @@ def _espeak_command(cache_dir: Path) -> tuple[list[str], dict[str, str]]:
         raise AssetUnavailable("the espeak-ng packages hold no espeak-ng-data folder")
     env = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(libraries)}
     return [str(tree / "usr" / "bin" / "espeak-ng"), f"--path={data.parent}"], env
+
+
+def espeak_ready(cache_dir: Path | None = None) -> str:
+    """Makes espeak-ng runnable (the system's, else its packages fetched into the cache); returns which."""
+    command, _ = _espeak_command(Path(cache_dir or cache_root()))
+    return command[0]
 
 
 def espeak_speech(text: str, cache_dir: Path | None = None, *, words_per_minute: int = 140,

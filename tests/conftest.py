@@ -18,9 +18,18 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import assets  # noqa: E402
+import skip_report  # noqa: E402
 
 # The test machines have 2 shared cores; more threads only add contention.
 torch.set_num_threads(1)
+
+# The tests never download: `bash scripts/setup.sh --test` fetches every asset into the test cache, and a
+# test whose asset is missing fails saying so (assets.AssetNotFetched) instead of fetching or skipping.
+assets.forbid_fetching()
+
+
+def pytest_configure(config):
+    skip_report.register(config)  # every skip and its reason in the summary; CI fails one not allow-listed
 
 
 def _cache_root() -> Path:

