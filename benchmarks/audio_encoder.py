@@ -51,9 +51,9 @@ def main() -> int:
     import torch
 
     from trt_llm.build.cpu_backend import compile_cpu
-    from trt_llm.build.models.qwen2_audio import AudioTowerGraph, export_audio_tower
+    from trt_llm.families.qwen2_audio.audio_tower import AudioTowerGraph, export_audio_tower
     from trt_llm.runtime.media.audio.features import WhisperFeatures
-    from trt_llm.runtime.media.audio.tokens import packing
+    from trt_llm.families.qwen2_audio.host import packing
 
     torch.set_num_threads(args.threads)
     model = random_model(args.layers)

@@ -65,15 +65,14 @@ def main() -> None:
     import assets
     import vlm_assets
     from trt_llm.build.cpu_backend import compile_cpu
-    from trt_llm.build.export import export_vision
-    from trt_llm.build.models.qwen_vl_vision import VisionGraph
+    from trt_llm.families.qwen_vl.vision_tower import VisionGraph, export_tower
     from trt_llm.runtime.media.vision import grid as vision_grid
     from trt_llm.runtime.media.vision.processor import ImageProcessor
 
     torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="vision-bench-"))
     visual = random_model(vlm_assets, args.blocks, out_hidden=2048).model.visual
-    graph_path = export_vision(VisionGraph(visual, torch.float32), work / "vision.onnx", torch.float32)
+    graph_path = export_tower(VisionGraph(visual, torch.float32), work / "vision.onnx", torch.float32)
     options = ort.SessionOptions()
     options.intra_op_num_threads = args.threads
     options.log_severity_level = 3

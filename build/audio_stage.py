@@ -1,20 +1,22 @@
 """The export of an audio model's encoder: the engine's `audio/` component.
 
-    audio/model.onnx                 the encoder's graph (the family's module in build/models/)
+    audio/model.onnx                 the encoder's graph (the exporter its family's face names)
     audio/config.json                what the runtime needs to feed it: the feature extractor
                                      (runtime/media/audio/features.py's keys), the encoder's window, the
                                      clip limits of `audio:` and the family's own entries
     audio/preprocessor_config.json   the checkpoint's feature extractor settings, as transformers has them
 
-Two kinds of encoder, named by the config's "kind":
-- "rows" (Qwen2-Audio, Qwen3-ASR): the tower and projector give each clip's rows, which the decoder
-  reads at the clip's audio placeholder tokens (build/models/qwen2_audio.py, qwen3_asr.py);
-- "cross_attention" (Whisper): the encoder gives each decoder layer's cross-attention keys and
-  values, computed once per request (build/models/whisper.py).
+The manifest's entry names the component's runtime adapter (trt_llm/families/adapters.py), which
+feeds the graph and says what comes out of it:
+- rows (Qwen2-Audio, Qwen3-ASR): the tower and projector give each clip's rows, which the decoder
+  reads at the clip's audio placeholder tokens (trt_llm/families/qwen2_audio/audio_tower.py,
+  trt_llm/families/qwen3_asr/audio_tower.py);
+- cross-attention (Whisper): the encoder gives each decoder layer's cross-attention keys and
+  values, computed once per request (trt_llm/families/whisper/graphs.py).
 
 Qwen2-Audio's and Qwen3-ASR's encoders stay in floating point whatever `quantization:` says, as the
 vision tower does. Whisper's follows it: the bundle hands its linear factory to the family's
-`export_audio` (build/models/whisper.py: the encoder's linears and the cross k / v projections
+`export_audio` (trt_llm/families/whisper/graphs.py: the encoder's linears and the cross k / v projections
 quantized, its convolutions float), as CTranslate2's int8 quantizes the encoder too.
 """
 
@@ -39,7 +41,7 @@ def export_audio_component(checkpoint, config, directory: Path, dtype: torch.dty
     from trt_llm.runtime.media.audio.features import config_from_preprocessor
 
     directory.mkdir(parents=True, exist_ok=True)
-    module = import_module(f"trt_llm.build.models.{checkpoint.family.audio}")
+    module = import_module(checkpoint.family.audio.exporter)
     extra = {} if make_linear is None else {"make_linear": make_linear}
     family_settings = module.export_audio(checkpoint.model, directory / "model.onnx", dtype, **extra)
     preprocessor = _preprocessor_config(checkpoint, family_settings["num_mel_bins"])
@@ -47,7 +49,7 @@ def export_audio_component(checkpoint, config, directory: Path, dtype: torch.dty
                 **config.audio.model_dump()}
     (directory / "config.json").write_text(json.dumps(settings, indent=1) + "\n")
     (directory / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=1) + "\n")
-    return {"graph": "audio/model.onnx", "config": "audio/config.json",
+    return {"graph": "audio/model.onnx", "config": "audio/config.json", "adapter": checkpoint.family.audio.adapter,
             "preprocessor": "audio/preprocessor_config.json"}
 
 

@@ -46,7 +46,7 @@ def encoder_decoder_config(config: BuildConfig, checkpoint) -> BuildConfig:
     prompt and cache limits within its max_target_positions (it has no positions past them).
 
     `quantization:` (int8, int4; round to nearest) covers the decoder's and the encoder's linears on
-    the cpu backend (build/models/whisper.py). The TensorRT backends refuse it: their weight-only
+    the cpu backend (trt_llm/families/whisper/graphs.py). The TensorRT backends refuse it: their weight-only
     plans of these two graphs are not built or checked yet. AWQ is refused: its calibration runs the
     model as a text decoder over text."""
     from trt_llm.build.compile import TENSORRT_BACKENDS, BuildError

@@ -9,7 +9,8 @@ from typing import Iterator
 
 import torch
 
-from trt_llm.build.models import ModelFamily, family_for
+from trt_llm.families.face import Family as ModelFamily
+from trt_llm.families.registry import family_for
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 

@@ -45,7 +45,7 @@ def drop_unused_sections(config: BuildConfig) -> BuildConfig:
     from trt_llm.build.checkpoint import model_family
 
     family = model_family(config.model, config.trust_remote_code)
-    has = {"vision": family.vision, "audio": family.audio is not None}
+    has = {"vision": family.vision is not None, "audio": family.audio is not None}
     unused = [key for key in given if not has[key]]
     for key in unused:
         log.warning("%s: ignored: %s has no %s encoder", key, family.architecture, key)
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     from trt_llm.build.checkpoint import CheckpointError
     from trt_llm.build.eagle.stage import DraftError
-    from trt_llm.build.models import UnsupportedArchitecture
+    from trt_llm.families.registry import UnsupportedArchitecture
 
     if args.quiet:
         quiet_transformers()

@@ -101,32 +101,6 @@ def export_draft(graph, hidden_size: int, kv_heads: int, head_dim: int, path: Pa
     return export_graph(graph, example, spec.input_names, spec.output_names, tuple(_dynamic_axes(spec.inputs)), path)
 
 
-def export_vision(graph, path: Path, dtype: torch.dtype) -> Path:
-    """The vision tower graph (build/models/qwen_vl_vision.py's VisionGraph): patches, segments and
-    windows all dynamic, so one graph takes any number and size of images."""
-    from trt_llm.runtime.media.vision import grid as vision_grid
-
-    config_grid = [[1, 8, 12], [1, 4, 4]]  # 112 patches, 28 tokens, 2 images: distinct example sizes
-    visual = graph.patch_embed
-    width = visual.in_channels * visual.temporal_patch_size * visual.patch_size ** 2
-    patches = sum(t * h * w for t, h, w in config_grid)
-    example = [torch.zeros(patches, width, dtype=dtype),
-               torch.from_numpy(vision_grid.rotary_position_ids(config_grid, graph.merge)),
-               torch.from_numpy(vision_grid.cu_seqlens(config_grid))]
-    n, segments = Dim("patches"), Dim("segments_plus_one")
-    shapes = [{0: n}, {0: n}, {0: segments}]
-    if graph.windowed:
-        order, bounds = vision_grid.window_index(config_grid, graph.merge, graph.window_size, visual.patch_size)
-        example += [torch.from_numpy(order), torch.from_numpy(bounds)]
-        shapes += [{0: Dim("image_tokens")}, {0: Dim("windows_plus_one")}]
-    else:
-        taps, weights = vision_grid.interpolation_taps(config_grid, graph.grid_per_side, graph.merge)
-        example += [torch.from_numpy(taps), torch.from_numpy(weights)]
-        shapes += [{0: n}, {0: n}]
-    # forward(pixel_values, rotary_ids, cu_seqlens, *extra): *extra is one entry holding a tuple
-    return export_graph(graph, tuple(example), graph.input_names, graph.output_names,
-                        (*shapes[:3], tuple(shapes[3:])), path)
-
 
 def export_graph(module, example: tuple, names: list[str], outputs: list[str], dynamic_shapes, path: Path) -> Path:
     module.eval()

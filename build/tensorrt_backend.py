@@ -112,13 +112,13 @@ def vision_profile(config, settings_path: Path) -> dict[str, tuple[int, int, int
 def audio_profile(config, settings_path: Path | None = None) -> dict[str, tuple[int, int, int]]:
     """The audio graph's one profile: 1 to `audio.max_clips` clips a request (Whisper's encoder
     takes one request's clip a call; its batch is the same dimension). Qwen2-Audio's packed graph
-    (build/models/qwen2_audio.py) also takes the clips' valid rows, their segment bounds and their
+    (trt_llm/families/qwen2_audio/audio_tower.py) also takes the clips' valid rows, their segment bounds and their
     audio tokens (runtime/audio_tokens.packing): from one clip of min_mel_frames to max_clips clips of
     the longest the runtime accepts (max_mel_frames, at most the encoder's window_frames from the
     component's config); opt is one clip of the longest."""
     import json
 
-    from trt_llm.runtime.media.audio.tokens import MEL_FRAMES, audio_token_count, conv_length
+    from trt_llm.families.qwen2_audio.host import MEL_FRAMES, audio_token_count, conv_length
 
     audio = config.audio
     clips = audio.max_clips

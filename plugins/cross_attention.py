@@ -1,7 +1,7 @@
 """Attention over a fixed set of keys and values, every key visible: all its facets in one file.
 
 Whisper's decoder attends to the encoder's output in every layer (cross-attention); the keys and
-values are the encoder's hidden states projected once per request (build/models/whisper.py's
+values are the encoder's hidden states projected once per request (trt_llm/families/whisper/graphs.py's
 encoder graph returns them), so the decoder graph takes them as inputs and never recomputes them.
 There is no mask: every query sees all L keys of its row. The same op is the encoder's own
 (bidirectional, unmasked) self-attention.

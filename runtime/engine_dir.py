@@ -74,6 +74,13 @@ class EngineDir:
             typed = validate_manifest(manifest, str(manifest_path))
         except ManifestError as error:
             raise EngineDirError(str(error)) from None
+        from trt_llm.families.registry import UnsupportedArchitecture, family_named
+
+        try:  # the family's face says what the runtime does with its requests and components
+            family_named(typed.model.family)
+        except UnsupportedArchitecture as error:
+            raise EngineDirError(f"{manifest_path}: model.family: {error}; rebuild the engine with this version "
+                                 "of trt-llm-build") from None
         backend = typed.backend
         why = backend_missing(backend) if backend else "no backend named"
         if why:
@@ -113,6 +120,18 @@ class EngineDir:
         if data.is_file():
             digest.update(str(data.stat().st_size).encode())
         return digest.hexdigest()[:32]
+
+    @property
+    def family(self):
+        """The model family's face (trt_llm/families/face.Family)."""
+        from trt_llm.families.registry import family_named
+
+        return family_named(self.manifest["model"]["family"])
+
+    def adapter_name(self, component: str) -> str:
+        """The name of the `vision` or `audio` component's runtime adapter (trt_llm/families/adapters.py):
+        the one the manifest names, else the family's own (an engine built before the manifest named it)."""
+        return self.manifest["components"][component].get("adapter") or getattr(self.family, component).adapter
 
     def component_path(self, component: str, key: str) -> Path:
         return self.path / self.manifest["components"][component][key]

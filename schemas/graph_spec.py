@@ -18,7 +18,7 @@ engines read the names here; nobody else spells them.
                      tree_mask, logits_indices, past_key_0, past_value_0
     draft outputs    logits, hidden_out [batch, seq, H], present_key_0, present_value_0
     Whisper encoder  input_features [batch, mel bins, 2 * frames] -> cross_key_i / cross_value_i
-                     [batch, H, frames, D] per decoder layer (build/models/whisper.py)
+                     [batch, H, frames, D] per decoder layer (trt_llm/families/whisper/graphs.py)
 """
 
 from __future__ import annotations

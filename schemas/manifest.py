@@ -120,6 +120,9 @@ class EncoderComponent(BaseModel):
     engine: RelativePath | None = None
     config: RelativePath
     preprocessor: RelativePath | None = None  # the image processor's / feature extractor's settings
+    # Its runtime adapter's name (trt_llm/families/adapters.py); absent in an engine built before the
+    # families' faces: the family's own adapter then.
+    adapter: str | None = None
 
 
 class TokenizerComponent(BaseModel):

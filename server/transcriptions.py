@@ -1,5 +1,6 @@
 """POST /v1/audio/transcriptions and /v1/audio/translations: OpenAI's speech-to-text endpoints, on an
-engine whose audio component is Whisper's (`runner.audio.kind == "cross_attention"`) or Qwen3-ASR's.
+engine whose family transcribes (its face's `transcription`, trt_llm/families: Whisper's window loop, or
+Qwen3-ASR's chat request).
 
 The form (multipart/form-data, as OpenAI's clients send it) is streamed to disk under the upload
 limit (server/uploads.py: 25 MB by default, --max-upload-mb; 413 past it), the file removed after
@@ -108,7 +109,7 @@ def add_transcriptions(app: FastAPI, runner, metrics, config, enqueue, next_upda
             upload.remove()  # the request is over: its file goes
 
     async def answer_upload(request: Request, task: str, route: str, fields: dict, upload: SavedUpload):
-        if _is_qwen3_asr(runner):
+        if _transcribes_in_chat(runner):
             return await _chat_transcription(request, fields, upload, task)
         prepared, settings = await _prepare(fields, upload, task)
         response_format = fields.get("response_format", "json")
@@ -265,14 +266,15 @@ def _render(response, response_format: str, task: str):
             "segments": [segment.model_dump() for segment in segments], "usage": usage}
 
 
-def _is_qwen3_asr(runner) -> bool:
-    return runner.audio is not None and runner.audio.settings.get("family") == "qwen3_asr"
+def _transcribes_in_chat(runner) -> bool:
+    """Qwen3-ASR: a transcription is a chat request holding the clip (Whisper: the window loop)."""
+    return runner.family.transcription == "chat"
 
 
 def _check_engine(runner, route: str) -> None:
     """Whisper and Qwen3-ASR engines transcribe; another audio-LLM (Qwen2-Audio) takes its clips in chat."""
-    if runner.audio is None or not (runner.audio.kind == "cross_attention" or _is_qwen3_asr(runner)):
-        what = "no audio component" if runner.audio is None else f"an audio component of kind {runner.audio.kind!r}"
+    if runner.family.transcription is None:
+        what = "no audio component" if runner.audio is None else f"{runner.family.architecture}'s audio component"
         raise HttpError(400, f"{route} needs a Whisper engine (an encoder-decoder speech model) or a Qwen3-ASR one; "
                              f"this engine has {what}: send its audio to /v1/chat/completions as input_audio parts",
                         code="model_not_supported")

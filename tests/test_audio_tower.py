@@ -1,5 +1,5 @@
-"""Qwen2-Audio's audio graph (build/models/qwen2_audio.py, exported and lowered for ONNX Runtime)
-against transformers on real speech, and the audio token count (runtime/media/audio/tokens.py) against
+"""Qwen2-Audio's audio graph (trt_llm/families/qwen2_audio/audio_tower.py, exported and lowered for ONNX Runtime)
+against transformers on real speech, and the audio token count (trt_llm/families/qwen2_audio/host.py) against
 transformers' Qwen2AudioProcessor.
 
 Oracle for the embeddings: transformers' own Qwen2AudioModel.forward on the processor's prompt,
@@ -8,7 +8,7 @@ feature_attention_mask is transformers' too. Both sides get the same features (r
 from runtime/media/audio/decode.py's waveform, the settings read from the model's preprocessor_config.json), so
 the comparison is of the graph alone: within 1e-5 on every clip's rows, 1 clip, 2 clips of different
 lengths in one call, and a clip over 30 s (cut to the chunk: no padding at all). The graph runs the
-valid rows only (build/models/qwen2_audio.py); transformers, all 1,500 with a mask.
+valid rows only (trt_llm/families/qwen2_audio/audio_tower.py); transformers, all 1,500 with a mask.
 The tiny model is random (tests/audio_llm_assets.py) but has the real input geometry.
 """
 
@@ -24,10 +24,10 @@ import pytest
 import torch
 from assets import AssetUnavailable
 from trt_llm.build.cpu_backend import compile_cpu
-from trt_llm.build.models.qwen2_audio import AudioTowerGraph, export_audio_tower
+from trt_llm.families.qwen2_audio.audio_tower import AudioTowerGraph, export_audio_tower
 from trt_llm.runtime.media.audio.decode import load_audio
 from trt_llm.runtime.media.audio.features import config_from_preprocessor, extractor_for
-from trt_llm.runtime.media.audio.tokens import MAX_AUDIO_TOKENS, audio_token_count, packing
+from trt_llm.families.qwen2_audio.host import MAX_AUDIO_TOKENS, audio_token_count, packing
 from trt_llm.runtime.text.tokenizer import Tokenizer
 
 ESPEAK_TEXT = "The quick brown fox jumps over the lazy dog, twice."

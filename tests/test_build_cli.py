@@ -46,9 +46,9 @@ def test_unsupported_architecture_lists_supported(tmp_path, tiny_model, capsys):
     assert build_main([str(path), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "GPT2LMHeadModel" in err
-    from trt_llm.build.models import REGISTRY
+    from trt_llm.families.registry import families
 
-    assert f"supported: {', '.join(sorted(REGISTRY))}" in err
+    assert f"supported: {', '.join(sorted(families()))}" in err
     assert "Gemma3ForCausalLM" in err and "Qwen3MoeForCausalLM" in err and "WhisperForConditionalGeneration" in err
     assert not (tmp_path / "e").exists()
 

@@ -22,7 +22,7 @@ from trt_llm.runtime.media.audio.decode import load_audio
 from trt_llm.runtime.media.audio.encoder import AudioEncoder
 from trt_llm.runtime.media.audio.features import Qwen3ASRFeatures
 from trt_llm.runtime.media.audio.qwen3_asr_prompt import parse_output
-from trt_llm.runtime.media.audio.qwen3_asr_tokens import Qwen3ASRLayout
+from trt_llm.families.qwen3_asr.host import Qwen3ASRLayout
 
 MAX_NEW = 16
 CONTEXT = "Sense and Sensibility, Mr. Dashwood."

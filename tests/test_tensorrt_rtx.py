@@ -203,6 +203,7 @@ def _audio_feeds(engine, frames: list[int], outputs) -> tuple[list[dict], list]:
     """What the runtime's AudioEncoder feeds the audio plan for clips of `frames` valid mel frames,
     recorded by a session standing in for the plan (which needs a GPU), and the clips it makes of
     `outputs(feeds)`."""
+    from trt_llm.families.adapters import adapter
     from trt_llm.runtime.media.audio.encoder import AudioEncoder, PendingClip
 
     settings = json.loads((engine / "audio" / "config.json").read_text())
@@ -217,8 +218,9 @@ def _audio_feeds(engine, frames: list[int], outputs) -> tuple[list[dict], list]:
             return outputs(feeds)
 
     encoder = AudioEncoder.__new__(AudioEncoder)
-    encoder.settings, encoder.kind, encoder.session = settings, settings["kind"], Recorder()
-    encoder.layout = None  # (Qwen3-ASR's chunk layout: not these encoders)
+    encoder.settings, encoder.session = settings, Recorder()
+    encoder.adapter = adapter(json.loads((engine / "manifest.json").read_text())["components"]["audio"]["adapter"],
+                              settings)
     features = np.zeros((settings["num_mel_bins"], settings["window_frames"]), np.float32)
     clips = encoder._run([PendingClip(f"clip{i}", "clip", features, n, n / 100) for i, n in enumerate(frames)])
     return fed, clips
@@ -286,7 +288,7 @@ def test_qwen2_audio_builds_its_audio_plan_ahead_of_time(npm_tokenizer, build_en
     profile takes what the runtime feeds it for one clip of min_mel_frames up to max_clips clips of 30 s
     (the packed graph's clips, valid rows, segments and tokens)."""
     import audio_llm_assets
-    from trt_llm.runtime.media.audio.tokens import audio_token_count
+    from trt_llm.families.qwen2_audio.host import audio_token_count
 
     folder = audio_llm_assets.make_tiny_qwen2_audio(tmp_path / "qwen2_audio", tokenizer_dir=npm_tokenizer("qwen3"))
     engine = build_engine_for(folder, backend="tensorrt-rtx", dtype="fp16", max_batch_size=2, max_input_len=1024,

@@ -1,4 +1,4 @@
-"""The vision component's graph (build/models/qwen_vl_vision.py, exported and lowered for ONNX Runtime)
+"""The vision component's graph (trt_llm/families/qwen_vl/vision_tower.py, exported and lowered for ONNX Runtime)
 against transformers' own vision tower on the same patches: within 1e-4, for Qwen2.5-VL (windows and
 full-attention blocks) and Qwen3-VL (learned position table, deepstack features), on one image,
 several of different sizes in one request, the smallest image and a large one.
@@ -15,8 +15,7 @@ import torch
 
 import vlm_assets
 from trt_llm.build.cpu_backend import compile_cpu
-from trt_llm.build.export import export_vision
-from trt_llm.build.models.qwen_vl_vision import VisionGraph
+from trt_llm.families.qwen_vl.vision_tower import VisionGraph, export_tower
 from trt_llm.runtime.media.vision import grid as vision_grid
 
 GRIDS = [[[1, 8, 6]], [[1, 8, 6], [1, 16, 20], [1, 4, 4]], [[1, 2, 2]], [[1, 30, 40]]]
@@ -29,7 +28,7 @@ def tower(request, tmp_path_factory):
     folder = vlm_assets.make_tiny_vlm(request.param, tmp_path_factory.mktemp(request.param))
     visual = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval().model.visual
     graph = VisionGraph(visual, torch.float32)
-    engine = compile_cpu(export_vision(graph, folder / "vision.onnx", torch.float32))
+    engine = compile_cpu(export_tower(graph, folder / "vision.onnx", torch.float32))
     return visual, graph, ort.InferenceSession(str(engine), providers=["CPUExecutionProvider"])
 
 

@@ -1,4 +1,4 @@
-"""The Whisper graphs (build/models/whisper.py) on a tiny random WhisperForConditionalGeneration:
+"""The Whisper graphs (trt_llm/families/whisper/graphs.py) on a tiny random WhisperForConditionalGeneration:
 the encoder graph on ONNX Runtime against transformers' encoder and cross k/v projections, and a
 greedy decode through the exported decoder graph, compiled by the cpu backend (its attention nodes
 become GroupQueryAttention with an in-place cache, its cross-attention the inlined body), against
@@ -11,7 +11,7 @@ import pytest
 import torch
 from assets import make_nontrivial
 from trt_llm.build.cpu_backend import compile_cpu
-from trt_llm.build.models.whisper import (
+from trt_llm.families.whisper.graphs import (
     WhisperDecoderGraph,
     WhisperDims,
     WhisperEncoderGraph,

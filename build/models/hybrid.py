@@ -1,4 +1,4 @@
-"""What the hybrid families (build/models/qwen3_5.py, lfm2.py) share: decoders whose layers are
+"""What the hybrid families (trt_llm/families/qwen3_5/decoder.py, lfm2.py) share: decoders whose layers are
 either full attention on our attention op or a recurrent mixer keeping fixed-size states
 (schemas/layer_spec.py's `recurrent`), in the order the config's `layer_types` gives.
 

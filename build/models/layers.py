@@ -191,7 +191,7 @@ class GatedMLP(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm attention + MLP, the layer of every Llama-shaped family.
 
-    family (build/models/ModelFamily): qk_norm (Qwen3, Gemma 3: RMSNorm over head_dim on q and k
+    family (trt_llm/families/face.Family): qk_norm (Qwen3, Gemma 3: RMSNorm over head_dim on q and k
     before rotary); gemma (Gemma 2 / 3: every norm scales by 1 + weight, and the attention and MLP
     outputs are normalised too before the residual add: four norms per layer).
     make_linear: builds each packed projection from its HF linears (`linear`, or a quantizing

@@ -23,7 +23,7 @@ from trt_llm.build.models.layers import (DecoderLayer, GatedMLP, activation, cas
 from trt_llm.schemas.layer_spec import FullAttention, RotarySpec, SlidingAttention, window_of
 
 if TYPE_CHECKING:
-    from trt_llm.build.models import ModelFamily
+    from trt_llm.families.face import Family as ModelFamily
 
 
 class ModelDims:

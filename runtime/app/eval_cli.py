@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"{args.text}: unreadable: {error}") from None
         engines = [EngineDir.open(args.engine_dir)] + ([EngineDir.open(args.reference_dir)] if args.reference_dir else [])
         for engine in engines:
-            if engine.manifest["model"]["family"] == "whisper":
+            if engine.family.task != "chat":
                 raise ValueError(f"{engine.path}: a Whisper engine's decoder reads a clip's encoding; perplexity "
                                  "on a text needs a decoder-only model")
             limit = min(engine.limits["max_input_len"], engine.limits["max_kv_cache_capacity"])

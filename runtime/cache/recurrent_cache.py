@@ -9,7 +9,7 @@ what was written current (the pool swaps the two and rebinds; a window over some
 other rows did not step, copies its rows back instead).
 
 A row's state is only valid for the row's own tokens: the graph treats a row whose past length is
-0 as a new sequence (its past state as zeros, build/models/qwen3_5.py), so a row freed and taken
+0 as a new sequence (its past state as zeros, trt_llm/families/qwen3_5/decoder.py), so a row freed and taken
 again needs no clearing. Nothing here holds per-token slots: `move_slots` (EAGLE's tree) cannot be
 served, and the build refuses a draft on a recurrent model.
 """

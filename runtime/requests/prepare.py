@@ -68,11 +68,12 @@ def apply_batch_rules(batch: list[Prepared], settings: InputSettings) -> int:
 class RequestPreparer:
     def __init__(self, tokenizer, token_bytes: TokenBytes, limits: dict, vocab_size: int,
                  lora_layout: dict | None, dtype, prefix_stats: dict, eos_token_ids: list[int], vision=None,
-                 audio=None):
+                 audio=None, task: str = "chat"):
         """vision: the engine's VisionEncoder (runtime/media/vision/encoder.py), when it has a vision component;
-        audio: its AudioEncoder (runtime/media/audio/encoder.py), when it has an audio component."""
+        audio: its AudioEncoder (runtime/media/audio/encoder.py), when it has an audio component; task: the
+        family's (trt_llm/families/face.Family.task): "chat", or "transcription" (Whisper's prompts)."""
         self.tokenizer, self.token_bytes = tokenizer, token_bytes
-        self.vision, self.audio = vision, audio
+        self.vision, self.audio, self.task = vision, audio, task
         self.limits, self.vocab_size = limits, vocab_size
         self.lora_layout, self.dtype = lora_layout, dtype
         self.prefix_stats = prefix_stats  # counts "fallbacks": prompts whose system prompt cannot be reused
@@ -89,7 +90,7 @@ class RequestPreparer:
         if request.lora_name is not None:
             adapter = self._adapter(where, request.lora_name, settings.available_lora_weights[request.lora_name])
         media = rules = transcription = None
-        if self.audio is not None and self.audio.kind == "cross_attention":  # Whisper: a transcription
+        if self.task == "transcription":  # Whisper
             if request.response_format is not None and request.response_format.type != "text":
                 raise ValueError(f"{where}.response_format: a Whisper engine transcribes; it takes no "
                                  "structured output")
@@ -115,7 +116,7 @@ class RequestPreparer:
             ids, media = attach_images(self.vision, request.messages, prompt.token_ids, formatter.media_dir, where,
                                        self.limits["max_input_len"])
             prompt = dataclasses.replace(prompt, token_ids=ids)
-        if self.audio is not None and self.audio.kind == "rows" and media_parts(request.messages, "audio"):
+        if self.audio is not None and not self.audio.cross_attention and media_parts(request.messages, "audio"):
             from trt_llm.runtime.media.audio.prompt import attach_audio
 
             ids, media = attach_audio(self.audio, request.messages, prompt.token_ids, formatter.media_dir, where,

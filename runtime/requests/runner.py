@@ -59,6 +59,7 @@ class Runner:
         from trt_llm.runtime.backends.engines import open_engine
 
         self.engine_dir = engine_dir
+        self.family = engine_dir.family  # its face: the task its requests are (trt_llm/families)
         self.profiler = profiler
         dims = engine_dir.dims
         embedding_path = engine_dir.component_path("llm", "embedding")
@@ -108,7 +109,7 @@ class Runner:
             self.audio.profiler = profiler
         self.preparer = RequestPreparer(self.tokenizer, self.token_bytes, self.limits, dims["vocab_size"],
                                         self.lora_layout, embedding.dtype, self.prefix_stats,
-                                        engine_dir.eos_token_ids, self.vision, self.audio)
+                                        engine_dir.eos_token_ids, self.vision, self.audio, self.family.task)
         self.responses = ResponseBuilder(self.token_bytes)
 
     def run(self, loaded: LoadedInput, settings: InputSettings,
@@ -187,7 +188,7 @@ class Runner:
         `speculate`), else vanilla decoding."""
         strategy = Eagle(self.draft, self.spec, self.spec_stats) if self.draft is not None and speculate else Vanilla()
         sampler = None
-        if self.audio is not None and self.audio.kind == "cross_attention":
+        if self.family.task == "transcription":
             # Whisper: its windows' decodes carry their logits rules. The speech modules are imported
             # only for an engine that transcribes: a text run's cold start does not pay for them.
             from trt_llm.runtime.media.audio.whisper_sampling import WhisperSampler
@@ -246,7 +247,7 @@ class Runner:
         context reuse, its longest cached prefix and its tokens by its policies; always, a system
         prompt saved by save_system_prompt_kv_cache (its batch's rule, p.save_group)."""
         lookup, commit = p.context_policies
-        if lookup == "bypass" or (self.audio is not None and self.audio.kind == "cross_attention"):
+        if lookup == "bypass" or self.family.task == "transcription":
             return  # Whisper: its decoder state depends on the clip, and its prompts are a few tokens
         s, adapter = p.sequence, (p.adapter.digest if p.adapter is not None else None)
         if self.model.long_context(s, 0, 0):

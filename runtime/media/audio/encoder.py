@@ -2,14 +2,13 @@
 
 A clip's bytes are decoded to 16 kHz mono (runtime/media/audio/decode.py), cut into log-mel features by the
 extractor the component's config names (runtime/media/audio/features.py) and encoded; the encodings are
-kept under a hash of the file's bytes (runtime/media/encoder_cache.py). Two kinds of encoder
-(build/audio_stage.py):
+kept under a hash of the file's bytes (runtime/media/encoder_cache.py). The family's adapter
+(trt_llm/families/adapters.py, named by the manifest) makes the graph's inputs and says what comes out:
 
-- "rows" (Qwen2-Audio, Qwen3-ASR): one graph run over every clip of a request not seen before gives
+- rows (Qwen2-Audio, Qwen3-ASR): one graph run over every clip of a request not seen before gives
   each clip's rows, written at its audio placeholder tokens like an image's (runtime/media/audio/prompt.py);
-  Qwen3-ASR's (config `layout` "qwen3_asr") takes the clips' chunks of 100 frames
-  (runtime/media/audio/qwen3_asr_tokens.py), Qwen2-Audio's a 30 s window per clip;
-- "cross_attention" (Whisper): the graph gives each decoder layer's cross-attention keys and values
+  Qwen3-ASR's adapter cuts the clips into chunks of 100 frames, Qwen2-Audio's gives a 30 s window per clip;
+- cross-attention (Whisper): the graph gives each decoder layer's cross-attention keys and values
   for the clip, which the decoder attends to at every step.
 
 Limits (the build's `audio:` section): a clip of fewer than min_mel_frames or more than
@@ -27,8 +26,7 @@ import numpy as np
 
 from trt_llm.runtime.media.audio.decode import AudioError, decode_audio
 from trt_llm.runtime.media.audio.features import extractor_for
-from trt_llm.runtime.media.audio.qwen3_asr_tokens import Qwen3ASRLayout
-from trt_llm.runtime.media.audio.tokens import audio_token_count, packing
+from trt_llm.families.adapters import adapter
 from trt_llm.runtime.media.encoder_cache import EncoderCache, content_key
 from trt_llm.runtime.media.encoder_session import encoder_session
 
@@ -62,18 +60,22 @@ class AudioEncoder:
     def __init__(self, engine_dir, threads: int = 0):
         self.settings = json.loads(engine_dir.component_path("audio", "config").read_text())
         s = self.settings
-        self.kind = s["kind"]
         self.extractor = extractor_for(s)
         self.window_frames = s["window_frames"]
         self.max_frames = min(s["max_mel_frames"], self.window_frames)
         self.min_frames, self.max_clips = s["min_mel_frames"], s["max_clips"]
         self.audio_token_id = s.get("audio_token_id")  # rows: the placeholder the template writes
-        # rows: Qwen2-Audio's one 30 s window per clip, or Qwen3-ASR's chunks of 100 frames
-        self.layout = Qwen3ASRLayout(s.get("n_window", 50), s.get("n_window_infer", 800)) \
-            if s.get("layout") == "qwen3_asr" else None
+        # The family's encoder inputs and token counts (trt_llm/families/adapters.py): Qwen2-Audio's one
+        # 30 s window per clip, Qwen3-ASR's chunks of 100 frames, Whisper's window for cross-attention.
+        self.adapter = adapter(engine_dir.adapter_name("audio"), s)
         self.session = encoder_session(engine_dir, "audio", threads)
         self.cache = EncoderCache(CACHE_CLIPS)
         self.profiler = None  # a runtime.profiler.Profiler: clips, audio seconds, the encoder's time
+
+    @property
+    def cross_attention(self) -> bool:
+        """Whisper's: a clip is the decoder's cross inputs, not rows at its placeholder tokens."""
+        return self.adapter.cross_attention
 
     @property
     def max_seconds(self) -> float:
@@ -99,7 +101,7 @@ class AudioEncoder:
 
     def tokens_of(self, clip: PendingClip) -> int:
         """The audio tokens a clip takes in the prompt (rows encoders only)."""
-        return self.layout.audio_token_count(clip.frames) if self.layout else audio_token_count(clip.frames)
+        return self.adapter.token_count(clip.frames)
 
     def encode(self, clips: list[PendingClip], cached: bool = True) -> list[EncodedClip]:
         """cached=False: not kept (a long recording's windows, each read by its own decodes only: kept,
@@ -115,27 +117,11 @@ class AudioEncoder:
         return encoded
 
     def _run(self, clips: list[PendingClip]) -> list[EncodedClip]:
-        dtype = self.session.input_dtype("input_features")
-        if self.layout is not None:
-            return self._run_chunks(clips, dtype)
-        features = np.stack([clip.features for clip in clips]).astype(dtype)
-        if self.kind == "rows":
-            frames = [clip.frames for clip in clips]
-            row_index, cu_seqlens, pool_index = packing(frames)
-            (embeds,) = self.session.run({"input_features": features, "row_index": row_index, "cu_seqlens": cu_seqlens,
-                                          "pool_index": pool_index})
-            bounds = np.cumsum([0] + [audio_token_count(n) for n in frames])
-            return [EncodedClip(embeds=embeds[start:stop]) for start, stop in zip(bounds[:-1], bounds[1:])]
-        outputs = self.session.run({"input_features": features})  # cross_key_i, cross_value_i per layer
-        pairs = list(zip(outputs[0::2], outputs[1::2]))
-        return [EncodedClip(cross=[(key[i], value[i]) for key, value in pairs]) for i in range(len(clips))]
-
-    def _run_chunks(self, clips: list[PendingClip], dtype) -> list[EncodedClip]:
-        """Qwen3-ASR: every clip's features [mel, chunks * 100] cut into its chunks, clip after clip."""
-        size = self.layout.chunk_frames
-        chunks = np.concatenate([clip.features.reshape(clip.features.shape[0], -1, size).transpose(1, 0, 2)
-                                 for clip in clips]).astype(dtype)
-        row_index, cu_seqlens, _ = self.layout.packing([clip.frames for clip in clips])
-        (embeds,) = self.session.run({"input_features": chunks, "row_index": row_index, "cu_seqlens": cu_seqlens})
-        bounds = np.cumsum([0] + [self.layout.audio_token_count(clip.frames) for clip in clips])
-        return [EncodedClip(embeds=embeds[start:stop]) for start, stop in zip(bounds[:-1], bounds[1:])]
+        frames = [clip.frames for clip in clips]
+        outputs = self.session.run(self.adapter.feeds([clip.features for clip in clips], frames,
+                                                      self.session.input_dtype("input_features")))
+        if self.cross_attention:  # cross_key_i, cross_value_i per decoder layer
+            pairs = list(zip(outputs[0::2], outputs[1::2]))
+            return [EncodedClip(cross=[(key[i], value[i]) for key, value in pairs]) for i in range(len(clips))]
+        bounds = np.cumsum([0] + [self.adapter.token_count(n) for n in frames])
+        return [EncodedClip(embeds=outputs[0][start:stop]) for start, stop in zip(bounds[:-1], bounds[1:])]

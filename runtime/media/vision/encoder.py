@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trt_llm.runtime.media.vision import grid as vision_grid
+from trt_llm.families.adapters import adapter
 from trt_llm.runtime.media.encoder_cache import EncoderCache, content_key
 from trt_llm.runtime.media.encoder_session import encoder_session
 from trt_llm.runtime.media.vision.processor import ImageProcessor
@@ -50,6 +50,8 @@ class VisionEncoder:
         self.processor = token_limited(ImageProcessor.from_config(preprocessor), s["min_image_tokens"],
                                        s["max_image_tokens_per_image"])
         self.merge = s["merge_size"]
+        # The tower's host inputs for the images' grids (trt_llm/families/adapters.py, named by the manifest)
+        self.adapter = adapter(engine_dir.adapter_name("vision"), s)
         self.image_token_id = s["image_token_id"]
         self.max_request_tokens = s["max_image_tokens"]
         self.session = encoder_session(engine_dir, "vision", threads)
@@ -94,16 +96,8 @@ class VisionEncoder:
     def _run(self, images: list[PendingImage]) -> list[EncodedImage]:
         inputs = self.processor.preprocess([image.picture for image in images])
         grids = [tuple(int(v) for v in row) for row in inputs.image_grid_thw]
-        s = self.settings
-        feeds = {"pixel_values": inputs.pixel_values, "rotary_ids": vision_grid.rotary_position_ids(grids, self.merge),
-                 "cu_seqlens": vision_grid.cu_seqlens(grids)}
-        if s["windowed"]:
-            feeds["window_index"], feeds["cu_window_seqlens"] = vision_grid.window_index(
-                grids, self.merge, s["window_size"], s["patch_size"])
-        else:
-            feeds["position_taps"], feeds["position_weights"] = vision_grid.interpolation_taps(
-                grids, s["grid_per_side"], self.merge)
-        feeds["pixel_values"] = feeds["pixel_values"].astype(self.session.input_dtype("pixel_values"))
+        feeds = {"pixel_values": inputs.pixel_values.astype(self.session.input_dtype("pixel_values")),
+                 **self.adapter.feeds(grids)}
         outputs = self.session.run(feeds)
         embeds, deepstack = outputs[0], outputs[1] if len(outputs) > 1 else None
         encoded, start = [], 0

@@ -37,8 +37,7 @@ def audio_token_count(num_frames):
 
 
 def packing(frames, rows: int = MEL_FRAMES // 2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The audio graph's host inputs for clips of `frames` valid mel frames each (build/models/
-    qwen2_audio.py): row_index [N] (each valid row's clip * rows + row), cu_seqlens [clips + 1]
+    """The audio graph's host inputs for clips of `frames` valid mel frames each (audio_tower.py): row_index [N] (each valid row's clip * rows + row), cu_seqlens [clips + 1]
     int32 (the clips' segments of the N packed rows), pool_index [M] (the packed row of each output
     row's first pooled row: its pair is it and the next)."""
     valid = [conv_length(int(n)) for n in frames]
@@ -47,3 +46,21 @@ def packing(frames, rows: int = MEL_FRAMES // 2) -> tuple[np.ndarray, np.ndarray
     row_index = np.concatenate([clip * rows + np.arange(n) for clip, n in enumerate(valid)]).astype(np.int64)
     pool_index = np.concatenate([start + 2 * np.arange(t) for start, t in zip(starts, tokens)]).astype(np.int64)
     return row_index, starts.astype(np.int32), pool_index
+
+
+class AudioRows:
+    """Qwen2-Audio's runtime adapter: one 30 s window of features per clip, its valid rows packed."""
+
+    cross_attention = False  # its rows go in at the clip's <|AUDIO|> tokens
+
+    @classmethod
+    def from_settings(cls, settings: dict) -> "AudioRows":
+        return cls()
+
+    def token_count(self, frames: int) -> int:
+        return audio_token_count(frames)
+
+    def feeds(self, features: list[np.ndarray], frames: list[int], dtype) -> dict[str, np.ndarray]:
+        row_index, cu_seqlens, pool_index = packing(frames)
+        return {"input_features": np.stack(features).astype(dtype), "row_index": row_index, "cu_seqlens": cu_seqlens,
+                "pool_index": pool_index}

@@ -14,7 +14,7 @@ clip's 250). The convolutions still see the whole padded window, as in transform
 receptive field reaches a frame past the clip). The average pool (kernel 2, stride 2) pairs rows
 2j and 2j + 1 of a clip, both valid for its (conv - 2) // 2 + 1 output rows.
 
-Inputs (computed on the host by runtime/media/audio/tokens.py from the clips' valid mel frames):
+Inputs (computed on the host by trt_llm/families/qwen2_audio/host.py from the clips' valid mel frames):
     input_features  [clips, 128, 3000] float  WhisperFeatureExtractor's log-mel (runtime/media/audio/features.py)
     row_index       [N] int64                 each valid row's clip * 1500 + row, clip after clip
     cu_seqlens      [clips + 1] int32         the clips' segments of the N packed rows
@@ -102,7 +102,7 @@ def export_audio_tower(graph: AudioTowerGraph, path: Path, dtype: torch.dtype) -
     """Write the graph to `path` (+ `path.data`) with the clips, rows and tokens dynamic; the mel
     bins and the 3,000 frames are fixed, as the tower requires."""
     from trt_llm.build.export import export_graph
-    from trt_llm.runtime.media.audio.tokens import packing
+    from trt_llm.families.qwen2_audio.host import packing
 
     frames = [graph.mel_frames, 1234]  # distinct example sizes
     row_index, cu_seqlens, pool_index = packing(frames, graph.rows)
@@ -116,5 +116,5 @@ def export_audio(hf_model, path: Path, dtype: torch.dtype) -> dict:
     """The audio component's graph at `path` (build/audio_stage.py); returns its config entries."""
     graph = AudioTowerGraph(hf_model, dtype)
     export_audio_tower(graph, path, dtype)
-    return {"kind": "rows", "num_mel_bins": graph.num_mel_bins, "window_frames": graph.mel_frames,
+    return {"num_mel_bins": graph.num_mel_bins, "window_frames": graph.mel_frames,
             "out_hidden_size": graph.hidden_size, "audio_token_id": hf_model.config.audio_token_id}

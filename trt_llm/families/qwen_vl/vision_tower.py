@@ -6,7 +6,7 @@ attention splits q/k/v per image with `.tolist()`), so this module calls its sub
 embedding, norms, MLPs, mergers) and writes the attention itself with our vision attention op
 (plugins/vision_attention.py): bidirectional within each image or window, never a mask over all the
 patches of a request. Everything that depends on the images' grid sizes comes in as inputs computed
-by runtime/media/vision/grid.py, so one graph serves any number and size of images.
+by the runtime adapter (host.py), so one graph serves any number and size of images.
 
 Inputs (N patches of a request, M = N / merge^2 image tokens):
     pixel_values    [N, C*T*P*P]  the image processor's patches, in merge-block order
@@ -125,3 +125,62 @@ class VisionGraph(nn.Module):
         if deepstack:
             return embeds, torch.stack(deepstack)
         return embeds
+
+
+# The image processor's settings where a checkpoint ships none (transformers' class defaults are
+# Qwen2-VL's, patch 14; Qwen3-VL uses 16 with mean/std 0.5).
+DEFAULT_PREPROCESSOR = {
+    "qwen2_5_vl": {"patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
+                   "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                   "image_std": [0.26862954, 0.26130258, 0.27577711], "min_pixels": 3136, "max_pixels": 12845056},
+    "qwen3_vl": {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5],
+                 "image_std": [0.5, 0.5, 0.5], "size": {"shortest_edge": 65536, "longest_edge": 16777216}},
+}
+
+
+def host_adapter(graph: VisionGraph):
+    """The runtime adapter of this tower (host.py): its grid-dependent inputs."""
+    from trt_llm.families.qwen_vl.host import InterpolatedTower, WindowedTower
+
+    if graph.windowed:
+        return WindowedTower(graph.merge, graph.window_size, graph.patch_embed.patch_size)
+    return InterpolatedTower(graph.merge, graph.grid_per_side)
+
+
+def export_tower(graph: VisionGraph, path, dtype: torch.dtype):
+    """The tower's graph at `path`: patches, segments and windows all dynamic, so one graph takes any
+    number and size of images. Its example inputs are the runtime adapter's own (host.py)."""
+    from torch.export import Dim
+
+    from trt_llm.build.export import export_graph
+
+    config_grid = [(1, 8, 12), (1, 4, 4)]  # 112 patches, 28 tokens, 2 images: distinct example sizes
+    visual = graph.patch_embed
+    width = visual.in_channels * visual.temporal_patch_size * visual.patch_size ** 2
+    patches = sum(t * h * w for t, h, w in config_grid)
+    feeds = host_adapter(graph).feeds(config_grid)
+    example = [torch.zeros(patches, width, dtype=dtype)] + [torch.from_numpy(feeds[name])
+                                                            for name in graph.input_names[1:]]
+    n, segments = Dim("patches"), Dim("segments_plus_one")
+    shapes = [{0: n}, {0: n}, {0: segments}]
+    if graph.windowed:
+        shapes += [{0: Dim("image_tokens")}, {0: Dim("windows_plus_one")}]
+    else:
+        shapes += [{0: n}, {0: n}]
+    # forward(pixel_values, rotary_ids, cu_seqlens, *extra): *extra is one entry holding a tuple
+    return export_graph(graph, tuple(example), graph.input_names, graph.output_names,
+                        (*shapes[:3], tuple(shapes[3:])), path)
+
+
+def export_vision(hf_model, path, dtype: torch.dtype) -> dict:
+    """The vision component's graph at `path` (build/vision_stage.py); returns its config entries."""
+    graph = VisionGraph(hf_model.model.visual, dtype)
+    export_tower(graph, path, dtype)
+    config = hf_model.config
+    return {"patch_size": graph.patch_embed.patch_size, "temporal_patch_size": graph.patch_embed.temporal_patch_size,
+            "in_channels": graph.patch_embed.in_channels, "merge_size": graph.merge,
+            "window_size": graph.window_size, "grid_per_side": graph.grid_per_side,
+            "out_hidden_size": config.vision_config.out_hidden_size,
+            "deepstack_layers": len(graph.deepstack_layers), "image_token_id": config.image_token_id,
+            "video_token_id": getattr(config, "video_token_id", None),
+            "vision_start_token_id": config.vision_start_token_id}

@@ -8,7 +8,7 @@ with zeros to a multiple of 100 frames) into chunks of 2 * n_window = 100 frames
 convolutions on every chunk alone (13 rows each, the sinusoidal positions restarting at 0 in every
 chunk), keeps the rows that hold the clip (all 13 of a full chunk, fewer of the last one) and
 attends within windows of n_window_infer frames (104 rows: 8 chunks) of each clip. This graph does
-the same: the host (runtime/media/audio/qwen3_asr_tokens.py) cuts the chunks, and gives the rows to
+the same: the host (trt_llm/families/qwen3_asr/host.py) cuts the chunks, and gives the rows to
 keep and the windows, so one graph serves any number and length of clips.
 
 Inputs:
@@ -16,7 +16,7 @@ Inputs:
     row_index       [N] int64                 each kept row's chunk * 13 + row, clip after clip
     cu_seqlens      [windows + 1] int32       the attention windows of the N packed rows
 Output: audio_embeds [N, text_hidden], the projector's output for every clip's <|audio_pad|> tokens,
-clip after clip (one per kept row: runtime/media/audio/qwen3_asr_tokens.audio_token_count).
+clip after clip (one per kept row: trt_llm/families/qwen3_asr/host.audio_token_count).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torch.export import Dim
 
 import trt_llm.plugins.vision_attention  # noqa: F401 - registers torch.ops.trt_llm.vision_attention
-from trt_llm.build.models.qwen2_audio import EncoderLayer
+from trt_llm.families.qwen2_audio.audio_tower import EncoderLayer
 
 
 class AudioEncoderGraph(nn.Module):
@@ -85,7 +85,7 @@ def export_audio_encoder(graph: AudioEncoderGraph, path: Path, dtype: torch.dtyp
     """Write the graph to `path` (+ `path.data`) with the chunks, rows and windows dynamic; the mel
     bins and the chunk's 100 frames are fixed."""
     from trt_llm.build.export import export_graph
-    from trt_llm.runtime.media.audio.qwen3_asr_tokens import Qwen3ASRLayout
+    from trt_llm.families.qwen3_asr.host import Qwen3ASRLayout
 
     layout = Qwen3ASRLayout(graph.n_window, graph.n_window_infer)
     frames = [1234, 345]  # distinct example sizes: 13 + 4 chunks, two windows in the first clip
@@ -101,7 +101,7 @@ def export_audio(hf_model, path: Path, dtype: torch.dtype) -> dict:
     graph = AudioEncoderGraph(hf_model, dtype)
     export_audio_encoder(graph, path, dtype)
     # No window bounds a clip: the encoder takes any number of chunks; `audio:`'s max_mel_frames does.
-    return {"kind": "rows", "layout": "qwen3_asr", "num_mel_bins": graph.num_mel_bins,
+    return {"num_mel_bins": graph.num_mel_bins,
             "window_frames": WINDOW_FRAMES, "n_window": graph.n_window, "n_window_infer": graph.n_window_infer,
             "out_hidden_size": graph.hidden_size, "audio_token_id": hf_model.config.audio_token_id}
 

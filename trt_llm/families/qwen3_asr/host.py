@@ -70,8 +70,7 @@ class Qwen3ASRLayout:
         return full * self.rows_per_chunk + post_conv_rows(rest)
 
     def packing(self, frames) -> tuple[np.ndarray, np.ndarray, int]:
-        """The graph's host inputs for clips of `frames` valid mel frames each (build/models/
-        qwen3_asr.py): row_index [N] (each kept row's chunk * 13 + row), cu_seqlens [windows + 1]
+        """The graph's host inputs for clips of `frames` valid mel frames each (audio_tower.py): row_index [N] (each kept row's chunk * 13 + row), cu_seqlens [windows + 1]
         int32 (each clip's windows of the N packed rows), and the chunks in all."""
         rows, bounds, chunk = [], [0], 0
         for n in frames:
@@ -86,3 +85,25 @@ class Qwen3ASRLayout:
             bounds.extend(bounds[-1] + np.cumsum(windows))
         row_index = np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64)
         return row_index, np.asarray(bounds, dtype=np.int32), chunk
+
+
+@dataclass(frozen=True)
+class AudioChunks:
+    """Qwen3-ASR's runtime adapter: a clip's rows from its 100-frame chunks, clip after clip."""
+
+    layout: Qwen3ASRLayout
+    cross_attention = False  # its rows go in at the clip's <|audio_pad|> tokens
+
+    @classmethod
+    def from_settings(cls, settings: dict) -> "AudioChunks":
+        return cls(Qwen3ASRLayout(settings.get("n_window", 50), settings.get("n_window_infer", 800)))
+
+    def token_count(self, frames: int) -> int:
+        return self.layout.audio_token_count(frames)
+
+    def feeds(self, features: list[np.ndarray], frames: list[int], dtype) -> dict[str, np.ndarray]:
+        """The graph's inputs: every clip's features [mel, chunks * 100] cut into its chunks."""
+        size = self.layout.chunk_frames
+        chunks = np.concatenate([f.reshape(f.shape[0], -1, size).transpose(1, 0, 2) for f in features]).astype(dtype)
+        row_index, cu_seqlens, _ = self.layout.packing(frames)
+        return {"input_features": chunks, "row_index": row_index, "cu_seqlens": cu_seqlens}

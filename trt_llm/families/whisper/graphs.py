@@ -289,7 +289,7 @@ def export_audio(hf_model, path: Path, dtype: torch.dtype, make_linear=linear) -
         raise ValueError("generation_config.json: a multilingual Whisper needs lang_to_id with <|en|>")
     if multilingual and "transcribe" not in (getattr(g, "task_to_id", None) or {}):
         raise ValueError("generation_config.json: a multilingual Whisper needs task_to_id with transcribe")
-    return {"kind": "cross_attention", "num_mel_bins": graph.dims.num_mel_bins,
+    return {"num_mel_bins": graph.dims.num_mel_bins,
             "window_frames": graph.dims.mel_frames, "max_target_positions": graph.dims.max_target_positions,
             "decoder_start_token_id": g.decoder_start_token_id, "no_timestamps_token_id": g.no_timestamps_token_id,
             "prev_token_id": g.prev_sot_token_id, "suppress_tokens": list(g.suppress_tokens or []),

@@ -1,0 +1,51 @@
+"""The Qwen vision towers at run time: each tower's host inputs for a batch of images' patch grids
+(vision_tower.py's graph takes them; their values depend on the grids, which the graph cannot loop
+over). Qwen2.5-VL attends within windows of patches (window_index, cu_window_seqlens), Qwen3-VL
+interpolates learned position embeddings (position_taps, position_weights)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from trt_llm.runtime.media.vision import grid as vision_grid
+
+
+@dataclass(frozen=True)
+class _Tower:
+    merge: int  # merge_size: patches per side of one decoder row
+
+    def feeds(self, grids: list[tuple[int, int, int]]) -> dict[str, np.ndarray]:
+        return {"rotary_ids": vision_grid.rotary_position_ids(grids, self.merge),
+                "cu_seqlens": vision_grid.cu_seqlens(grids), **self._positions(grids)}
+
+
+@dataclass(frozen=True)
+class WindowedTower(_Tower):
+    """Qwen2.5-VL's runtime adapter."""
+    window_size: int
+    patch_size: int
+
+    @classmethod
+    def from_settings(cls, settings: dict) -> "WindowedTower":
+        return cls(settings["merge_size"], settings["window_size"], settings["patch_size"])
+
+    def _positions(self, grids):
+        window_index, cu_window_seqlens = vision_grid.window_index(grids, self.merge, self.window_size,
+                                                                   self.patch_size)
+        return {"window_index": window_index, "cu_window_seqlens": cu_window_seqlens}
+
+
+@dataclass(frozen=True)
+class InterpolatedTower(_Tower):
+    """Qwen3-VL's runtime adapter."""
+    grid_per_side: int
+
+    @classmethod
+    def from_settings(cls, settings: dict) -> "InterpolatedTower":
+        return cls(settings["merge_size"], settings["grid_per_side"])
+
+    def _positions(self, grids):
+        taps, weights = vision_grid.interpolation_taps(grids, self.grid_per_side, self.merge)
+        return {"position_taps": taps, "position_weights": weights}
