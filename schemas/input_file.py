@@ -157,11 +157,71 @@ Stop = Annotated[
                   custom_error_message="expected a string or an array of strings")]
 
 
+def _arguments(text: Any) -> Any:
+    """A call's arguments: an object, or text that holds a JSON object (the template gets that object;
+    other text would be pasted into the prompt as it is). Checked before the union, so that an error
+    names the field and not pydantic's branches."""
+    if isinstance(text, dict):
+        return text
+    if not isinstance(text, str):
+        raise PydanticCustomError("arguments_json", "expected a JSON object or its text, got {kind}",
+                                  {"kind": json_type(text)})
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise PydanticCustomError("arguments_json", "not JSON ({why}); give the arguments as a JSON object "
+                                  "or its text", {"why": str(error)}) from None
+    if not isinstance(value, dict):
+        raise PydanticCustomError("arguments_json", "not a JSON object; give the arguments as a JSON object or its text")
+    return text
+
+
 class ToolCallFunction(BaseModel):
     model_config = _STRICT_IGNORE
     name: NonEmptyStr
-    arguments: str | dict[str, Any] = Field(
-        description="The arguments as a JSON string (OpenAI's form) or an object; the chat template gets an object.")
+    arguments: Annotated[str | dict[str, Any], BeforeValidator(_arguments)] = Field(
+        description="The arguments as a JSON object's text (OpenAI's form) or an object; the chat template gets an "
+        "object.")
+
+
+class ToolFunction(BaseModel):
+    """A function definition as the server's (OpenAI's) takes it."""
+    model_config = _STRICT_IGNORE
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="A JSON Schema of the arguments.")
+    strict: bool | None = None
+
+
+class ToolDefinition(BaseModel):
+    model_config = _STRICT_IGNORE
+    type: Literal["function"]
+    function: ToolFunction
+
+
+def _tool(value: dict[str, Any]) -> dict[str, Any]:
+    """One tool checked as the server checks it; kept as the dict the chat template gets."""
+    from ._errors import describe, path_of
+
+    try:
+        ToolDefinition.model_validate(value)
+    except ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        raise PydanticCustomError("tool", "{where}: {why}", {"where": path_of(first["loc"]) or "tool",
+                                                             "why": describe(first)}) from None
+    return value
+
+
+def _unique_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    seen: dict[str, int] = {}
+    for index, tool in enumerate(tools):
+        name = tool["function"]["name"]
+        if name in seen:
+            raise PydanticCustomError("tool", "tools[{index}] repeats the function name '{name}' of tools[{first}]; "
+                                      "each function needs a name of its own",
+                                      {"index": index, "name": name, "first": seen[name]})
+        seen[name] = index
+    return tools
 
 
 class ToolCall(BaseModel):
@@ -272,7 +332,7 @@ CommitPolicy = Literal["including_generated_tokens", "prefill_state_only"]
 class Request(BaseModel):
     model_config = _STRICT_IGNORE
     messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
-    tools: list[dict[str, Any]] | None = Field(
+    tools: Annotated[list[Annotated[dict[str, Any], AfterValidator(_tool)]], AfterValidator(_unique_tools)] | None = Field(
         None, description="Function definitions (OpenAI's tools: {type: function, function: {name, description, "
         "parameters}}), given to the chat template as transformers' apply_chat_template(tools=...) does.")
     lora_name: str | None = Field(None, description="A key of available_lora_weights.")
@@ -542,6 +602,10 @@ def parse_input_dict(data: Any, source: str = "<input>") -> LoadedInput:
 
     warnings = _unknown_keys(data, InputFile, "top level")
     warnings += _unknown_keys(data.get("guided_decoding"), GuidedDecoding, "guided_decoding")
+    whisper = data.get("whisper")
+    warnings += _unknown_keys(whisper, WhisperSettings, "whisper")
+    warnings += _unknown_keys(whisper.get("vad_parameters") if isinstance(whisper, dict) else None, VadParameters,
+                              "whisper.vad_parameters")
     try:
         settings = InputSettings.model_validate({k: v for k, v in data.items() if k != "requests"})
     except ValidationError as e:
