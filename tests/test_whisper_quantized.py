@@ -3,7 +3,7 @@
 op, against the fp32 engine on Debian's LibriVox clips. The oracle is the fp32 engine (itself token
 identical to transformers' generate, tests/test_whisper.py) and the clips' own transcripts: the
 int8 engine's word error rate, after Whisper's English normaliser, within one percentage point of
-fp32's, and its greedy tokens fp32's on most clips. Its graphs hold ONNX Runtime's int8 MatMulNBits
+fp32's, and its greedy tokens fp32's on every clip. Its graphs hold ONNX Runtime's int8 MatMulNBits
 where the linears were, optimised at build time; what an encoder-decoder does not support is still
 refused in one line.
 """
