@@ -34,6 +34,12 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--max-upload-mb", type=positive_float, default=25, metavar="MB",
                    help="largest audio file /v1/audio/transcriptions and /translations take, in MB of 2^20 bytes "
                         "(default 25, OpenAI's); streamed to disk, never held in memory")
+    p.add_argument("--max-audio-seconds", type=positive_float, default=1800, metavar="SECONDS",
+                   help="longest clip the speech routes transcribe, read from its header before decoding (default "
+                        "1800: 30 minutes; trt-llm-run's input files allow 7200)")
+    p.add_argument("--audio-decode-budget", type=byte_size, default=256 << 20, metavar="SIZE",
+                   help="memory the speech routes' decodes take together, e.g. 256M (default); a decode that does "
+                        "not fit waits its turn")
     p.add_argument("--request-timeout", type=positive_float, default=None,
                    help="seconds before a request is aborted (504)")
     p.add_argument("--allowed-local-media-path", type=Path, help="folder local image/audio paths may come from")
@@ -85,6 +91,7 @@ def server_config(args, engine_dir):
         raise ValueError(f"--allowed-local-media-path {media}: not a folder")
     return ServerConfig(model_name=args.model_name or engine_dir.path.name, lora=lora, api_keys=tuple(keys),
                         max_body_bytes=args.max_body_bytes, max_upload_bytes=int(args.max_upload_mb * (1 << 20)),
+                        max_audio_seconds=args.max_audio_seconds, audio_decode_budget=args.audio_decode_budget,
                         max_rows=rows, max_waiting=args.max_queue,
                         request_timeout_s=args.request_timeout, media_root=media,
                         cors_origins=tuple(args.cors_origin), save_prefixes=not args.no_prefix_cache,

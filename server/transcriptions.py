@@ -57,7 +57,7 @@ from trt_llm.schemas.input_file import Request as InputRequest
 from trt_llm.server.app import ClientGone, HttpError, client_gone
 from trt_llm.server.convert import BadRequest, _validated
 from trt_llm.server.engine import Job
-from trt_llm.server.uploads import DEFAULT_MAX_UPLOAD_MB, MB, SavedUpload, read_form
+from trt_llm.server.uploads import DEFAULT_MAX_UPLOAD_MB, MB, SavedUpload, UploadAbandoned, abandoned, read_form
 
 ROUTE = "/v1/audio/transcriptions"
 TRANSLATIONS = "/v1/audio/translations"
@@ -94,6 +94,10 @@ def add_transcriptions(app: FastAPI, runner, metrics, config, enqueue, next_upda
     capacity = runner.limits["max_kv_cache_capacity"]
     forms = importlib.util.find_spec("python_multipart") is not None  # what Starlette parses forms with
     upload_limit = getattr(config, "max_upload_bytes", DEFAULT_MAX_UPLOAD_MB * MB)
+    from trt_llm.server.audio_budget import DEFAULT_DECODE_BUDGET, DEFAULT_MAX_AUDIO_SECONDS, DecodeBudget
+
+    max_seconds = getattr(config, "max_audio_seconds", DEFAULT_MAX_AUDIO_SECONDS)
+    budget = DecodeBudget(getattr(config, "audio_decode_budget", DEFAULT_DECODE_BUDGET), config.max_waiting)
 
     async def answer(request: Request, task: str):
         # Every answer is counted by app.py's RequestCounter.
@@ -102,7 +106,10 @@ def add_transcriptions(app: FastAPI, runner, metrics, config, enqueue, next_upda
         if not forms:
             raise HttpError(501, f"{route} needs the python-multipart package on the server "
                                  "(pip install 'trt-llm[server]')", code="not_installed")
-        fields, upload = await _read_form(request, task, upload_limit)
+        try:
+            fields, upload = await _read_form(request, task, upload_limit)
+        except UploadAbandoned as gone:
+            return abandoned(route, gone)
         try:
             return await answer_upload(request, task, route, fields, upload)
         finally:
@@ -147,7 +154,7 @@ def add_transcriptions(app: FastAPI, runner, metrics, config, enqueue, next_upda
         """The upload's request prepared; `messages` (default: Whisper's, the clip and the prompt's
         previous text) name the clip by its file on disk, which the preparer reads once."""
         _check_model(fields)
-        settings = settings or _settings(fields, capacity, task)
+        settings = settings or _settings(fields, capacity, task, max_seconds)
         url = str(upload.path)  # the decoder reads the container from the bytes themselves
         filename = upload.filename
         if messages is None:
@@ -159,8 +166,9 @@ def add_transcriptions(app: FastAPI, runner, metrics, config, enqueue, next_upda
             body = _validated(InputRequest, {"messages": messages})
             formatter = runner.formatter(settings)
             # Decoding the clip and running the encoder take milliseconds to seconds: off the event loop.
-            prepared = await run_in_threadpool(runner.preparer.prepare, 0, body, settings, formatter, "request",
-                                               False)
+            async with budget.hold(await _decode_cost(upload, settings)):
+                prepared = await run_in_threadpool(runner.preparer.prepare, 0, body, settings, formatter, "request",
+                                                   False)
         except BadRequest as error:  # the input file's own limits (a prompt over its bytes)
             text = str(error).removeprefix("messages[0].content[1].text: ")
             if text != str(error):
@@ -169,6 +177,23 @@ def add_transcriptions(app: FastAPI, runner, metrics, config, enqueue, next_upda
         except (PromptError, ValueError) as error:
             raise HttpError(400, *_field_message(str(error), url, filename)) from None
         return prepared, settings
+
+    async def _decode_cost(upload: SavedUpload, settings: InputSettings) -> int:
+        """The upload's duration from its header (over --max-audio-seconds: a 400 before it is decoded)
+        and the bytes its decode is counted for in the budget (server/audio_budget.py). A file that is
+        no audio costs nothing here: the preparer refuses it, naming why."""
+        from trt_llm.runtime.media.audio.decode import AudioError, audio_info
+        from trt_llm.server.audio_budget import WHISPER_WINDOW_SECONDS, decode_cost, refuse_long
+
+        try:
+            info = await run_in_threadpool(audio_info, upload.path, repr(upload.filename))
+        except AudioError:
+            return 0
+        refuse_long(info.seconds, max_seconds, upload.filename or "the upload")
+        whisper = settings.whisper
+        streamed = not _transcribes_in_chat(runner) and (
+            info.seconds > WHISPER_WINDOW_SECONDS or whisper.return_timestamps or whisper.vad_filter)
+        return decode_cost(info.seconds, streamed)
 
     def _with_answer_prefix(prepared: Prepared, prefix: str) -> Prepared:
         """The prepared request with `prefix` after its generation prompt, as transformers' processor
@@ -356,7 +381,7 @@ async def _read_form(request: Request, task: str, limit: int) -> tuple[dict, Sav
     return fields, upload
 
 
-def _settings(fields: dict, capacity: int, task: str) -> InputSettings:
+def _settings(fields: dict, capacity: int, task: str, max_audio_seconds: float | None = None) -> InputSettings:
     response_format = fields.get("response_format", "json")
     if response_format not in FORMATS:
         raise HttpError(400, f"response_format: {response_format!r} is not supported; this server answers "
@@ -373,6 +398,8 @@ def _settings(fields: dict, capacity: int, task: str) -> InputSettings:
     # answer every time); at any other temperature that one alone.
     whisper = {"return_timestamps": response_format in TIMESTAMPED, "language": language, "task": task,
                "temperature_fallback": STANDARD_FALLBACK if temperature == 0 else [], **_vad_fields(fields)}
+    if max_audio_seconds is not None:  # the server's own (--max-audio-seconds), below the input file's
+        whisper["max_audio_seconds"] = max_audio_seconds
     try:
         # OpenAI's sampling: no top-k or top-p cut; as many tokens as the decoder's positions hold.
         return _validated(InputSettings, {"temperature": temperature, "top_p": 1.0, "top_k": 0, "seed": 0,
@@ -409,6 +436,7 @@ def _field_message(message: str, url: str, filename: str) -> tuple[str, str | No
     file name, not the data URL), its text the `prompt`."""
     message = message.removeprefix("request.").removeprefix("request: ")
     message = message.replace(_shown(url), repr(filename) if filename else "the upload")
+    message = message.replace("(whisper.max_audio_seconds)", "(--max-audio-seconds)")
     for part, field in (("messages[0].content[0]: ", "file"), ("messages[0].content[1]: ", "prompt"),
                         ("messages[1].content[0]: ", "file")):  # Qwen3-ASR's clip after its context
         if message.startswith(part):

@@ -6,7 +6,8 @@ the file part's bytes go to a temporary file a received chunk at a time, so the 
 the upload in memory: the preparer later reads the file once (runtime/media/sources.py) to decode
 it. OpenAI's limit is the default, 25 MB (`--max-upload-mb`); a file over it is refused with a 413
 naming the limit as soon as its bytes pass it, or before anything is read when the Content-Length
-already says so. The caller removes the file after the request (`SavedUpload.remove`).
+already says so. The caller removes the file after the request (`SavedUpload.remove`). A client that
+disconnects mid-upload is `UploadAbandoned`: its part removed, one line in the log (`abandoned`).
 
 The text fields are small (MAX_FIELD_BYTES together, MAX_FIELDS of them); a url-encoded form
 (no file: parsed only to say which field is missing) is read whole under the same small bound.
@@ -16,15 +17,19 @@ JSON routes' --max-body-bytes).
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
 
-from trt_llm.server.app import HttpError
+from trt_llm.server.app import CLIENT_GONE, HttpError
+
+log = logging.getLogger(__name__)
 
 MB = 1 << 20
 DEFAULT_MAX_UPLOAD_MB = 25  # OpenAI's limit on a speech-to-text upload
@@ -44,6 +49,22 @@ class SavedUpload:
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+
+
+class UploadAbandoned(Exception):
+    """The client disconnected before its upload was whole (its part on disk already removed)."""
+
+    def __init__(self, received: int):
+        super().__init__(f"the client disconnected during its upload ({received} bytes received)")
+        self.received = received
+
+
+def abandoned(route: str, error: UploadAbandoned) -> Response:
+    """One line in the log for a client that left mid-upload, not Starlette's traceback; the answer
+    (499, as app.client_gone's) nobody reads."""
+    log.warning("%s: the client disconnected during its upload (%d bytes received); nothing was decoded", route,
+                error.received)
+    return Response(status_code=CLIENT_GONE)
 
 
 def too_large(limit: int) -> HttpError:
@@ -145,13 +166,18 @@ async def read_form(request: Request, limit: int) -> tuple[list[tuple[str, objec
     parser = MultipartParser(boundary, {name: getattr(form, name) for name in (
         "on_part_begin", "on_header_field", "on_header_value", "on_header_end", "on_headers_finished",
         "on_part_data", "on_part_end")})
+    received = 0
     try:
         async for chunk in request.stream():
+            received += len(chunk)
             parser.write(chunk)
         parser.finalize()
     except FormParserError as error:
         _discard(form)
         raise HttpError(400, f"the multipart/form-data body is malformed: {error}") from None
+    except ClientDisconnect:  # the client left mid-upload: what it sent goes
+        _discard(form)
+        raise UploadAbandoned(received) from None
     except BaseException:
         _discard(form)
         raise
@@ -166,8 +192,11 @@ def _discard(form: _Form) -> None:
 
 async def _urlencoded(request: Request) -> list[tuple[str, object]]:
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > FORM_ALLOWANCE:
-            raise HttpError(413, f"the url-encoded form is larger than {FORM_ALLOWANCE} bytes")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > FORM_ALLOWANCE:
+                raise HttpError(413, f"the url-encoded form is larger than {FORM_ALLOWANCE} bytes")
+    except ClientDisconnect:
+        raise UploadAbandoned(len(body)) from None
     return parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)

@@ -63,7 +63,9 @@ def _scheme(source: str) -> str | None:
     return None
 
 
-def _read_file(path: Path, name: str, kind: str) -> bytes:
+def _read_file(path: Path, name: str, kind: str, read: bool = True) -> bytes | Path:
+    """The file's bytes (read=False: its path, once checked: a long clip is decoded from the file as a
+    stream, never read whole)."""
     try:
         info = path.stat()
     except FileNotFoundError:
@@ -76,6 +78,10 @@ def _read_file(path: Path, name: str, kind: str) -> bytes:
         raise MediaError(f"{kind} {name}: is a directory, not a file")
     if not stat.S_ISREG(info.st_mode):  # a FIFO would block and /dev/zero never ends
         raise MediaError(f"{kind} {name}: not a regular file")
+    if not read:
+        if info.st_size == 0:
+            raise MediaError(f"{kind} {name}: the file is empty")
+        return path
     try:
         data = path.read_bytes()
     except OSError as error:
@@ -85,16 +91,16 @@ def _read_file(path: Path, name: str, kind: str) -> bytes:
     return data
 
 
-def _path_source(source: str, base_dir: Path | None, kind: str) -> tuple[bytes, str]:
+def _path_source(source: str, base_dir: Path | None, kind: str, read: bool = True) -> tuple[bytes | Path, str]:
     path = Path(os.path.expanduser(source))
     if not path.is_absolute():
         path = (Path(base_dir) if base_dir is not None else Path.cwd()) / path
     path = path.absolute()
     name = _shown(source) if str(path) == source else f"{_shown(source)} ({str(path)!r})"
-    return _read_file(path, name, kind), name
+    return _read_file(path, name, kind, read), name
 
 
-def _file_url_source(source: str, kind: str) -> tuple[bytes, str]:
+def _file_url_source(source: str, kind: str, read: bool = True) -> tuple[bytes | Path, str]:
     parts = urlsplit(source)
     if parts.netloc not in ("", "localhost"):
         raise MediaError(f"{kind} {_shown(source)}: a file URL on host {parts.netloc!r}; only local files "
@@ -103,7 +109,7 @@ def _file_url_source(source: str, kind: str) -> tuple[bytes, str]:
     if not path.startswith("/"):
         raise MediaError(f"{kind} {_shown(source)}: a file URL needs an absolute path (file:///absolute/path)")
     name = f"{_shown(source)} ({str(path)!r})"
-    return _read_file(Path(path), name, kind), name
+    return _read_file(Path(path), name, kind, read), name
 
 
 def _data_url_source(source: str, kind: str) -> tuple[bytes, str]:
@@ -132,15 +138,25 @@ def media_bytes(source: str, base_dir: Path | None = None, kind: str = "image") 
     with the path it resolved to). `base_dir` is the input file's folder (None: the working
     directory); `kind` ("image", "audio") is the type a data URL must declare and the word messages
     begin with."""
+    return _media(source, base_dir, kind, True)
+
+
+def media_file(source: str, base_dir: Path | None = None, kind: str = "audio") -> tuple[bytes | Path, str]:
+    """media_bytes, but a file (a path, a file:// URL) is checked and given as its path, not read: a
+    long clip is decoded from its file a block at a time. A data URL's bytes are in the request already."""
+    return _media(source, base_dir, kind, False)
+
+
+def _media(source: str, base_dir: Path | None, kind: str, read: bool) -> tuple[bytes | Path, str]:
     if not isinstance(source, str):
         raise MediaError(f"{kind} source: expected a path or URL string, got {type(source).__name__}")
     if not source.strip():
         raise MediaError(f"{kind} source: empty")
     scheme = _scheme(source)
     if scheme is None:
-        return _path_source(source, base_dir, kind)
+        return _path_source(source, base_dir, kind, read)
     if scheme == "file":
-        return _file_url_source(source, kind)
+        return _file_url_source(source, kind, read)
     if scheme == "data":
         return _data_url_source(source, kind)
     remote = "http(s) URLs are" if scheme in ("http", "https") else f"the {scheme}: scheme is"

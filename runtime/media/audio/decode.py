@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -70,38 +71,129 @@ def resample(waveform: np.ndarray, source_rate: int, sampling_rate: int) -> np.n
     return np.ascontiguousarray(out, dtype=np.float32)
 
 
+# Source frames read at a time: a stream holds one block of samples (a few MB), whatever the clip's length.
+BLOCK_FRAMES = 1 << 16
+
+
+@dataclass(frozen=True)
+class AudioInfo:
+    """What a clip's header says, read before any sample is decoded."""
+    frames: int  # source frames (an estimate for MP3: the stream is counted again as it decodes)
+    samplerate: int
+    channels: int
+    format: str
+
+    @property
+    def seconds(self) -> float:
+        return self.frames / self.samplerate
+
+
+def _open(source, name: str) -> soundfile.SoundFile:
+    """The clip opened (its header read, not a sample decoded); refused unless a common container."""
+    supported = ", ".join(AUDIO_FORMATS)
+    try:
+        clip = soundfile.SoundFile(io.BytesIO(source) if isinstance(source, (bytes, bytearray, memoryview))
+                                   else str(source) if isinstance(source, Path) else source)
+    except Exception as error:  # noqa: BLE001 -- LibsndfileError for bytes that are no audio it knows
+        raise AudioError(f"audio {name}: not audio in a supported format ({supported}): {_one_line(error)}") from None
+    if clip.format not in AUDIO_FORMATS:
+        clip.close()
+        raise AudioError(f"audio {name}: {clip.format_info} ({clip.format}) is not a supported format ({supported})")
+    return clip
+
+
+def _over(name: str, seconds: float, max_seconds: float) -> AudioError:
+    return AudioError(f"audio {name}: {seconds:.2f} s long, over the limit of {max_seconds:g} s")
+
+
+def audio_info(source, name: str, max_seconds: float | None = None) -> AudioInfo:
+    """A clip's header (`source`: its bytes, a path or a binary file), refusing a clip longer than
+    `max_seconds` before a sample is decoded."""
+    max_seconds = _check_max_seconds(max_seconds)
+    with _open(source, name) as clip:
+        info = AudioInfo(clip.frames, clip.samplerate, clip.channels, clip.format)
+    if info.frames == 0:
+        raise AudioError(f"audio {name}: the clip is empty (no samples)")
+    if max_seconds is not None and info.frames > max_seconds * info.samplerate:
+        raise _over(name, info.seconds, max_seconds)
+    return info
+
+
+def _mono_blocks(clip: soundfile.SoundFile, name: str, max_seconds: float | None, block_frames: int):
+    """The clip's samples as float32 mono blocks, each checked; the frames are counted as they decode,
+    so a header that understates the length (an MP3's estimate) still stops at `max_seconds`."""
+    most = None if max_seconds is None else max_seconds * clip.samplerate
+    read = 0
+    while True:
+        try:
+            samples = clip.read(block_frames, dtype="float32", always_2d=True)  # [frames, channels]
+        except Exception as error:  # noqa: BLE001 -- a damaged stream: LibsndfileError, RuntimeError, MemoryError...
+            raise AudioError(f"audio {name}: cannot decode it ({type(error).__name__}: {_one_line(error)})") from None
+        if samples.shape[0] == 0:
+            return
+        read += samples.shape[0]
+        if most is not None and read > most:
+            raise _over(name, read / clip.samplerate, max_seconds)
+        if not np.isfinite(samples).all():  # float WAVs can hold them, and soxr would smear them over the clip
+            raise AudioError(f"audio {name}: holds NaN or infinite samples")
+        # transformers' expression, [channels, frames] averaged over axis 0: the same float32 rounding
+        # per sample whatever the block
+        channels = samples.T
+        yield channels.mean(axis=0) if channels.shape[0] > 1 else channels[0]  # contiguous: [frames, 1].T[0]
+
+
+def stream_audio(source, name: str, sampling_rate: int = SAMPLING_RATE, max_seconds: float | None = None,
+                 block_frames: int = BLOCK_FRAMES):
+    """The mono float32 waveform `decode_audio` gives, as consecutive blocks: soxr's streaming
+    resampler (bit-identical to its one-shot call) over the clip read a block at a time, the end
+    padded or cut to ceil(n * rate / source rate) as the whole decode's. The clip is refused over
+    `max_seconds` from its header before anything is decoded, and again while it decodes if the
+    header understated it. `source`: the clip's bytes, a path or a binary file."""
+    sampling_rate = _check_rate(sampling_rate)
+    info = audio_info(source, name, max_seconds)
+    with _open(source, name) as clip:
+        source_rate = info.samplerate
+        resampler = None if source_rate == sampling_rate else soxr.ResampleStream(
+            source_rate, sampling_rate, 1, dtype="float32", quality=RESAMPLE_QUALITY)
+        frames = given = 0
+        held = None  # the last block, kept back until the length is known
+        for mono in _mono_blocks(clip, name, max_seconds, block_frames):
+            frames += len(mono)
+            out = mono if resampler is None else resampler.resample_chunk(mono, last=False)
+            if len(out) == 0:
+                continue
+            if held is not None:
+                given += len(held)
+                yield held
+            held = np.ascontiguousarray(out, dtype=np.float32)
+        if frames == 0:  # the header promised samples that the stream does not hold
+            raise AudioError(f"audio {name}: the clip is empty (no samples could be decoded)")
+        tail = [] if held is None else [held]
+        if resampler is not None:
+            tail.append(np.asarray(resampler.resample_chunk(np.zeros(0, np.float32), last=True), np.float32))
+        tail = np.concatenate(tail) if tail else np.zeros(0, np.float32)
+        length = math.ceil(frames * sampling_rate / source_rate)
+        tail = np.pad(tail, (0, max(0, length - given - len(tail))))[:max(0, length - given)]
+        if len(tail):
+            yield np.ascontiguousarray(tail, dtype=np.float32)
+
+
 def decode_audio(data: bytes, name: str, sampling_rate: int = SAMPLING_RATE,
                  max_seconds: float | None = None) -> np.ndarray:
     """A clip's file bytes as a mono float32 waveform at `sampling_rate`; `name` is what an
-    AudioError calls the source. `max_seconds` refuses longer clips before their samples are decoded."""
+    AudioError calls the source. `max_seconds` refuses longer clips before their samples are decoded
+    (from the header; a stream longer than its header said stops there)."""
     sampling_rate = _check_rate(sampling_rate)
     max_seconds = _check_max_seconds(max_seconds)
-    supported = ", ".join(AUDIO_FORMATS)
-    try:
-        clip = soundfile.SoundFile(io.BytesIO(data))
-    except Exception as error:  # noqa: BLE001 -- LibsndfileError for bytes that are no audio it knows
-        raise AudioError(f"audio {name}: not audio in a supported format ({supported}): {_one_line(error)}") from None
-    with clip:
-        if clip.format not in AUDIO_FORMATS:
-            raise AudioError(f"audio {name}: {clip.format_info} ({clip.format}) is not a supported format "
-                             f"({supported})")
-        source_rate, frames = clip.samplerate, clip.frames
-        if frames == 0:
-            raise AudioError(f"audio {name}: the clip is empty (no samples)")
-        if max_seconds is not None and frames > max_seconds * source_rate:
-            raise AudioError(f"audio {name}: {frames / source_rate:.2f} s long, over the limit of {max_seconds:g} s")
-        try:
-            samples = clip.read(dtype="float32", always_2d=True)  # [frames, channels]
-        except Exception as error:  # noqa: BLE001 -- a damaged stream: LibsndfileError, RuntimeError, MemoryError...
-            raise AudioError(f"audio {name}: cannot decode it ({type(error).__name__}: {_one_line(error)})") from None
-    if samples.shape[0] == 0:  # the header promised samples that the stream does not hold
+    info = audio_info(data, name, max_seconds)
+    with _open(data, name) as clip:
+        # One read of the whole clip when the header is honest (one buffer, no copies); a block more
+        # only where it understated the length, each counted against the limit.
+        blocks = list(_mono_blocks(clip, name, max_seconds, info.frames))
+    if not blocks:  # the header promised samples that the stream does not hold
         raise AudioError(f"audio {name}: the clip is empty (no samples could be decoded)")
-    if not np.isfinite(samples).all():  # float WAVs can hold them, and soxr would smear them over the clip
-        raise AudioError(f"audio {name}: holds NaN or infinite samples")
-    # transformers' expression, [channels, frames] averaged over axis 0, for the same float32 rounding
-    channels = samples.T
-    mono = channels.mean(axis=0) if channels.shape[0] > 1 else channels[0]
-    return resample(mono, source_rate, sampling_rate)
+    mono = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+    return resample(mono, info.samplerate, sampling_rate)
 
 
 def load_audio(source: str, base_dir: Path | None = None, sampling_rate: int = SAMPLING_RATE,

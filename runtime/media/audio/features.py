@@ -156,6 +156,80 @@ def _whisper_log_mel(samples: np.ndarray, num_mel_bins: int, sampling_rate: int,
     return ((log_mel + 4.0) / 4.0).astype(np.float32)
 
 
+class WhisperLogMelStream:
+    """Whisper's log-mel spectrogram of a clip given in pieces, unpadded (transformers'
+    padding="longest"): frame for frame `_whisper_log_mel` of the whole clip, holding only a block of
+    frames' samples. `feed` returns the frames its samples complete, `finish` the rest; both before
+    the floor, which follows the loudest frame of the whole clip: `floor()` once it is all fed, to be
+    applied as `np.maximum(frames, floor())`. That equals the whole computation exactly: x ->
+    float32((x + 4) / 4) is monotone, so it commutes with the maximum. The frames are computed in
+    blocks of FRAMES_PER_BLOCK aligned as the whole clip's, so every FFT and matrix product has the
+    same operands. Each frame is [mel bins] float32; the arrays returned are [frames, mel bins]."""
+
+    def __init__(self, num_mel_bins: int = 80, sampling_rate: int = 16000, n_fft: int = 400, hop_length: int = 160):
+        self.n_fft, self.hop, self.half = n_fft, hop_length, n_fft // 2
+        self.num_mel_bins = num_mel_bins
+        self.window = np.hanning(n_fft + 1)[:-1]
+        self.filters = mel_filter_bank(n_fft // 2 + 1, num_mel_bins, 0.0, WHISPER_MAX_FREQUENCY, sampling_rate)
+        self.samples = 0  # fed so far
+        self.frames = 0  # returned so far
+        self.maximum = -np.inf  # of the log10 values so far (float64, as the whole computation's)
+        self._head = np.zeros(0)  # the first samples, until the front reflection can be made
+        self._padded = None  # the reflect-padded signal from frame `frames`'s first sample on
+
+    def _block(self, frames: np.ndarray) -> np.ndarray:
+        log_mel = np.log10(np.maximum(_mel_power(frames, self.window, self.filters).T, WHISPER_MEL_FLOOR))
+        self.maximum = max(self.maximum, float(log_mel.max()))
+        return np.ascontiguousarray(((log_mel + 4.0) / 4.0).astype(np.float32).T)
+
+    def _take(self, count: int) -> np.ndarray:
+        """`count` frames from the padded signal held, in the whole computation's blocks."""
+        out = []
+        while count:
+            n = min(count, FRAMES_PER_BLOCK - self.frames % FRAMES_PER_BLOCK)
+            out.append(self._block(_frames(self._padded[:(n - 1) * self.hop + self.n_fft], self.n_fft, self.hop)))
+            self._padded = self._padded[n * self.hop:]
+            self.frames += n
+            count -= n
+        self._padded = self._padded.copy()  # the rest only: the view would keep the whole piece alive
+        return np.concatenate(out) if out else np.zeros((0, self.num_mel_bins), np.float32)
+
+    def feed(self, samples: np.ndarray) -> np.ndarray:
+        samples = np.asarray(samples, dtype=np.float32).astype(np.float64)
+        self.samples += len(samples)
+        if self._padded is None:
+            self._head = np.concatenate([self._head, samples])
+            if len(self._head) <= self.half:
+                return np.zeros((0, self.num_mel_bins), np.float32)
+            samples, self._head = self._head, None
+            self._padded = np.zeros(0)
+            samples = np.concatenate([samples[self.half:0:-1], samples])  # np.pad's "reflect" at the start
+        self._padded = np.concatenate([self._padded, samples])
+        # Whole blocks only, and never the signal's last frames (they need its end, and the last is dropped).
+        ready = max(0, (len(self._padded) - self.n_fft) // self.hop)  # frames with one more after them
+        count = (self.frames + ready) // FRAMES_PER_BLOCK * FRAMES_PER_BLOCK - self.frames
+        return self._take(count) if count > 0 else np.zeros((0, self.num_mel_bins), np.float32)
+
+    def finish(self) -> np.ndarray:
+        """The last frames (the end reflect-padded, the very last frame dropped, as Whisper's)."""
+        if self._padded is None:  # too short to stream: the whole computation's own padding
+            samples = self._head
+            if len(samples) == 0:
+                raise ValueError("audio features: the waveform is empty")
+            padded = np.pad(samples, (self.half, self.half), mode="reflect")
+            self._padded, self._head = padded, None
+        else:
+            # the last `half` samples of the signal are in what is held: the frames before them are out
+            tail = self._padded[len(self._padded) - self.half - 1:-1][::-1]
+            self._padded = np.concatenate([self._padded, tail])
+        total = (self.samples + 2 * self.half - self.n_fft) // self.hop  # the frames but the dropped last
+        return self._take(total - self.frames)
+
+    def floor(self) -> np.float32:
+        """The floor of every frame, the loudest frame's value less 80 dB."""
+        return ((np.float64(self.maximum) - WHISPER_DYNAMIC_RANGE + 4.0) / 4.0).astype(np.float32)
+
+
 # --- The families ---
 
 @dataclass(frozen=True)

@@ -4,8 +4,10 @@ as a state machine that asks for one decode at a time, so that one driver batche
 several requests (`run_transcriptions`: trt-llm-run) and another feeds them to the server's engine
 (server/transcriptions.py).
 
-The clip's log-mel features are computed whole (transformers' processor with `truncation=False,
-padding="longest"`: its floor follows the loudest frame of the whole clip). From `seek` = 0, a window
+The clip's log-mel features are the whole clip's (transformers' processor with `truncation=False,
+padding="longest"`: its floor follows the loudest frame of the whole clip), computed as the clip
+decodes and read back a window at a time from disk (streaming.py: `features[:, seek:seek + frames]`),
+so neither the waveform nor the features are ever held whole. From `seek` = 0, a window
 is the next 3,000 frames (fewer at the end, zero-padded to 3,000); its decoder prompt is
 
     [<|startofprev|> previous tokens]  <|startoftranscript|>  [<|lang|> <|task|>]
@@ -106,7 +108,7 @@ class Transcription:
     it needs next (None when done), `finish(attempt)` after that decode ran."""
     tokens: WhisperTokens
     options: Options
-    features: np.ndarray  # [mel bins, frames]: the whole clip's (timestamps) or its padded 30 s
+    features: np.ndarray  # [mel bins, frames]: the whole clip's (timestamps; streaming.SpilledFeatures) or its padded 30 s
     key: str  # the clip's content hash (the encoder cache's key, with the window's seek)
     name: str
     seconds: float
@@ -229,6 +231,8 @@ class Transcription:
         self._decoded(attempt, first_token_time)
         if self._done or self._encoded is not None and self._encoded[0] != self.seek:
             self._encoded = None
+        if self._done:  # nothing reads them again (a VAD transcription's finished chunks free theirs)
+            self.features = None
 
     def _decoded(self, attempt: Attempt, first_token_time: float | None) -> None:
         if self.first_token_time is None:

@@ -20,24 +20,27 @@ the previous-text prompt (transformers' `prompt_ids`). The input file's `whisper
 
 The encoder's output reaches the decoder as each layer's cross-attention keys and values, computed
 once per window (runtime/media/audio/encoder.py). A clip over `whisper.max_audio_seconds` is refused
-before it is decoded.
+from its header, before it is decoded; a long one is decoded as a stream (streaming.py), its file never
+read whole.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from pathlib import Path
 
 import numpy as np
 
-from trt_llm.runtime.media.audio.decode import AudioError, decode_audio
+from trt_llm.runtime.media.audio.decode import AudioError, audio_info, decode_audio
 from trt_llm.runtime.media.audio.encoder import AudioEncoder
 from trt_llm.runtime.media.audio.languages import language_code
 from trt_llm.runtime.media.audio.longform import Options, Transcription
+from trt_llm.runtime.media.audio.streaming import StreamedClip, file_key, stream_clip
 from trt_llm.runtime.media.audio.whisper_sampling import WhisperTokens
-from trt_llm.runtime.media.encoder_cache import content_key
-from trt_llm.runtime.media.sequence_media import SequenceMedia, media_parts, read_parts
+from trt_llm.runtime.media.sequence_media import SequenceMedia, media_parts
+from trt_llm.runtime.media.sources import MediaError, media_file
 from trt_llm.runtime.text.prompt import Prompt, PromptError
 from trt_llm.schemas.input_file import WhisperSettings
 
@@ -94,20 +97,34 @@ def _language_and_task(tokens: WhisperTokens, whisper: WhisperSettings, where: s
     return language, task
 
 
-def _decoded(audio: AudioEncoder, whisper: WhisperSettings):
-    """The media reader of a Whisper clip: (waveform, content key, name), refusing a clip over the limit."""
-    rate = audio.extractor.sampling_rate
+class _Clip:
+    """A Whisper request's clip before its samples are decoded: its source (bytes, or the path of a
+    file, which is decoded as a stream and never read whole), name and header. Each way to decode it
+    refuses it over `whisper.max_audio_seconds` (from the header before decoding, and while decoding
+    where the header understated it), in one line naming the part and the field."""
 
-    def read(data: bytes, name: str):
+    def __init__(self, part, media_dir: Path | None, whisper: WhisperSettings, where: str, m: int, c: int):
+        self.whisper, self.prefix = whisper, f"{where}.messages[{m}].content[{c}]"
+        with self._named():
+            self.source, self.name = media_file(part.audio, media_dir, "audio")
+            self.info = audio_info(self.source, self.name, whisper.max_audio_seconds)
+
+    @contextlib.contextmanager
+    def _named(self):
         try:
-            waveform = decode_audio(data, name, rate, max_seconds=whisper.max_audio_seconds)
-        except AudioError as error:
-            if "over the limit" in str(error):
-                raise AudioError(f"{error} (whisper.max_audio_seconds)") from None
-            raise
-        return waveform, content_key(data), name
+            yield
+        except MediaError as error:
+            limit = " (whisper.max_audio_seconds)" if "over the limit" in str(error) else ""
+            raise ValueError(f"{self.prefix}: {error}{limit}") from None
 
-    return read
+    def decoded(self, rate: int) -> tuple[np.ndarray, str]:
+        """(the whole waveform, the content key): a clip of at most 30 s."""
+        with self._named():
+            return decode_audio(self.source, self.name, rate, self.whisper.max_audio_seconds), file_key(self.source)
+
+    def streamed(self, extractor, vad=None) -> StreamedClip:
+        with self._named():
+            return stream_clip(self.source, self.name, extractor, self.whisper.max_audio_seconds, vad)
 
 
 def transcription_prompt(audio: AudioEncoder, tokenizer, messages, media_dir: Path | None, where: str,
@@ -133,10 +150,23 @@ def transcription_prompt(audio: AudioEncoder, tokenizer, messages, media_dir: Pa
             raise ValueError(f"{where}.messages: the previous-text prompt is {len(previous)} tokens, more than "
                              f"Whisper's {most} (half its {s['max_target_positions']} positions, less one)")
     language, task = _language_and_task(tokens, whisper, where)
-    ((waveform, key, name),) = read_parts(parts, "audio", media_dir, where, _decoded(audio, whisper))
+    ((m, c, part),) = parts
+    clip = _Clip(part, media_dir, whisper, where, m, c)  # its header only: over the limit, refused here
     extractor = audio.extractor
-    long = len(waveform) > extractor.chunk_samples and not whisper.vad_filter  # VAD: chunks of at most 30 s
+    samples = math.ceil(clip.info.frames * extractor.sampling_rate / clip.info.samplerate)
+    long = samples > extractor.chunk_samples and not whisper.vad_filter  # VAD: chunks of at most 30 s
     timestamps = long or whisper.return_timestamps
+    streamed = None  # a long clip, or one cut by VAD: decoded as a stream, window by window (streaming.py)
+    if whisper.vad_filter:
+        from trt_llm.runtime.media.audio.vad_transcription import vad_model
+
+        streamed = clip.streamed(extractor, vad_model(where))
+    elif timestamps:
+        streamed = clip.streamed(extractor)
+    else:
+        waveform, key = clip.decoded(extractor.sampling_rate)
+        timestamps = len(waveform) > extractor.chunk_samples  # a header that understated the length
+    name = clip.name
     if not (timestamps or whisper.temperature_fallback or (tokens.multilingual and language is None)
             or whisper.vad_filter):
         ids = previous + [tokens.sot] + ([language, task] if tokens.multilingual else []) + [tokens.no_timestamps]
@@ -155,8 +185,11 @@ def transcription_prompt(audio: AudioEncoder, tokenizer, messages, media_dir: Pa
     if whisper.vad_filter:  # the speech chunks of the clip, each transcribed as a clip of its own
         from trt_llm.runtime.media.audio.vad_transcription import vad_transcription
 
-        transcription = vad_transcription(audio, tokens, options, waveform, key, name, seed, previous or None,
-                                          whisper.vad_parameters, where)
+        transcription = vad_transcription(audio, tokens, options, streamed, seed, previous or None,
+                                          whisper.vad_parameters)
+    elif streamed is not None:
+        transcription = Transcription(tokens, options, streamed.features, streamed.key, name, streamed.seconds, seed,
+                                      previous or None, window_frames=audio.window_frames)
     else:
         transcription = windowed(audio, tokens, options, waveform, key, name, seed, previous or None)
     # The first window's prompt as far as it is known (a detected language joins it later).

@@ -82,25 +82,57 @@ class SileroVad:
 
     def probabilities(self, audio: np.ndarray) -> np.ndarray:
         """One speech probability per 512-sample frame of 16 kHz mono `audio` (the last frame zero-padded)."""
-        audio = np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)
+        stream = self.stream()
+        out = [stream.feed(audio), stream.finish()]
+        return np.concatenate(out)
+
+    def stream(self) -> VadStream:
+        """The probabilities of a recording given in pieces (its state carried from block to block)."""
+        return VadStream(self.session)
+
+
+class VadStream:
+    """`SileroVad.probabilities` of a recording fed in pieces: the model runs on whole blocks of
+    BLOCK_FRAMES frames as their samples arrive, the last block at `finish`, so the calls and their
+    inputs are those of the whole recording's (the same probabilities, bit for bit) while only a
+    block's samples are held."""
+
+    def __init__(self, session):
+        self.session = session
+        self.h = np.zeros(STATE, dtype=np.float32)
+        self.c = np.zeros(STATE, dtype=np.float32)
+        self.previous = np.zeros(CONTEXT, dtype=np.float32)
+        self.pending = np.zeros(0, dtype=np.float32)
+        self.samples = 0
+
+    def _run(self, audio: np.ndarray) -> np.ndarray:
         count = -(-audio.size // FRAME)
-        h = np.zeros(STATE, dtype=np.float32)
-        c = np.zeros(STATE, dtype=np.float32)
-        previous = np.zeros(CONTEXT, dtype=np.float32)
-        out = []
-        for first in range(0, count, BLOCK_FRAMES):
-            n = min(BLOCK_FRAMES, count - first)
-            frames = np.zeros((n, FRAME), dtype=np.float32)
-            piece = audio[first * FRAME:(first + n) * FRAME]
-            frames.reshape(-1)[:piece.size] = piece
-            block = np.empty((n, CONTEXT + FRAME), dtype=np.float32)
-            block[:, CONTEXT:] = frames
-            block[0, :CONTEXT] = previous
-            block[1:, :CONTEXT] = frames[:-1, -CONTEXT:]
-            previous = frames[-1, -CONTEXT:].copy()
-            probs, h, c = self.session.run(["speech_probs", "hn", "cn"], {"input": block, "h": h, "c": c})
-            out.append(np.asarray(probs, dtype=np.float32).reshape(-1))
+        frames = np.zeros((count, FRAME), dtype=np.float32)
+        frames.reshape(-1)[:audio.size] = audio
+        block = np.empty((count, CONTEXT + FRAME), dtype=np.float32)
+        block[:, CONTEXT:] = frames
+        block[0, :CONTEXT] = self.previous
+        block[1:, :CONTEXT] = frames[:-1, -CONTEXT:]
+        self.previous = frames[-1, -CONTEXT:].copy()
+        probs, self.h, self.c = self.session.run(["speech_probs", "hn", "cn"],
+                                                 {"input": block, "h": self.h, "c": self.c})
+        return np.asarray(probs, dtype=np.float32).reshape(-1)
+
+    def feed(self, audio: np.ndarray) -> np.ndarray:
+        """The probabilities of the whole blocks the samples so far complete."""
+        audio = np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)
+        self.samples += audio.size
+        pending = np.concatenate([self.pending, audio])
+        size = BLOCK_FRAMES * FRAME
+        whole = pending.size // size * size
+        out = [self._run(pending[start:start + size]) for start in range(0, whole, size)]
+        self.pending = pending[whole:].copy()
         return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
+
+    def finish(self) -> np.ndarray:
+        """The last block's probabilities (its last frame zero-padded)."""
+        pending, self.pending = self.pending, np.zeros(0, dtype=np.float32)
+        return self._run(pending) if pending.size else np.zeros(0, dtype=np.float32)
 
 
 _LOCK = threading.Lock()

@@ -47,11 +47,13 @@ class VisionEncoder:
         self.settings = json.loads(engine_dir.component_path("vision", "config").read_text())
         preprocessor = json.loads(engine_dir.component_path("vision", "preprocessor").read_text())
         s = self.settings
-        self.processor = token_limited(ImageProcessor.from_config(preprocessor), s["min_image_tokens"],
-                                       s["max_image_tokens_per_image"])
-        self.merge = s["merge_size"]
         # The tower's host inputs for the images' grids (trt_llm/families/adapters.py, named by the manifest)
         self.adapter = adapter(engine_dir.adapter_name("vision"), s)
+        # Qwen's patches, unless the family's adapter brings its own image processor (SmolVLM's tiles)
+        own_processor = getattr(self.adapter, "image_processor", None)
+        self.processor = own_processor(preprocessor) if own_processor else token_limited(
+            ImageProcessor.from_config(preprocessor), s["min_image_tokens"], s["max_image_tokens_per_image"])
+        self.merge = s["merge_size"]
         self.image_token_id = s["image_token_id"]
         self.max_request_tokens = s["max_image_tokens"]
         self.session = encoder_session(engine_dir, "vision", threads)
