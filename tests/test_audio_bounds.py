@@ -144,6 +144,24 @@ def test_trt_llm_run_refuses_the_long_clip_alone(engine, tmp_path, decoded):
     assert time.perf_counter() - started < 60
 
 
+def test_an_image_over_the_pixel_limit_is_refused_before_its_pixels_are_decoded(tmp_path, monkeypatch):
+    """Images: the size from the header, the limit checked before Pillow's load() (a spy that fails if
+    called), for each format that is opened."""
+    from PIL import Image, ImageFile
+
+    from trt_llm.runtime.media.sources import MediaError, decode_image
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    loaded = []
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self: loaded.append(self.format))
+    for fmt in ("PNG", "JPEG", "GIF", "BMP", "TIFF", "WEBP"):
+        buffer = io.BytesIO()
+        Image.new("RGB", (50, 40)).save(buffer, format=fmt)  # 2,000 pixels
+        with pytest.raises(MediaError, match=r"50x40 is 2,000 pixels, over the limit of 1,000"):
+            decode_image(buffer.getvalue(), f"'bomb.{fmt.lower()}'")
+    assert loaded == []
+
+
 # --- the server: its limit, its budget, a client that leaves ---------------------------------------
 
 pytest.importorskip("uvicorn")
