@@ -6,7 +6,7 @@ Oracles: for decoding, the samples written (lossless formats, at their own rate)
 features, `WhisperFeatureExtractor` (its torch and its numpy path, 80 and 128 mel bins, padded to 30 s
 as Whisper and Qwen2-Audio call it, and unpadded) and `ParakeetFeatureExtractor`, given the same
 16 kHz array. The speech is real: Debian's pocketsphinx-testdata (LibriVox and spoken card names) and
-espeak-ng, fetched by tests/audio_assets.py; the tests that need them skip without apt."""
+espeak-ng, fetched by scripts/setup.sh --test through tests/audio_assets.py."""
 
 import base64
 import io

