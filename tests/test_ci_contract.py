@@ -93,6 +93,11 @@ def test_a_failing_run_keeps_its_own_status(tmp_path):
     assert done.returncode == 1 and "1 failed" in done.stdout
 
 
+def test_a_run_without_skips_says_so(tmp_path):
+    done = _pytest(tmp_path, ci=True, allowlist="", sample="def test_x():\n    pass\n")
+    assert done.returncode == 0 and "skipped: 0, 0 outside tests/skip_allowlist.txt" in done.stdout
+
+
 def test_a_malformed_allowlist_line_is_refused(tmp_path):
     done = _pytest(tmp_path, ci=True, allowlist="test_sample.py::test_x | no reason why\n")
     assert done.returncode == 4, done.stdout + done.stderr  # pytest's usage error
