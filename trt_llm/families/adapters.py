@@ -18,6 +18,7 @@ ADAPTERS = {
     "whisper": "trt_llm.families.whisper.host:CrossAttention",
     "qwen2_5_vl": "trt_llm.families.qwen_vl.host:WindowedTower",
     "qwen3_vl": "trt_llm.families.qwen_vl.host:InterpolatedTower",
+    "smolvlm": "trt_llm.families.smolvlm.host:TiledTower",
 }
 
 

@@ -17,6 +17,7 @@ PACKAGES = (
     "whisper",  # Whisper: an encoder-decoder
     "qwen3_5",  # Qwen3.5, Qwen3-Next: Gated DeltaNet and gated attention
     "lfm2",  # LFM2: short gated convolutions and attention
+    "smolvlm",  # SmolVLM2, Idefics3: a Llama decoder and a tiled SigLIP tower with pixel shuffle
 )
 
 

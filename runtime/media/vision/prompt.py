@@ -22,6 +22,9 @@ def attach_images(vision: VisionEncoder, messages, token_ids: list[int], media_d
     """The prompt's token ids with the images' tokens, and its SequenceMedia. Raises ValueError
     (PromptError when the template placed the wrong number of image tokens) before any image is
     encoded, so a request that cannot run costs no encoder time."""
+    own_layout = getattr(vision.adapter, "attach_images", None)
+    if own_layout is not None:  # the family lays its images out itself (SmolVLM's tiles, 1-D positions)
+        return own_layout(vision, messages, token_ids, media_dir, where, max_input_len)
     parts = media_parts(messages, "image")
     pending = read_parts(parts, "image", media_dir, where, vision.pending)
     counts = [vision.tokens_of(image) for image in pending]
