@@ -161,6 +161,14 @@ class MessagesRequest(_Body):
             raise PydanticCustomError("thinking_budget", "thinking.budget_tokens: {budget} must be less than "
                                       "max_tokens ({max_tokens})",
                                       {"budget": self.thinking.budget_tokens, "max_tokens": self.max_tokens})
+        names: dict[str, int] = {}
+        for index, tool in enumerate(self.tools or ()):
+            if tool.name in names:
+                raise PydanticCustomError("tool_pairs", "tools[{index}].name: '{name}' is also tools[{first}]'s; tool "
+                                          "names must be unique", {"index": index, "name": tool.name,
+                                                                   "first": names[tool.name]})
+            names[tool.name] = index
+        _check_tool_pairs(self.messages)
         if self.messages[-1].role == "assistant":
             raise PydanticCustomError("prefill", "messages[{last}]: a final assistant turn (a prefill the answer "
                                       "continues) is not supported; end with a user turn",
@@ -170,6 +178,29 @@ class MessagesRequest(_Body):
     @property
     def show_thinking(self) -> bool:
         return getattr(self.thinking, "display", None) != "omitted"
+
+
+def _blocks(message, kind: str) -> list:
+    return [b for b in message.content if b.type == kind] if isinstance(message.content, list) else []
+
+
+def _check_tool_pairs(messages: list[Message]) -> None:
+    """As Anthropic's API: each tool_use block is answered by a tool_result block in the next turn,
+    and a tool_result answers a tool_use of the turn before it."""
+    for i, message in enumerate(messages):
+        results = [b.tool_use_id for b in _blocks(message, "tool_result")]
+        asked = [b.id for b in _blocks(messages[i - 1], "tool_use")] if i else []
+        stray = [r for r in results if r not in asked]
+        if stray:
+            raise PydanticCustomError("tool_pairs", "messages[{i}]: tool_result for {ids}, which no tool_use of the turn "
+                                      "before it asked for", {"i": i, "ids": ", ".join(map(repr, stray))})
+        if message.role == "assistant" and i + 1 < len(messages):
+            answered = [b.tool_use_id for b in _blocks(messages[i + 1], "tool_result")]
+            missing = [b.id for b in _blocks(message, "tool_use") if b.id not in answered]
+            if missing:
+                raise PydanticCustomError("tool_pairs", "messages[{i}]: tool_use {ids} without a tool_result in the "
+                                          "next turn (messages[{next}]); each tool_use needs its tool_result there",
+                                          {"i": i, "ids": ", ".join(map(repr, missing)), "next": i + 1})
 
 
 _UNION_FIELDS = ("content", "system")  # typed with protocol._either: pydantic adds its "str" / "parts" tag
@@ -203,7 +234,7 @@ def validation_message(error: ValidationError) -> str:
             *parent, key = e["loc"]
             shown.append(f"{field_path(e['loc'])}: unknown or unsupported parameter"
                          f"{did_you_mean(str(key), _fields_at(parent))}")
-        elif e["type"] in ("role_block", "thinking_budget", "prefill"):
+        elif e["type"] in ("role_block", "thinking_budget", "prefill", "tool_pairs"):
             text = e["msg"]
             shown.append(text if e["type"] != "role_block" else f"{field_path(e['loc'])}.{text}")
         else:

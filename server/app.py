@@ -44,7 +44,8 @@ from trt_llm.server.metrics import Metrics
 from trt_llm.server.tool_calls import make_parser, tool_parser_for
 from trt_llm.runtime.text.reasoning import ReasoningSplitter
 from trt_llm.schemas._errors import describe, did_you_mean, show
-from trt_llm.server.protocol import PART_TYPES, UNION_FIELDS, ChatCompletionRequest, CompletionRequest
+from trt_llm.server.protocol import (PART_TYPES, TOOL_CHOICE_TAGS, UNION_FIELDS, ChatCompletionRequest,
+                                     CompletionRequest)
 
 log = logging.getLogger(__name__)
 
@@ -352,6 +353,8 @@ def _location(error) -> list:
         before = loc[i - 1] if i else None
         if part in ("str", "parts") and before in UNION_FIELDS:
             continue
+        if part in TOOL_CHOICE_TAGS and before == "tool_choice":
+            continue
         if i > 1 and loc[i - 2] == "parts" and isinstance(before, int) and isinstance(part, str) and i < len(loc) - 1:
             continue  # the content part's own tag ("input_audio"), followed by its real field
         if part == "[key]":
@@ -370,8 +373,7 @@ def _describe(error, missing_siblings: list[str]) -> str:
         return f"{show(value)} is not supported; use {_choices(ctx.get('expected', ''))}"
     if kind == "union_tag_invalid":  # a content part's type (the one discriminated union)
         tag = ctx.get("tag", "")
-        why = " (video input is not supported yet)" if "video" in str(tag) else ""
-        return f"{show(tag)} is not supported{why}; use {_or(PART_TYPES)}"
+        return f"{show(tag)} is not supported; use {_or(PART_TYPES)}"
     if kind == "union_tag_not_found":
         return f"required field missing ({_or(PART_TYPES)})"
     if kind == "str_or_list_type":

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from trt_llm.schemas._errors import format_errors
-from trt_llm.schemas.input_file import GuidedDecoding, InputSettings, Request
+from trt_llm.schemas._errors import _parts, format_errors
+from trt_llm.schemas.input_file import MAX_TEXT_BYTES, GuidedDecoding, InputSettings, Request
 from trt_llm.server.protocol import ChatCompletionRequest, CompletionRequest
 
 
@@ -46,7 +46,7 @@ def convert(body: ChatCompletionRequest | CompletionRequest, lora: dict[str, str
                "num_logprobs": body.num_logprobs}
     choice = tool_choice(body) if chat else "none"
     calls = choice != "none"
-    if calls:  # "none": the model is not shown them
+    if chat and body.tools:  # under "none" too (vLLM's default): the prompt is the same whatever the choice
         request["tools"] = [tool.model_dump(exclude_none=True) for tool in body.tools]
     forced = choice if choice in ("required", "named") else None
     _constraint(body, chat, forced, request)
@@ -116,6 +116,11 @@ def force_tool_calls(converted: Converted, body: ChatCompletionRequest, grammars
         grammar = tool_grammar(converted.request.tools, name, body.parallel_tool_calls, grammars.literal, syntax)
     except ToolGrammarError as error:
         raise BadRequest(str(error), param=error.param) from None
+    size = len(grammar.encode("utf-8"))
+    if size > MAX_TEXT_BYTES:  # the user wrote the tools, not this grammar: say it in their terms
+        raise BadRequest(f"tools: the grammar that makes the answer calls of these tools would be {size} bytes, over "
+                         f"the {MAX_TEXT_BYTES} a grammar may have (send fewer tools or smaller parameters schemas, or "
+                         "tool_choice auto)", param="tools")
     return converted.request.model_copy(update={"guided_decoding": GuidedDecoding(ebnf=grammar)})
 
 
@@ -123,8 +128,9 @@ def _validated(model, data: dict):
     try:
         return model.model_validate(data)
     except ValidationError as error:
-        first = error.errors()[0]
-        raise BadRequest("; ".join(format_errors(error)[:3]), param=".".join(map(str, first["loc"]))) from None
+        first = error.errors()[0]  # param: the field's path without pydantic's branch names (_parts drops them)
+        param = ".".join(str(part) for _, part in _parts(first["loc"]))
+        raise BadRequest("; ".join(format_errors(error)[:3]), param=param) from None
 
 
 def _message(index: int, message, media_root: Path | None) -> dict:
@@ -146,6 +152,10 @@ def _message(index: int, message, media_root: Path | None) -> dict:
             parts.append({"type": "text", "text": part.text})
         elif part.type == "image_url":
             parts.append({"type": "image", "image": media_source(part.image_url.url, media_root, f"{where}.image_url.url")})
+        elif part.type == "video_url":  # the input file's video part; its options are checked there
+            options = part.video_url.model_dump(exclude_none=True, exclude={"url"})
+            parts.append({"type": "video", "video": media_source(part.video_url.url, media_root,
+                                                                 f"{where}.video_url.url"), **options})
         else:
             parts.append({"type": "audio", "audio": _audio_source(part.input_audio, media_root, f"{where}.input_audio.data")})
     return {**out, "content": parts}

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool, Tag,
+                      model_validator)
 from pydantic_core import PydanticCustomError
 
 from trt_llm.schemas.input_file import MAX_LOGIT_BIAS, MAX_TEXT_BYTES, GuidedDecoding
@@ -54,8 +55,23 @@ class AudioPart(_Body):
     input_audio: InputAudio
 
 
-ContentPart = Annotated[Union[TextPart, ImagePart, AudioPart], Field(discriminator="type")]
-PART_TYPES = ("text", "image_url", "input_audio")
+class VideoUrl(_Body):
+    """vLLM's video part; fps, max_frames, min_pixels, max_pixels are the input file's video options."""
+    url: str = Field(min_length=1, description="a data:video/...;base64, URL, or a file path under "
+                                               "--allowed-local-media-path")
+    fps: float | None = None
+    max_frames: int | None = None
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+
+
+class VideoPart(_Body):
+    type: Literal["video_url"]
+    video_url: VideoUrl
+
+
+ContentPart = Annotated[Union[TextPart, ImagePart, AudioPart, VideoPart], Field(discriminator="type")]
+PART_TYPES = ("text", "image_url", "input_audio", "video_url")
 
 
 def _str_or_list(value) -> str | None:
@@ -73,11 +89,28 @@ def _either(text, items, what: str):
 
 
 UNION_FIELDS = ("content", "stop", "prompt")  # the fields typed with _either
+TOOL_CHOICE_TAGS = ("mode", "named")  # tool_choice's branches (_tool_choice_branch), dropped from a field's path
+
+
+def json_object_text(text: str) -> str:
+    """An earlier call's arguments: a JSON object's text (a template writes them as an object; text
+    that is not one would be pasted into the prompt as it is)."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise PydanticCustomError("arguments_json", "not JSON ({why}); send the arguments as a JSON object's text",
+                                  {"why": str(error)}) from None
+    if not isinstance(value, dict):
+        raise PydanticCustomError("arguments_json", "not a JSON object; send the arguments as a JSON object's text")
+    return text
 
 
 class FunctionCall(_Body):
     name: str = Field(min_length=1)
-    arguments: str = Field(description="the arguments as a JSON object's text")
+    arguments: Annotated[str, AfterValidator(json_object_text)] = Field(
+        description="the arguments as a JSON object's text")
 
 
 class ToolCallBody(_Body):
@@ -128,7 +161,7 @@ class NamedToolChoice(_Body):
 
 
 class StreamOptions(_Body):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class JsonSchemaSpec(_Body):
@@ -147,29 +180,55 @@ class ResponseFormat(_Body):
 
 class ChatTemplateKwargs(BaseModel):
     model_config = ConfigDict(extra="allow")
-    enable_thinking: bool | None = None
+    enable_thinking: StrictBool | None = None
+
+
+def _tool_choice_branch(value) -> str | None:
+    """tool_choice's branch (a mode's name or a named function), so that an error names the field and
+    not pydantic's branches (`tool_choice.literal['none','auto','required']`)."""
+    if isinstance(value, str):
+        return "mode"
+    return "named" if isinstance(value, dict) else None
+
+
+def _unique_names(tools):
+    """Each function once: a duplicate name makes a call ambiguous (OpenAI refuses it too)."""
+    seen: dict[str, int] = {}
+    for index, tool in enumerate(tools or ()):
+        if tool.function.name in seen:
+            raise PydanticCustomError("duplicate_tool", "tools[{index}] repeats the function name '{name}' of "
+                                      "tools[{first}]; each function needs a name of its own",
+                                      {"index": index, "name": tool.function.name, "first": seen[tool.function.name]})
+        seen[tool.function.name] = index
+    return tools
+
+
+NULLABLE = ("temperature", "top_p", "top_k", "n", "stream", "presence_penalty", "frequency_penalty",
+            "repetition_penalty", "min_p", "logprobs", "parallel_tool_calls", "echo")
 
 
 class _Sampling(_Body):
-    """The sampling fields both endpoints share; the defaults are OpenAI's."""
+    """The sampling fields both endpoints share; the defaults are OpenAI's. null is its default
+    wherever OpenAI's API (or vLLM's, for its extensions) takes null (NULLABLE); booleans are
+    booleans (pydantic's lax "yes" / "on" / 1 are refused)."""
 
     model: str = Field(min_length=1)
-    temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False)
-    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
-    top_k: int = Field(0, ge=0, description="extension: 0 = off")
+    temperature: float | None = Field(1.0, ge=0, le=2, allow_inf_nan=False)
+    top_p: float | None = Field(1.0, gt=0, le=1, allow_inf_nan=False)
+    top_k: int | None = Field(0, ge=0, description="extension: 0 = off")
     max_tokens: int | None = Field(None, ge=1)
     stop: _either(str, list[Annotated[str, Field(min_length=1)]], "expected a string or an array of strings") | None = None
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     logit_bias: dict[str, Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]] | None = None
-    n: Literal[1] = Field(1, description="one choice per request")
-    stream: bool = False
+    n: Literal[1] | None = Field(1, description="one choice per request")
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
-    repetition_penalty: float = Field(1.0, gt=0, allow_inf_nan=False,
-                                      description="extension (vLLM's): transformers' repetition penalty, 1 = off")
-    min_p: float = Field(0.0, ge=0, le=1, allow_inf_nan=False, description="extension (vLLM's): 0 = off")
-    disable_spec_decode: bool = Field(False, description="extension: vanilla decoding for this request")
+    presence_penalty: float | None = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(1.0, gt=0, allow_inf_nan=False,
+                                             description="extension (vLLM's): transformers' repetition penalty, 1 = off")
+    min_p: float | None = Field(0.0, ge=0, le=1, allow_inf_nan=False, description="extension (vLLM's): 0 = off")
+    disable_spec_decode: StrictBool = Field(False, description="extension: vanilla decoding for this request")
     guided_decoding: GuidedDecoding | None = Field(
         None, description="extension: the input file's guided_decoding, exactly one of json_schema, json_object, "
         "regex, choice or ebnf (not with response_format)")
@@ -180,6 +239,9 @@ class _Sampling(_Body):
 
     @model_validator(mode="after")
     def _options_need_stream(self):
+        for name in NULLABLE:  # an explicit null: the default, as OpenAI reads it
+            if name in type(self).model_fields and getattr(self, name) is None:
+                setattr(self, name, type(self).model_fields[name].default)
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options needs stream: true")
         return self
@@ -188,16 +250,21 @@ class _Sampling(_Body):
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
+    logprobs: StrictBool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: ResponseFormat | None = None
-    enable_thinking: bool | None = Field(None, description="extension: the chat template's thinking switch")
+    enable_thinking: StrictBool | None = Field(None, description="extension: the chat template's thinking switch")
     chat_template_kwargs: ChatTemplateKwargs | None = None
-    tools: list[Tool] | None = Field(None, description="functions the model may call (the chat template shows them)")
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+    tools: Annotated[list[Tool], AfterValidator(_unique_names)] | None = Field(
+        None, description="functions the model may call (the chat template shows them, also under tool_choice none)")
+    tool_choice: Annotated[Union[Annotated[Literal["none", "auto", "required"], Tag("mode")],
+                                 Annotated[NamedToolChoice, Tag("named")]],
+                           Discriminator(_tool_choice_branch, custom_error_type="tool_choice_type",
+                                         custom_error_message="expected none, auto, required or a named "
+                                         "function (an object with type function and function.name)")] | None = Field(
         None, description="none, auto (the default with tools), required (one or more calls) or a named function "
         "(a call of it); required and named are enforced by a grammar")
-    parallel_tool_calls: bool = Field(True, description="false: the answer's first call only")
+    parallel_tool_calls: StrictBool | None = Field(True, description="false: the answer's first call only")
 
     @model_validator(mode="after")
     def _logprobs(self):
@@ -240,7 +307,7 @@ class CompletionRequest(_Sampling):
                               "expected a string (or an array of one string)"), BeforeValidator(_one_prompt)] = Field(
         description="one raw prompt (a list of one string is accepted)")
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
-    echo: Literal[False] = False
+    echo: Literal[False] | None = False
     suffix: None = None
     best_of: Literal[1] | None = None
 

@@ -142,7 +142,7 @@ def test_profile_validates_and_agrees_with_output(engine, tmp_path, capsys):
             "requests": [chat_request(p) for p in PROMPTS[:3]]}
     out, profile_path = tmp_path / "out.json", tmp_path / "profile.json"
     assert run_main([str(write(tmp_path / "in.json", data)), "--engine-dir", str(engine), "-o", str(out),
-                     "--threads", "1", "--profile-output", str(profile_path), "--dump-profile"]) == 0
+                     "--threads", "1", "--no-context-reuse", "--profile-output", str(profile_path), "--dump-profile"]) == 0
     profile = json.loads(profile_path.read_text())
     schema = json.loads((Path(__file__).parent.parent / "schemas/json/profile.schema.json").read_text())
     jsonschema.validate(profile, schema)

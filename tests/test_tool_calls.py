@@ -63,14 +63,15 @@ def test_a_tools_conversation_renders_as_transformers_renders_it(npm_tokenizer, 
     assert "<tools>" in want and '"arguments": {"city": "Paris"}' in want and "<tool_response>" in want
 
 
-def test_tool_choice_none_leaves_the_tools_out_and_required_or_named_forces_calls():
+def test_tool_choice_none_keeps_the_tools_in_the_prompt_and_required_or_named_forces_calls():
     base = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER]}
 
     def converted(**extra):
         return convert(ChatCompletionRequest.model_validate({**base, **extra}), {}, 64, None)
 
     none = converted(tool_choice="none")
-    assert none.request.tools is None and not none.tool_calls and none.forced is None
+    # vLLM's default: the prompt shows the tools under every choice; none only parses no call.
+    assert none.request.tools == [WEATHER] and not none.tool_calls and none.forced is None
     assert converted(tool_choice="required").forced == "required"
     named = converted(tool_choice={"type": "function", "function": {"name": "get_weather"}})
     assert named.forced == "named" and named.request.tools and named.request.guided_decoding is None  # added later

@@ -8,6 +8,7 @@ response, the others fail as "interrupted").
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
@@ -21,6 +22,7 @@ from trt_llm.runtime.engine import DEFAULT_PREFILL_CHUNK
 from trt_llm.common.files import OutputPathError, prepare_output_dir, prepare_output_file, write_atomically
 
 EXIT_OK, EXIT_REQUEST_FAILED, EXIT_UNUSABLE = 0, 1, 2
+DEFAULT_KV_CACHE_BUDGET = 1 << 30
 PROG = "trt-llm-run"
 OVERRIDES = ("batch_size", "max_generate_length", "seed")  # flags that override the file's settings
 
@@ -39,12 +41,13 @@ def parse_args(argv: list[str] | None):
                              "(same results, request by request)")
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="CPU threads (default: all physical cores; at most the cores this process may use)")
-    parser.add_argument("--context-reuse", action="store_true",
-                        help="reuse computed prefixes across requests and turns: a request restores its longest "
-                             "cached prefix (images, clips and the LoRA adapter included) and leaves its tokens for "
-                             "the next (the file's context_cache_lookup_policy / _commit_policy say how); without "
-                             "it only system prompts saved with save_system_prompt_kv_cache are reused")
-    parser.add_argument("--kv-cache-budget", type=byte_size, default=1 << 30, metavar="SIZE",
+    parser.add_argument("--context-reuse", action=argparse.BooleanOptionalAction, default=True,
+                        help="reuse computed prefixes across requests and turns (on by default, as llama-server, "
+                             "vLLM and TensorRT-LLM do): a request restores its longest cached prefix (images, clips "
+                             "and the LoRA adapter included) and leaves its tokens for the next (the file's "
+                             "context_cache_lookup_policy / _commit_policy say how); with --no-context-reuse only "
+                             "system prompts saved with save_system_prompt_kv_cache are reused")
+    parser.add_argument("--kv-cache-budget", type=byte_size, metavar="SIZE",
                         help="memory for reused keys and values, e.g. 512M or 2G (default 1G; least recently used "
                              "out first, saved system prompts last)")
     parser.add_argument("--prompt-cache-budget-mb", type=positive_int, help="the same budget in MiB (older name)")
@@ -68,7 +71,42 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--profile-output", help="write the run's profile (JSON) here; its folder is made")
     parser.add_argument("--dump-profile", action="store_true", help="print a profile summary to stderr")
     parser.add_argument("-v", "--verbose", action="store_true", help="log the engine, each batch and the totals")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.kv_cache_budget is not None and args.prompt_cache_budget_mb is not None:
+        parser.error("--prompt-cache-budget-mb: not with --kv-cache-budget (the same budget by its older name; "
+                     "give one)")
+    flag = "--kv-cache-budget" if args.prompt_cache_budget_mb is None else "--prompt-cache-budget-mb"
+    args.budget = (args.prompt_cache_budget_mb << 20 if args.prompt_cache_budget_mb is not None
+                   else args.kv_cache_budget or DEFAULT_KV_CACHE_BUDGET)
+    memory = physical_memory()
+    if memory and args.budget > memory:
+        parser.error(f"{flag}: {args.budget / 2**30:.1f} GiB is more than this machine's memory "
+                     f"({memory / 2**30:.1f} GiB)")
+    return args
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def warn_ignored_reuse(loaded, log) -> None:
+    """With --no-context-reuse, a file that asks for reuse in so many words is told it gets none
+    (its policies are never silently ignored)."""
+    from trt_llm.schemas.input_file import RequestError
+
+    asked = ["top level"] if {"context_cache_lookup_policy", "context_cache_commit_policy"} & \
+        loaded.settings.model_fields_set else []
+    asked += [f"requests[{index}]" for index, request in enumerate(loaded.requests)
+              if not isinstance(request, RequestError)
+              and {"context_cache_lookup_policy", "context_cache_commit_policy"} & request.model_fields_set]
+    if asked:
+        more = f" and {len(asked) - 3} more" if len(asked) > 3 else ""
+        log.warning("%s: context_cache_lookup_policy / _commit_policy ignored: --no-context-reuse turns context "
+                    "reuse off (only saved system prompts are reused)", ", ".join(asked[:3]) + more)
 
 
 def check_output_paths(args) -> tuple[Path | None, Path | None]:
@@ -142,7 +180,9 @@ def _run(args, log, progress: _Progress) -> int:
         threads = capped_threads(args.threads)
         with profiler.stage("load_engine_dir") if profiler else nullcontext():
             engine_dir = EngineDir.open(args.engine_dir)
-        budget = args.prompt_cache_budget_mb << 20 if args.prompt_cache_budget_mb else args.kv_cache_budget
+        budget = args.budget
+        if not args.context_reuse:
+            warn_ignored_reuse(loaded, log)
         prefix_cache = ContextCache(engine_dir.identity, budget, args.kv_cache_dir)
         draft = engine_dir.manifest["components"].get("draft")
         spec = resolve_spec(draft, engine_dir.manifest["backend"], args.draft_top_k, args.draft_steps,
@@ -171,7 +211,7 @@ def _run(args, log, progress: _Progress) -> int:
         if args.dump_profile:
             print(format_summary(profile), file=sys.stderr)
     stats = runner.prefix_stats
-    if stats["saved"] or stats["hits"] or args.context_reuse:
+    if stats["saved"] or stats["hits"] or args.verbose:
         print(f"{PROG}: context cache: {len(prefix_cache)} entries ({prefix_cache.blocks} blocks), "
               f"{prefix_cache.size_bytes / 2**20:.1f} MB of {budget / 2**20:.0f} MB, "
               f"{stats['hits']} requests reused, {stats['misses']} missed, {stats['saved']} system prompts saved, "
