@@ -122,11 +122,33 @@ class AudioContent(BaseModel):
     audio: NonEmptyStr = Field(description="Path to a .wav / .mp3 / .flac file.")
 
 
+def _video_source(value: Any) -> str | None:
+    # The video's one path or URL, or its frames: only the branch of the JSON type is checked (as Content).
+    return "path" if isinstance(value, str) else "frames" if isinstance(value, list) else None
+
+
+VideoSource = Annotated[
+    Union[Annotated[NonEmptyStr, Tag("path")],
+          Annotated[list[NonEmptyStr], Field(min_length=1, max_length=768), Tag("frames")]],
+    Discriminator(_video_source, custom_error_type="video_type",
+                  custom_error_message="expected a path or URL string, or an array of frame images")]
+
+
 class VideoContent(BaseModel):
-    """Accepted by the schema (it is in the format) but rejected per request: not supported yet."""
+    """A video for a Qwen2.5-VL / Qwen3-VL engine (docs/input-format.md): its frames sampled at `fps`
+    and resized as transformers' video processors do (runtime/media/video)."""
     model_config = _STRICT_IGNORE
     type: Literal["video"]
-    video: NonEmptyStr
+    video: VideoSource = Field(
+        description="A video file (MP4/MOV, Matroska/WebM, AVI, MPEG-TS: a path, file:// or data: URL), "
+                    "or its frames as a list of images (a clip already sampled, at `fps`).")
+    fps: Annotated[float, Field(gt=0, le=120, allow_inf_nan=False)] | None = Field(
+        None, description="Frames sampled a second (default 2); for a list of frames, their rate.")
+    max_frames: Annotated[int, Field(ge=2, le=768)] | None = Field(
+        None, description="Most frames sampled (default 768).")
+    min_pixels: Annotated[int, Field(ge=1)] | None = Field(None, description="Fewest pixels a frame is resized to.")
+    max_pixels: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Most pixels a frame is resized to (within the engine's image limits).")
 
 
 ContentItem = Annotated[Union[TextContent, ImageContent, AudioContent, VideoContent],
@@ -629,11 +651,6 @@ def _validate_request(raw: Any, i: int, settings: InputSettings) -> Request | Re
     if req.lora_name is not None and req.lora_name not in settings.available_lora_weights:
         known = ", ".join(sorted(settings.available_lora_weights)) or "none"
         problems.append(f"{prefix}.lora_name: {req.lora_name!r} is not in available_lora_weights (known: {known})")
-    for m, msg in enumerate(req.messages):
-        if isinstance(msg.content, list):
-            for c, item in enumerate(msg.content):
-                if isinstance(item, VideoContent):
-                    problems.append(f"{prefix}.messages[{m}].content[{c}]: video input is not supported yet")
     return RequestError(i, "; ".join(problems), raw) if problems else req
 
 

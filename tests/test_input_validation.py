@@ -49,7 +49,7 @@ def whole_file_error(data) -> str:
     ({"messages": [{"role": "user", "content": 5}]},
      "requests[1].messages[0].content: expected a string or an array of content items, got 5"),
     ({"messages": ["hi"]}, "requests[1].messages[0]: expected an object, got 'hi'"),
-    # content items: <= 16, type text/image/audio, video not supported yet
+    # content items: <= 16, type text/image/audio/video
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 17}]},
      "requests[1].messages[0].content: 17 content items, at most 16 allowed"),
     ({"messages": [{"role": "user", "content": [{"text": "a"}]}]},
@@ -60,8 +60,10 @@ def whole_file_error(data) -> str:
      "requests[1].messages[0].content[0].image: required field missing"),
     ({"messages": [{"role": "user", "content": [{"type": "audio", "audio": ""}]}]},
      "requests[1].messages[0].content[0].audio: empty string not allowed"),
-    ({"messages": [{"role": "user", "content": [{"type": "video", "video": "a.mp4"}]}]},
-     "requests[1].messages[0].content[0]: video input is not supported yet"),
+    ({"messages": [{"role": "user", "content": [{"type": "video", "video": "a.mp4", "fps": 0}]}]},
+     "requests[1].messages[0].content[0].fps: 0 must be greater than 0.0"),
+    ({"messages": [{"role": "user", "content": [{"type": "video", "video": ["a.png", ""]}]}]},
+     "requests[1].messages[0].content[0].video.frames[1]: empty string not allowed"),
     # one text <= 128 KiB of UTF-8 (bytes, not characters), in both content forms
     ({"messages": [USER, {"role": "user", "content": [{"type": "text", "text": "a" * 140000}]}]},
      "requests[1].messages[1].content[0].text: 140000 bytes, at most 131072 allowed"),

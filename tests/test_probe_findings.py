@@ -185,12 +185,13 @@ PART_MISTAKES = {
                      "messages.0.content.1.input_audio.format: 'ogg' is not supported; use wav, mp3 or flac"),
     "empty audio": (_messages(_audio(data="")), "messages.0.content.0.input_audio.data",
                     "messages.0.content.0.input_audio.data: empty string not allowed"),
-    "video part": (_messages({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}),
-                   "messages.0.content.0.type",
-                   "messages.0.content.0.type: 'video_url' is not supported (video input is not supported yet); "
-                   "use text, image_url or input_audio"),
+    "unknown part": (_messages({"type": "input_video", "input_video": {"url": "data:video/mp4;base64,AAAA"}}),
+                     "messages.0.content.0.type",
+                     "messages.0.content.0.type: 'input_video' is not supported; "
+                     "use text, image_url, input_audio or video_url"),
     "part without a type": (_messages({"text": "hi"}), "messages.0.content.0.type",
-                            "messages.0.content.0.type: required field missing (text, image_url or input_audio)"),
+                            "messages.0.content.0.type: required field missing (text, image_url, input_audio or "
+                            "video_url)"),
     "null content": ({**GOOD, "messages": [{"role": "user", "content": None}]}, "messages.0",
                      "messages.0: content is required (only an assistant turn with tool_calls may leave it out)"),
     "typo in a part": (_messages({"type": "text", "txt": "hi"}), "messages.0.content.0.txt",

@@ -53,6 +53,7 @@ PREPROCESSOR = {  # the real models' image processor settings
                  "image_processor_type": "Qwen2VLImageProcessor", "do_resize": True, "do_rescale": True,
                  "do_normalize": True, "do_convert_rgb": True, "rescale_factor": 1 / 255, "resample": 3},
 }
+PREPROCESSOR["qwen3_5_vl"] = PREPROCESSOR["qwen3_vl"]  # (Qwen3.5's processor is Qwen3-VL's)
 
 
 def vlm_config(family: str, **text_overrides):
@@ -81,6 +82,19 @@ def vlm_config(family: str, **text_overrides):
                       hidden_act="gelu_pytorch_tanh")
         text.update(text_overrides)
         return Qwen3VLConfig(text_config=text, vision_config=vision, **common)
+    if family == "qwen3_5_vl":  # Qwen3.5 as published: the hybrid decoder on mRoPE, Qwen3-VL's tower
+        from transformers import Qwen3_5Config
+
+        text.update(num_hidden_layers=4, head_dim=32, layer_types=["linear_attention", "full_attention",
+                                                                   "linear_attention", "full_attention"],
+                    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                    linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                    # 8 of head_dim 32 rotated: 4 frequencies, sections summing to them
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                                     "mrope_section": [2, 1, 1], "mrope_interleaved": True})
+        vision.update(patch_size=16, num_position_embeddings=64, hidden_act="gelu_pytorch_tanh")
+        text.update(text_overrides)
+        return Qwen3_5Config(text_config=text, vision_config=vision, **common)
     raise ValueError(f"unknown VLM family {family!r}, expected one of {VLM_FAMILIES}")
 
 
@@ -108,3 +122,30 @@ def make_tiny_vlm(family: str, out_dir, tokenizer_dir=None, *, seed: int = 0, **
     tokenizer_config["chat_template"] = CHAT_TEMPLATE
     (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1))
     return out_dir
+
+
+def video_frames(count: int, height: int, width: int, seed: int = 0):
+    """`count` RGB frames [count, height, width, 3] uint8 made with numpy: a random picture drifting
+    right a few pixels a frame, with a little noise (so frames differ, as a clip's do)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    base = (rng.random((height, width + 4 * count, 3)) * 255).astype(np.uint8)
+    frames = [base[:, 4 * i: 4 * i + width] for i in range(count)]
+    noise = rng.integers(0, 16, (count, height, width, 3), dtype=np.uint8)
+    return np.stack(frames) // 2 + noise * 4
+
+
+def write_video(path, frames, fps: int) -> Path:
+    """frames [F, H, W, 3] uint8 as an H.264 mp4 (yuv420p, even sides) at `fps`, written with PyAV."""
+    import av
+
+    path = Path(path)
+    with av.open(str(path), mode="w") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.height, stream.width = frames.shape[1:3]
+        stream.pix_fmt = "yuv420p"
+        for picture in frames:
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(picture, format="rgb24")))
+        container.mux(stream.encode())
+    return path

@@ -110,7 +110,13 @@ class RequestPreparer:
                 raise PromptError(f"{where}.{error}") from None
         # The media modules (Pillow, soundfile, the encoders) are imported by the first request that
         # has media: a text run's cold start does not pay for them.
-        if self.vision is not None and media_parts(request.messages, "image"):
+        if self.vision is not None and media_parts(request.messages, "video"):  # videos, and images beside
+            from trt_llm.runtime.media.video.prompt import attach_vision
+
+            ids, media = attach_vision(self.vision, self.tokenizer, request.messages, prompt.token_ids,
+                                       formatter.media_dir, where, self.limits["max_input_len"])
+            prompt = dataclasses.replace(prompt, token_ids=ids)
+        elif self.vision is not None and media_parts(request.messages, "image"):
             from trt_llm.runtime.media.vision.prompt import attach_images
 
             ids, media = attach_images(self.vision, request.messages, prompt.token_ids, formatter.media_dir, where,
@@ -190,6 +196,7 @@ class RequestPreparer:
             return None
         ids = self.tokenizer.encode(prompt.system_text, add_special_tokens=False)
         placeholders = {self.vision.image_token_id if self.vision else None,
+                        self.vision.settings.get("video_token_id") if self.vision else None,
                         self.audio.audio_token_id if self.audio else None}
         if placeholders.intersection(ids):
             # A system prompt with an image or a clip: its KV depends on the media, which the cache's

@@ -29,22 +29,20 @@ def _plain_messages(messages: list[Message], images: bool = False, audio: bool =
     audio (an engine with that encoder) a message that has media parts keeps its parts, each as
     {"type": "image", "image": source} or {"type": "audio", "audio": source} (the template writes its
     placeholder)."""
-    readable = {"image": images, "audio": audio}
+    readable = {"image": images, "audio": audio, "video": images}  # a vision tower reads videos too
     plain = []
     for m_index, message in enumerate(messages):
         parts = []
         for c_index, part in enumerate(message.parts()):
             if part.type == "text":
                 parts.append({"type": "text", "text": part.text})
-            elif part.type == "video":
-                raise PromptError(f"messages[{m_index}].content[{c_index}]: video input is not supported yet")
             elif readable.get(part.type):
                 # with its source under its type's key too: templates test `'audio' in content`
                 parts.append({"type": part.type, part.type: getattr(part, part.type)})
             else:
                 raise PromptError(
                     f"messages[{m_index}].content[{c_index}]: this engine has no {part.type} encoder "
-                    f"({'vision' if part.type == 'image' else 'audio'} inputs need an engine built with one)")
+                    f"({'audio' if part.type == 'audio' else 'vision'} inputs need an engine built with one)")
         if any(p["type"] != "text" for p in parts):
             item = {"role": message.role, "content": parts}
         else:

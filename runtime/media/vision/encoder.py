@@ -57,6 +57,7 @@ class VisionEncoder:
         self.image_token_id = s["image_token_id"]
         self.max_request_tokens = s["max_image_tokens"]
         self.session = encoder_session(engine_dir, "vision", threads)
+        self.engine_dir = engine_dir  # a video's settings read from it when the first one comes
         self.cache = EncoderCache(CACHE_IMAGES)
         self.encoded_images = 0  # graph work done: images and their tokens, and the time it took
         self.encoded_tokens = 0
@@ -97,8 +98,13 @@ class VisionEncoder:
 
     def _run(self, images: list[PendingImage]) -> list[EncodedImage]:
         inputs = self.processor.preprocess([image.picture for image in images])
-        grids = [tuple(int(v) for v in row) for row in inputs.image_grid_thw]
-        feeds = {"pixel_values": inputs.pixel_values.astype(self.session.input_dtype("pixel_values")),
+        return self.run_patches(inputs.pixel_values, inputs.image_grid_thw)
+
+    def run_patches(self, pixel_values: np.ndarray, grid_thw) -> list[EncodedImage]:
+        """One graph run over patches already cut (images', or a video's: runtime/media/video), each
+        grid (t, h, w) its own item; the rows of each."""
+        grids = [tuple(int(v) for v in row) for row in grid_thw]
+        feeds = {"pixel_values": pixel_values.astype(self.session.input_dtype("pixel_values")),
                  **self.adapter.feeds(grids)}
         outputs = self.session.run(feeds)
         embeds, deepstack = outputs[0], outputs[1] if len(outputs) > 1 else None

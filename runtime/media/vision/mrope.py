@@ -60,3 +60,30 @@ def rope_positions(token_ids: list[int], image_token_id: int, grids: list[tuple[
 def text_positions(length: int) -> RopePositions:
     """A text-only prompt's: every stream the token's index."""
     return RopePositions(np.broadcast_to(np.arange(length, dtype=np.int32), (3, length)), 0)
+
+
+def span_positions(length: int, spans: list[tuple[int, tuple[int, int, int], float]], merge: int) -> RopePositions:
+    """The positions of a prompt of `length` tokens whose vision runs are `spans`: (first token,
+    grid (t, h, w) in patches, temporal step), in prompt order; images and video frames alike, as
+    transformers 5's get_rope_index gives them. A run's temporal position is its start plus
+    trunc(index x step) in float32 (Qwen2.5-VL's tokens_per_second x second_per_grid_t; 1 for an
+    image and a Qwen3-VL frame), and the text after it resumes at start + max(rows, columns).
+
+    Generated tokens continue one past the prompt's last position, as transformers' generate steps
+    its position_ids: with images only that is the largest position + 1 (`rope_positions`), but a
+    Qwen2.5-VL video's scaled temporal positions can pass the text after it."""
+    parts, position, cursor = [], 0, 0
+    for first, (t, h, w), step in spans:
+        if first > cursor:
+            parts.append(np.broadcast_to(np.arange(first - cursor) + position, (3, first - cursor)))
+            position += first - cursor
+        gh, gw = h // merge, w // merge
+        times = (np.arange(t, dtype=np.float32) * np.float32(step)).astype(np.int64)
+        time, row, col = np.meshgrid(times, np.arange(gh), np.arange(gw), indexing="ij")
+        parts.append(np.stack([time.reshape(-1), row.reshape(-1), col.reshape(-1)]) + position)
+        position += max(h, w) // merge
+        cursor = first + t * gh * gw
+    if length > cursor:
+        parts.append(np.broadcast_to(np.arange(length - cursor) + position, (3, length - cursor)))
+    prompt = np.concatenate(parts, axis=1).astype(np.int32)
+    return RopePositions(prompt, int(prompt[:, -1].max()) + 1 - length)
