@@ -126,6 +126,14 @@ def test_prompt_tokens_are_the_processors(smolvlm, images, tmp_path):
                     image_request("Look:", images["thin.png"]), image_request(images["tiny.png"])):
         _, inputs = oracle_inputs(folder, request)
         assert our_prompt(engine, tmp_path, request) == inputs["input_ids"][0].tolist()
+    # an image sent whole (a processor without splitting): one frame, the global view's tokens alone
+    from trt_llm.families.adapters import adapter
+    from trt_llm.families.smolvlm.prompt import image_text
+
+    layout = adapter("smolvlm", json.loads((engine / "vision" / "config.json").read_text()))
+    whole = smolvlm_assets.oracle_processor(folder)(text=["<image>"], images=[[Image.open(images["wide.png"])]],
+                                                    do_image_splitting=False)
+    assert image_text(0, 0, layout) == (whole["input_ids"][0], [2])
 
 
 def test_the_tower_matches_transformers(smolvlm, images):
