@@ -44,7 +44,7 @@ PATCH = {"qwen2_5_vl": 14, "qwen3_vl": 16}
 @pytest.fixture(scope="module", params=vlm_assets.VLM_FAMILIES)
 def vlm(request, tmp_path_factory, npm_tokenizer, build_engine_for):
     family = request.param
-    folder = vlm_assets.make_tiny_vlm(family, tmp_path_factory.mktemp(family), npm_tokenizer("qwen3"))
+    folder = vlm_assets.shared_tiny_vlm(family, tmp_path_factory, npm_tokenizer("qwen3"))
     engine = build_engine_for(folder, max_batch_size=4, max_input_len=768, max_kv_cache_capacity=1024)
     return family, folder, engine
 

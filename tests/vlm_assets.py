@@ -149,3 +149,16 @@ def write_video(path, frames, fps: int) -> Path:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(picture, format="rgb24")))
         container.mux(stream.encode())
     return path
+
+
+_SHARED: dict = {}
+
+
+def shared_tiny_vlm(family: str, tmp_path_factory, tokenizer_dir) -> Path:
+    """make_tiny_vlm(family) with the real tokenizer, made once a session: the test modules that build
+    it with the same settings (test_vlm, test_video) then share its engine (conftest's build_engine_for
+    keys on the folder)."""
+    key = (family, str(tokenizer_dir))
+    if key not in _SHARED:
+        _SHARED[key] = make_tiny_vlm(family, tmp_path_factory.mktemp(family), tokenizer_dir)
+    return _SHARED[key]
