@@ -226,3 +226,24 @@ def test_a_forced_call_grammar_too_long_is_said_in_our_words(engine):
     assert str(refused.value).startswith("tools: the grammar that makes the answer calls of these tools would be ")
     assert f"bytes, over the {MAX_TEXT_BYTES} a grammar may have" in str(refused.value)
     assert "validation error" not in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_int4_chunked_prefill_gives_whole_prompt_tokens_with_float_activations(tiny_model, build_engine_for,
+                                                                                monkeypatch):
+    """The README's account of --prefill-chunk on a quantized engine: with the default int8 activations
+    (MatMulNBits accuracy level 4) ONNX Runtime's kernels take different paths by the rows in a call,
+    so a chunk size can part a greedy token (SmolLM2 int4, chunks of 1: 2 of 4 answers identical,
+    measured); with float activations (level 1) every chunk size gives the whole prompts' tokens."""
+    from helpers import PROMPTS, run_input
+    from trt_llm.runtime.backends import ort_engine
+    from trt_llm.runtime.engine_dir import EngineDir
+    from trt_llm.runtime.requests.runner import Runner
+
+    engine = build_engine_for(tiny_model("llama"), quantization={"weights": "int4", "group_size": 32})
+    monkeypatch.setattr(ort_engine, "MATMUL_ACCURACY_LEVEL", 1)  # the build's optimised graph is level 4's: re-made
+    data = {"temperature": 0.0, "max_generate_length": 16, "requests": [chat_request(p) for p in PROMPTS]}
+    whole = [r.output_token_ids for r in run_input(engine, data).responses]
+    loaded = parse_input_dict(json.loads(json.dumps(data)))
+    for chunk in (1, 7):
+        runner = Runner(EngineDir.open(engine), threads=1, prefill_chunk=chunk)
+        assert [r.output_token_ids for r in runner.run(loaded, loaded.settings).responses] == whole, chunk
