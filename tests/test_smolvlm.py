@@ -244,3 +244,26 @@ def test_the_tower_builds_a_tensorrt_rtx_plan_ahead_of_time(smolvlm, images, tmp
     assert low == (1, 3, 32, 32) and high == (config.vision.max_image_tokens // smolvlm_assets.TILE_TOKENS, 3, 32, 32)
     plan = compile_tensorrt(engine / "vision" / "model.onnx", tmp_path, config, rtx=True, profiles=profiles)
     assert plan.stat().st_size > 100_000
+
+
+def test_the_server_takes_an_image_as_a_data_url(smolvlm, images, tmp_path):
+    """POST /v1/chat/completions with an image_url data URL: the file runner's answer and prompt count."""
+    import base64
+
+    from test_server import LiveServer
+    from trt_llm.server.app import ServerConfig, create_app
+
+    _, engine = smolvlm
+    data_url = "data:image/png;base64," + base64.b64encode(images["wide.png"].read_bytes()).decode()
+    expected = run_file(engine, tmp_path, [image_request(images["wide.png"], "What is it?")]).responses[0]
+    live = LiveServer(create_app(Runner(EngineDir.open(engine), threads=1, scheduling="continuous"),
+                                 ServerConfig(model_name="tiny", max_rows=2)))
+    try:
+        answer = live.client().chat.completions.create(
+            model="tiny", temperature=0, max_tokens=MAX_NEW,
+            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url}},
+                                                   {"type": "text", "text": "What is it?"}]}])
+    finally:
+        live.close()
+    assert answer.choices[0].message.content == expected.output_text
+    assert answer.usage.prompt_tokens == expected.prompt_tokens
