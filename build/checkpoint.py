@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,8 +148,22 @@ def _loading(model: str) -> Iterator[None]:
                 damage = None
             if damage is not None:
                 raise CheckpointError(f"model: {model!r} is damaged or truncated ({damage})") from None
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise CheckpointError(f"model: cannot load {model!r}: {first[:300]}") from None
+        raise CheckpointError(f"model: cannot load {model!r}: {one_line(error)}") from None
+
+
+def one_line(error: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line. A first line that ends at a colon ("Class validation error
+    for validator 'validate_layer_type':", "Error(s) in loading state_dict for X:") announces what
+    follows: the next lines are joined to it, so the message never stops where the reason begins."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    text = lines[0]
+    for line in lines[1:3]:
+        if not text.endswith(":"):
+            break
+        text = f"{text} {line}"
+    return text[:limit]
 
 
 def load_checkpoint(model: str, dtype: str, trust_remote_code: bool = False, stream: bool = False) -> Checkpoint:
@@ -160,10 +175,14 @@ def load_checkpoint(model: str, dtype: str, trust_remote_code: bool = False, str
     with _loading(model):
         config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code, **extra)
     family = family_for(config)  # refuse an unsupported architecture before loading any weights
+    _check_config(model, config)  # and a config whose values the graph cannot take
     published, published_config, weights = None, None, None
     if stream and not (extra or trust_remote_code or family.multimodal or family.vision or family.encoder_decoder):
         with _loading(model):
             weights = _streamed(Path(location), config)
+        if weights is not None:
+            mismatched, unexpected = weights.mismatches()
+            check_tensors(model, config, [], mismatched, unexpected)
     with _loading(model):
         # Weights load in fp32 and are cast by the graph builder: GGUF dequantisation and the rotary
         # tables are computed in fp32 either way.
@@ -184,9 +203,17 @@ def load_checkpoint(model: str, dtype: str, trust_remote_code: bool = False, str
                 loader = getattr(transformers, family.architecture)
             else:
                 loader = AutoModelForCausalLM
-            hf_model = loader.from_pretrained(
-                location, dtype=torch.float32, trust_remote_code=trust_remote_code, **extra
-            ).eval()
+            # Every tensor the model has must come from the checkpoint: what transformers reports
+            # missing it initialised at random, what it reports mismatched it would not load.
+            with _without_load_report():
+                hf_model, report = loader.from_pretrained(
+                    location, dtype=torch.float32, trust_remote_code=trust_remote_code, output_loading_info=True,
+                    ignore_mismatched_sizes=True, **extra)
+            hf_model.eval()
+    if published_config is None and weights is None:
+        check_tensors(model, config, report["missing_keys"], report["mismatched_keys"],
+                      _same_kind(report["unexpected_keys"], hf_model.state_dict()))
+    with _loading(model):
         tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code, **extra)
     try:
         generation_config = GenerationConfig.from_pretrained(location, **extra)
@@ -194,6 +221,86 @@ def load_checkpoint(model: str, dtype: str, trust_remote_code: bool = False, str
         generation_config = hf_model.generation_config
     return Checkpoint(hf_model, tokenizer, generation_config, family, model, published, published_config,
                       weights)
+
+
+def _check_config(model: str, config) -> None:
+    """build/config_checks.py's per-family checks, as a CheckpointError naming config.json's key."""
+    from trt_llm.build.config_checks import ConfigCheckError, check_config
+
+    try:
+        check_config(config)
+    except ConfigCheckError as error:
+        raise CheckpointError(f"model: {model!r}: config.json: {error}") from None
+
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def _shape(shape) -> str:
+    return f"[{', '.join(str(int(n)) for n in shape)}]"
+
+
+def _where(name: str, config, kind: bool = True) -> str:
+    """The config key that placed a decoder layer's tensor: a layer count it lies beyond, or (kind:
+    a tensor of the wrong kind, not the wrong size) its layer_types entry."""
+    found = _LAYER.search(name)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if found is None:
+        return ""
+    index, layers = int(found.group(1)), getattr(text, "num_hidden_layers", None)
+    if isinstance(layers, int) and index >= layers:
+        return f"; config.json's num_hidden_layers is {layers}"
+    types = getattr(text, "layer_types", None)
+    if kind and isinstance(types, (list, tuple)) and index < len(types):
+        return f"; config.json's layer_types[{index}] is {types[index]!r}"
+    return ""
+
+
+def check_tensors(model: str, config, missing, mismatched, unexpected) -> None:
+    """Refuse a checkpoint whose tensors are not the model its config describes, in one line naming
+    the first tensor (and how many more): one the model has and the checkpoint lacks (transformers
+    would initialise it at random), one whose shape differs, one of the model's own kinds (a layer's
+    weight) that the model has no place for. mismatched: (name, checkpoint shape, model shape)."""
+    more = lambda items: f" (and {len(items) - 1} more)" if len(items) > 1 else ""  # noqa: E731
+    if missing:
+        name = sorted(missing)[0]
+        raise CheckpointError(f"model: {model!r}: tensor {name!r} is missing from the checkpoint{more(missing)}; "
+                              f"it would be random weights{_where(name, config)}")
+    if mismatched:
+        name, stored, wanted = sorted(mismatched, key=lambda item: item[0])[0]
+        raise CheckpointError(f"model: {model!r}: tensor {name!r} is {_shape(stored)} in the checkpoint, the "
+                              f"config makes it {_shape(wanted)}{more(mismatched)}; config.json does not match "
+                              f"the weights{_where(name, config, kind=False)}")
+    if unexpected:
+        name = sorted(unexpected)[0]
+        raise CheckpointError(f"model: {model!r}: tensor {name!r} of the checkpoint has no place in the model "
+                              f"its config describes{more(unexpected)}{_where(name, config)}")
+
+
+def _same_kind(unexpected, state_dict) -> list[str]:
+    """The unexpected tensors that are of the model's own kinds (its name with every index as '#' is
+    one of the model's: a decoder layer's weight past its layer count or of another layer type),
+    not what a checkpoint may carry beside it (a vision tower, multi-token-prediction heads)."""
+    kinds = {re.sub(r"\.\d+\.", ".#.", key) for key in state_dict}
+    return [name for name in unexpected if re.sub(r"\.\d+\.", ".#.", name) in kinds]
+
+
+@contextmanager
+def _without_load_report() -> Iterator[None]:
+    """transformers' loading report (a table of missing / unexpected keys) is not printed: the build
+    says what matters in check_tensors' one line."""
+    import logging
+
+    class Drop(logging.Filter):
+        def filter(self, record):
+            return "LOAD REPORT" not in str(record.msg)
+
+    logger, drop = logging.getLogger("transformers.modeling_utils"), Drop()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 def _streamed(directory: Path, config):

@@ -91,6 +91,60 @@ class StreamedWeights:
             return None
         return cls(files, model, aliases)
 
+    def mismatches(self) -> tuple[list[tuple[str, list, list]], list[str]]:
+        """What the files hold that the model does not take, from their headers (no tensor read):
+        (name, stored shape, model shape) of each tensor whose shape differs (an expert stored per
+        expert against its share of the stacked tensor; a stored expert past num_experts counts as
+        the stacked tensor's mismatch), and the names of the model's kinds of tensor that it has no
+        place for (a layer past num_hidden_layers, a mixer layer_types does not give that layer).
+        build/checkpoint.check_tensors refuses either in one line."""
+        import re
+
+        stored = self._shapes()
+        mismatched, state = [], self.model.state_dict()
+        experts = {name: module for name, module in self.model.named_modules() if is_experts(module)}
+        for key, tensor in state.items():
+            owner, _, leaf = key.rpartition(".")
+            wanted = list(tensor.shape)
+            if owner in experts:
+                name = f"{owner}.{leaf}"
+                if name in stored:
+                    if stored[name] != wanted:
+                        mismatched.append((name, stored[name], wanted))
+                    continue
+                count, rows = wanted[0], wanted[1]  # gate_up_proj [E, 2I, H], down_proj [E, H, I]
+                parts = [("gate_proj", [rows // 2, wanted[2]]), ("up_proj", [rows // 2, wanted[2]])] \
+                    if leaf == "gate_up_proj" else [("down_proj", wanted[1:])]
+                for e in range(count):
+                    for part, shape in parts:
+                        name = f"{owner}.{e}.{part}.weight"
+                        if stored.get(name, shape) != shape:
+                            mismatched.append((name, stored[name], shape))
+                if f"{owner}.{count}.{parts[0][0]}.weight" in stored:  # more experts stored than the config has
+                    found = 1 + max(int(m.group(1)) for n in stored
+                                    if (m := re.fullmatch(rf"{re.escape(owner)}\.(\d+)\.{parts[0][0]}\.weight", n)))
+                    mismatched.append((key, [found, *wanted[1:]], wanted))
+            elif self._key(key) in stored and stored[self._key(key)] != wanted:
+                mismatched.append((key, stored[self._key(key)], wanted))
+        kinds = {re.sub(r"\.\d+\.", ".#.", key) for key in state}
+        unexpected = [name for name in stored if name not in state and re.sub(r"\.\d+\.", ".#.", name) in kinds
+                      and not any(name.startswith(f"{owner}.") for owner in experts)]  # experts: above
+        return mismatched, unexpected
+
+    def _shapes(self) -> dict[str, list[int]]:
+        """Every tensor's shape from its file's header, each file opened once."""
+        from safetensors import safe_open
+
+        by_file: dict[Path, list[str]] = {}
+        for name, file in self.files.items():
+            by_file.setdefault(file, []).append(name)
+        shapes = {}
+        for file, names in by_file.items():
+            with safe_open(str(file), framework="pt") as handle:
+                for name in names:
+                    shapes[name] = list(handle.get_slice(name).get_shape())
+        return shapes
+
     def read(self, name: str, dtype: torch.dtype | None = torch.float32) -> Tensor:
         """One tensor of the files (dtype None: as stored). A large one (an embedding table, an LM
         head) is read in slices of rows into the result: the file's pages and the result's copy are
