@@ -148,13 +148,47 @@ def _loading(model: str) -> Iterator[None]:
                 damage = None
             if damage is not None:
                 raise CheckpointError(f"model: {model!r} is damaged or truncated ({damage})") from None
+        if isinstance(error, KeyError) and error.args and isinstance(error.args[0], str):
+            where = _config_key_of(path, error.args[0])  # a bare KeyError names a value, not where it is
+            if where is not None:
+                raise CheckpointError(f"model: {model!r}: config.json: {where}: {error.args[0]!r} is not one "
+                                      "transformers knows") from None
         raise CheckpointError(f"model: cannot load {model!r}: {one_line(error)}") from None
+
+
+def _config_key_of(directory: Path, name: str) -> str | None:
+    """Where `name` is a key or a string value in directory/config.json ("rope_parameters.rope_type"), or None."""
+    import json
+
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+    def find(node, where: str) -> str | None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                path = f"{where}.{key}" if where else str(key)
+                found = path if key == name or value == name else find(value, path)
+                if found is not None:
+                    return found
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                found = f"{where}[{index}]" if value == name else find(value, f"{where}[{index}]")
+                if found is not None:
+                    return found
+        return None
+
+    return find(config, "")
 
 
 def one_line(error: BaseException, limit: int = 300) -> str:
     """An exception's message on one line. A first line that ends at a colon ("Class validation error
     for validator 'validate_layer_type':", "Error(s) in loading state_dict for X:") announces what
     follows: the next lines are joined to it, so the message never stops where the reason begins."""
+    if isinstance(error, KeyError) and error.args:  # its str() is the argument quoted: a key, or a sentence
+        key = error.args[0]
+        return (key if isinstance(key, str) and " " in key else f"{type(error).__name__} {key!r}")[:limit]
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
     if not lines:
         return type(error).__name__
