@@ -27,6 +27,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +40,69 @@ log = logging.getLogger(__name__)
 DEFAULT_BUDGET_MB = 1024
 BLOCK_TOKENS = 16  # vLLM's default: a prefix is reused to within 15 tokens
 DISK_FORMAT = "1"  # a disk record's layout; another is skipped
+TEMPORARY_AGE_S = 600  # a temporary file older than this is an interrupted run's, not a live write's
+
+
+class ContextCacheError(ValueError):
+    """The cache's folder cannot be used (one line, before any request runs)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a record of one engine holds, from its layer specs (schemas/layer_spec.py): per layer
+    (kv_heads, head_dim) of its keys and values [Hkv, n, D], None for a recurrent layer (no tokens);
+    the recurrent states' shapes in snapshot order; the draft layers' (kv_heads, head_dim); the
+    arrays' dtype (None: not checked)."""
+    attention: tuple
+    states: tuple
+    draft: tuple
+    dtype: object
+
+    @classmethod
+    def of(cls, layers, dtype: str, draft_layers=()) -> "Layout":
+        attention = tuple(None if layer.kind == "recurrent" else (layer.kv_heads, layer.head_dim) for layer in layers)
+        model = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16)}.get(dtype)
+        states = tuple((tuple(state.shape), model if state.dtype == "model" else np.dtype(np.float32))
+                       for layer in layers if layer.kind == "recurrent" for state in layer.states)
+        return cls(attention, states, tuple((layer.kv_heads, layer.head_dim) for layer in draft_layers), model)
+
+    def problem(self, entry: "Entry") -> str | None:
+        """Why `entry` cannot be restored into this engine's caches, or None."""
+        if len(entry.keys) != len(self.attention) or len(entry.values) != len(self.attention):
+            return f"holds {len(entry.keys)} layers, the engine has {len(self.attention)}"
+        for index, (geometry, k, v) in enumerate(zip(self.attention, entry.keys, entry.values)):
+            if k is None and v is None:
+                continue
+            if geometry is None or k is None or v is None:
+                return f"has keys and values for layer {index}, which keeps none"
+            if why := _array_problem(k, (geometry[0], None, geometry[1]), self.dtype, len(entry.token_ids)) or \
+                    _array_problem(v, k.shape, self.dtype, len(entry.token_ids)):
+                return f"layer {index}: {why}"
+        if entry.states is not None:
+            if len(entry.states) != len(self.states):
+                return f"holds {len(entry.states)} recurrent states, the engine has {len(self.states)}"
+            for index, (state, (shape, dtype)) in enumerate(zip(entry.states, self.states)):
+                if why := _array_problem(state, shape, dtype):
+                    return f"state {index}: {why}"
+        if entry.draft_keys is not None:
+            if len(entry.draft_keys) != len(self.draft) or len(entry.draft_values or ()) != len(self.draft):
+                return f"holds {len(entry.draft_keys)} draft layers, the engine's draft has {len(self.draft)}"
+            for index, (geometry, k, v) in enumerate(zip(self.draft, entry.draft_keys, entry.draft_values)):
+                if why := _array_problem(k, (geometry[0], None, geometry[1]), self.dtype, len(entry.token_ids)) or \
+                        _array_problem(v, k.shape, self.dtype, len(entry.token_ids)):
+                    return f"draft layer {index}: {why}"
+        return None
+
+
+def _array_problem(array, shape, dtype, tokens: int | None = None) -> str | None:
+    """Why `array` is not of `shape` (None: any size there; tokens: the most its second axis holds) and `dtype`."""
+    if array.ndim != len(shape) or any(want is not None and have != want for have, want in zip(array.shape, shape)):
+        return f"shape {list(array.shape)}, the engine's is {[n if n is not None else 'n' for n in shape]}"
+    if tokens is not None and not 0 < array.shape[1] <= tokens:
+        return f"{array.shape[1]} tokens in a record of {tokens}"
+    if dtype is not None and array.dtype != dtype:
+        return f"dtype {array.dtype}, the engine's is {dtype}"
+    return None
 
 
 @dataclass
@@ -81,16 +146,50 @@ class ContextCache:
         self.budget_bytes = budget_bytes
         self.block_tokens = block_tokens
         self.directory = Path(directory) if directory else None
+        self.layout: Layout | None = None  # what this engine's records hold (expect); None: not checked
         if self.directory:
-            (self.directory / "blocks").mkdir(parents=True, exist_ok=True)
+            self._open_directory()
         self._kept: OrderedDict[str, Entry] = OrderedDict()
         self._blocks: OrderedDict[str, Entry] = OrderedDict()
         self._refused: set[Path] = set()  # disk files already warned about
+        self._unwritable: set[Path] = set()
         self.size_bytes = 0
         self.evictions = 0
         # hits / misses: requests that restored tokens / looked up and found none; saved: kept
         # entries made; fallbacks: prompts whose system prompt could not be kept (requests.prepare)
         self.stats = {"hits": 0, "misses": 0, "saved": 0, "fallbacks": 0}
+
+    def expect(self, engine_dir) -> None:
+        """Check every record read from disk against `engine_dir`'s layers (runtime/engine_dir.EngineDir):
+        one that does not fit is skipped with one warning and removed, never restored."""
+        components = engine_dir.manifest["components"]
+        draft = engine_dir.layers("draft") if components.get("draft") else ()
+        self.layout = Layout.of(engine_dir.layers(), engine_dir.manifest["model"]["dtype"], draft)
+
+    def _open_directory(self) -> None:
+        """The folder is checked as the manifest is: one line for a folder that cannot be the cache
+        (a file in place of it or of its blocks/ folder, an engine directory), one warning for the
+        temporary files an interrupted run left."""
+        where = f"--kv-cache-dir {str(self.directory)!r}"
+        if (self.directory / "manifest.json").exists():
+            raise ContextCacheError(f"{where}: holds manifest.json (an engine directory or bundle); give the "
+                                    "context cache a folder of its own")
+        for folder in (self.directory, self.directory / "blocks"):
+            if folder.exists() and not folder.is_dir():
+                raise ContextCacheError(f"{where}: {str(folder)!r} is a file, not a folder; move it away or "
+                                        "choose another --kv-cache-dir")
+        try:
+            (self.directory / "blocks").mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ContextCacheError(f"{where}: cannot make its blocks folder: {error.strerror or error}") from None
+        stale = time.time() - TEMPORARY_AGE_S
+        leftovers = [p for folder in (self.directory, self.directory / "blocks") for p in folder.glob("*.tmp")
+                     if p.is_file() and p.stat().st_mtime < stale]
+        for path in leftovers:
+            path.unlink(missing_ok=True)
+        if leftovers:
+            log.warning("context cache: removed %d temporary files an interrupted run left in %s", len(leftovers),
+                        self.directory)
 
     def __len__(self) -> int:
         return len(self._kept) + len(self._blocks)
@@ -224,12 +323,16 @@ class ContextCache:
                     "layers": str(len(entry.keys)), "draft_layers": str(len(entry.draft_keys or ())),
                     "states": str(len(entry.states or ())),
                     "token_ids": json.dumps(list(entry.token_ids))}
-        temporary = path.with_suffix(".tmp")
+        temporary = path.with_name(f"{path.stem}.{os.getpid()}.tmp")  # another process's write is its own
         try:
             save_file(tensors, str(temporary), metadata=metadata)
             temporary.replace(path)  # readers never see half a record
         except OSError as error:
-            log.warning("context cache: cannot write %s (%s); kept in memory only", path, error)
+            temporary.unlink(missing_ok=True)
+            if path not in self._unwritable:  # (a folder in place of the record: once, not at every commit)
+                self._unwritable.add(path)
+                log.warning("context cache: cannot write %s (%s); kept in memory only", path,
+                            error.strerror or error)
 
     def _load(self, path: Path, expected: dict) -> Entry | None:
         from safetensors import safe_open
@@ -255,13 +358,30 @@ class ContextCache:
                 states = [f.get_tensor(f"state_{i}") for i in range(int(metadata.get("states", 0)))] or None
                 token_ids = tuple(json.loads(metadata["token_ids"]))
         except Exception as error:  # a truncated or foreign file: never use it
-            return self._refuse(path, f"is unreadable ({error})")
-        if any((k is None) != (v is None) or (k is not None and (k.shape != v.shape or k.shape[1] > len(token_ids)))
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            return self._refuse(path, f"is unreadable ({first[:200]})", remove=True)
+        if any((k is None) != (v is None) or (k is not None and (k.ndim != 3 or k.shape != v.shape
+                                                                  or not 0 < k.shape[1] <= len(token_ids)))
                for k, v in zip(keys, values)):
-            return self._refuse(path, "has wrong shapes")
-        return Entry(token_ids, keys, values, draft_keys, draft_values, states)
+            return self._refuse(path, "has wrong shapes", remove=True)
+        entry = Entry(token_ids, keys, values, draft_keys, draft_values, states)
+        why = self.layout.problem(entry) if self.layout is not None else None
+        if why is not None:
+            return self._refuse(path, f"does not fit this engine ({why})", remove=True)
+        arrays = (*keys, *values, *(draft_keys or ()), *(draft_values or ()), *(states or ()))
+        if not all(np.isfinite(a).all() for a in arrays if a is not None and a.dtype.kind == "f"):
+            return self._refuse(path, "holds NaN or infinite values", remove=True)
+        return entry
 
-    def _refuse(self, path: Path, why: str) -> None:
+    def _refuse(self, path: Path, why: str, remove: bool = False) -> None:
+        """Never use the file at `path`: one warning. remove: it is broken (no engine could use it),
+        so it goes; a record of another engine or format is left to it."""
         self._refused.add(path)
-        log.warning("prompt cache entry %s %s; ignored", path.name, why)
+        if remove:
+            try:
+                path.unlink()
+                self._refused.discard(path)
+            except OSError:
+                pass
+        log.warning("context cache: record %s %s; %s", path.name, why, "removed" if remove else "ignored")
         return None
