@@ -15,6 +15,11 @@ MP3): libsndfile knows a score of legacy formats that no client sends and that w
 a request can reach. `AudioError` is a `MediaError`, so a caller that catches the source errors of
 `media_bytes` (missing file, bad data URL) catches the decoding ones too; each is one line naming
 the source.
+
+A clip's length is read from its header first (`audio_info`): over `max_seconds` it is refused before
+a sample is decoded, and the frames are counted again as they decode (an MP3's header only estimates
+them). `stream_audio` gives the same samples as consecutive blocks (soxr's streaming resampler is
+bit-identical to its one-shot call), for a long clip that is never held whole (streaming.py).
 """
 
 from __future__ import annotations
@@ -178,9 +183,9 @@ def stream_audio(source, name: str, sampling_rate: int = SAMPLING_RATE, max_seco
             yield np.ascontiguousarray(tail, dtype=np.float32)
 
 
-def decode_audio(data: bytes, name: str, sampling_rate: int = SAMPLING_RATE,
+def decode_audio(data: bytes | Path, name: str, sampling_rate: int = SAMPLING_RATE,
                  max_seconds: float | None = None) -> np.ndarray:
-    """A clip's file bytes as a mono float32 waveform at `sampling_rate`; `name` is what an
+    """A clip's file bytes (or its path) as a mono float32 waveform at `sampling_rate`; `name` is what an
     AudioError calls the source. `max_seconds` refuses longer clips before their samples are decoded
     (from the header; a stream longer than its header said stops there)."""
     sampling_rate = _check_rate(sampling_rate)
