@@ -42,6 +42,84 @@ def loading(what: str, path: Path) -> Iterator[None]:
                              "damaged: rebuild it with trt-llm-build") from None
 
 
+def graph_mismatch(manifest, path: Path) -> str | None:
+    """What of the manifest (typed: schemas/manifest.Manifest) the decoder graph's own inputs
+    contradict, naming the manifest's key: layers cut or added, a layer of another kind (hybrid layers
+    reordered), a sliding window the graph lacks, another geometry. Read from the ONNX graph the
+    session will load, without its weights (runtime/onnx_inputs.py); None when it agrees (or a plan
+    has no ONNX graph beside it to read)."""
+    from trt_llm.runtime.onnx_inputs import graph_inputs
+    from trt_llm.schemas.graph_spec import decoder_spec, window_lengths
+
+    llm = manifest.components.llm
+    graph_file = next((path / f for f in (llm.engine, llm.graph) if f and f.endswith(".onnx") and (path / f).is_file()),
+                      None)
+    if graph_file is None:
+        return None
+    with loading("engine" if graph_file == path / (llm.engine or "") else "graph", graph_file):
+        found = graph_inputs(graph_file)
+    model, layers = manifest.model, manifest.model.layers
+    kinds: dict[int, str] = {}
+    for name in found:  # each layer's kind as the graph has it: past_key_<i> (attention) or past_<state>_<i>
+        head, _, index = name.rpartition("_")
+        if name.startswith("past_") and index.isdigit() and not name.startswith("past_lengths"):
+            kinds.setdefault(int(index), "attention" if head == "past_key" else "recurrent")
+    if kinds and len(kinds) != len(layers):
+        return f"model.layers: {len(layers)} layers, the graph has {len(kinds)}"
+    for index, layer in enumerate(layers):
+        kind = "recurrent" if layer.kind == "recurrent" else "attention"
+        if index in kinds and kinds[index] != kind:
+            return f"model.layers[{index}]: kind {layer.kind!r}, the graph's layer {index} is {kinds[index]}"
+    prefix = window_lengths(0).removesuffix("0")  # past_lengths_w<W>: one input per sliding window
+    windows = sorted(int(n.removeprefix(prefix)) for n in found if n.startswith(prefix) and n[len(prefix):].isdigit())
+    for index, layer in enumerate(layers):
+        if layer.kind == "sliding" and layer.window not in windows:
+            return (f"model.layers[{index}].window: {layer.window}, a window the graph does not have (its windows: "
+                    f"{', '.join(map(str, windows)) or 'none'})")
+    spec = decoder_spec(layers, eagle=model.eagle is not None, lora_layout=manifest.lora.model_dump() if manifest.lora
+                        else None, mrope=bool(model.mrope), deepstack=model.deepstack_layers)
+    for tensor in spec.inputs:
+        if tensor.name not in found:
+            return f"the graph has no input {tensor.name!r}, which the manifest's model and lora sections call for"
+        have = found[tensor.name]
+        want = _fixed_dims(tensor.name, layers, model.dims)
+        for axis, (named, got, wanted) in enumerate(zip(tensor.dims, have, want or ())):
+            if named is None and wanted is not None and isinstance(got, int) and got != wanted:
+                return f"{_key_of(tensor.name, axis, layers)}: {wanted}, the graph's {tensor.name} has {got}"
+        if len(have) != len(tensor.dims):
+            return f"the graph's {tensor.name} has {len(have)} dimensions, the manifest's layers make {len(tensor.dims)}"
+    extra = [name for name in found if name not in set(spec.input_names)]
+    if extra:
+        return f"the graph's input {extra[0]!r} is not one the manifest's model and lora sections call for"
+    return None
+
+
+def _fixed_dims(name: str, layers, dims) -> list | None:
+    """The model-fixed sizes of a decoder input (None where a dimension is dynamic)."""
+    if name == "inputs_embeds":
+        return [None, None, dims.hidden_size]
+    head, _, index = name.rpartition("_")
+    if not (name.startswith("past_") and index.isdigit()) or int(index) >= len(layers):
+        return None
+    layer = layers[int(index)]
+    if layer.kind == "recurrent":
+        state = next((s for s in layer.states if head == f"past_{s.name}"), None)
+        return [None, *state.shape] if state is not None else None
+    return [None, layer.kv_heads, None, layer.head_dim]
+
+
+def _key_of(name: str, axis: int, layers) -> str:
+    """The manifest key that sets dimension `axis` of the decoder input `name`."""
+    if name == "inputs_embeds":
+        return "model.dims.hidden_size"
+    head, _, index = name.rpartition("_")
+    layer = layers[int(index)]
+    if layer.kind == "recurrent":
+        which = next(i for i, s in enumerate(layer.states) if head == f"past_{s.name}")
+        return f"model.layers[{index}].states[{which}].shape[{axis - 1}]"
+    return f"model.layers[{index}].{'kv_heads' if axis == 1 else 'head_dim'}"
+
+
 @dataclass
 class EngineDir:
     path: Path
@@ -107,6 +185,10 @@ class EngineDir:
                 raise EngineDirError(f"{path}: missing {relative} ({component} {key}); rebuild the engine")
         if not (path / components.tokenizer.dir / "tokenizer.json").is_file():
             raise EngineDirError(f"{path}: missing {components.tokenizer.dir}/tokenizer.json; rebuild the engine")
+        why = graph_mismatch(typed, path)
+        if why is not None:
+            raise EngineDirError(f"{manifest_path}: {why}; the manifest no longer describes the engine's graph: undo "
+                                 "the edit or rebuild the engine with trt-llm-build")
         return engine
 
     @property

@@ -179,12 +179,35 @@ def validate_manifest(data: Any, source: str) -> Manifest:
     if not isinstance(data, dict):
         raise ManifestError(f"{source}: not a manifest: expected a JSON object, got {json_type(data)}")
     try:
-        return Manifest.model_validate(data)
+        manifest = Manifest.model_validate(data)
     except ValidationError as error:
         messages = format_errors(error)
         more = f" (and {len(messages) - 3} more)" if len(messages) > 3 else ""
         raise ManifestError(f"{source}: corrupt manifest: {'; '.join(messages[:3])}{more}; rebuild the engine "
                             "with trt-llm-build") from None
+    why = _inconsistency(manifest)
+    if why is not None:
+        raise ManifestError(f"{source}: {why}; the manifest no longer describes the engine it came with: undo "
+                            "the edit or rebuild the engine with trt-llm-build")
+    return manifest
+
+
+def _inconsistency(manifest: Manifest) -> str | None:
+    """What a hand edit makes of a manifest whose every key is well typed: a layer count that is not the
+    model's, limits raised past what the engine was built for (build_config, which the build and the
+    compile write with them), a prompt longer than the cache."""
+    dims, layers = manifest.model.dims, manifest.model.layers
+    if dims.num_layers != len(layers):
+        return f"model.dims.num_layers: {dims.num_layers}, but model.layers has {len(layers)} layers"
+    limits = manifest.limits
+    for key in ("max_batch_size", "max_input_len", "max_kv_cache_capacity"):
+        built = manifest.build_config.get(key)
+        if isinstance(built, int) and not isinstance(built, bool) and getattr(limits, key) > built:
+            return f"limits.{key}: {getattr(limits, key)}, but the engine was built for {built} (build_config.{key})"
+    if limits.max_input_len > limits.max_kv_cache_capacity:
+        return (f"limits.max_input_len: {limits.max_input_len} is more than limits.max_kv_cache_capacity "
+                f"({limits.max_kv_cache_capacity}), which holds the prompt")
+    return None
 
 
 __all__ = ["FORMAT_VERSION", "Manifest", "ManifestError", "validate_manifest"]
