@@ -105,3 +105,15 @@ def test_graph_inputs_are_what_onnx_reads(engine):
                              for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
         assert graph_inputs(engine / "llm" / name) == expected
         assert list(graph_inputs(engine / "llm" / name)) == [i.name for i in model.graph.input]
+
+
+def test_reordered_hybrid_layers_are_one_line(family_model, build_engine_for, tmp_path):
+    """LFM2's conv and attention layers swapped in model.layers (test_hybrid's shared engine)."""
+    engine = build_engine_for(family_model("lfm2"))
+
+    def swap(m):
+        layers = m["model"]["layers"]
+        layers[0], layers[1] = layers[1], layers[0]
+
+    with pytest.raises(EngineDirError, match=r"model.layers\[0\]: kind 'full', the graph's layer 0 is recurrent"):
+        EngineDir.open(edited(engine, tmp_path, swap))
