@@ -148,3 +148,22 @@ def test_a_bare_key_error_names_where_the_value_is(family_model, tmp_path):
     with pytest.raises(CheckpointError) as error:
         load_checkpoint(str(model), "fp32", stream=True)
     assert str(error.value).endswith("config.json: rope_parameters.rope_type: 'foo' is not one transformers knows")
+
+
+def test_a_draft_config_missing_a_key_names_it(tiny_model, tmp_path, capsys):
+    """build messages are never a bare KeyError: an EAGLE draft whose config.json lacks hidden_size."""
+    import assets
+
+    draft = assets.make_random_draft(tiny_model("qwen2"), tmp_path / "draft")
+    config = json.loads((draft / "config.json").read_text())
+    config.pop("target_hidden_size", None)
+    del config["hidden_size"]
+    (draft / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "bundle"
+    (tmp_path / "build.yaml").write_text(f"model: {tiny_model('qwen2')}\noutput_dir: {out}\nmax_batch_size: 2\n"
+                                         f"max_input_len: 32\nmax_kv_cache_capacity: 64\ndraft:\n  model: {draft}\n")
+    capsys.readouterr()
+    assert main([str(tmp_path / "build.yaml"), "--export-only", "--quiet"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"trt-llm-build: error: draft.model: cannot use {str(draft)!r}: missing 'hidden_size'"]
+    assert not out.exists()

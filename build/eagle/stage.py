@@ -35,7 +35,8 @@ def load_eagle_draft(config, checkpoint: Checkpoint):
         return load_draft(config.draft.model, base.config, base.get_input_embeddings(),
                           base_lm_head=base.lm_head.weight)
     except (OSError, ValueError, KeyError) as error:
-        raise DraftError(f"draft.model: cannot use {config.draft.model!r}: {error}") from error
+        reason = f"missing {error.args[0]!r}" if isinstance(error, KeyError) and error.args else error  # not a bare word
+        raise DraftError(f"draft.model: cannot use {config.draft.model!r}: {reason}") from error
 
 
 def export_eagle_draft(draft, checkpoint: Checkpoint, config, directory: Path, dtype: torch.dtype) -> Path:
