@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -247,6 +248,10 @@ def load_checkpoint(model: str, dtype: str, trust_remote_code: bool = False, str
     if published_config is None and weights is None:
         check_tensors(model, config, report["missing_keys"], report["mismatched_keys"],
                       _same_kind(report["unexpected_keys"], hf_model.state_dict()))
+        if report["unexpected_keys"]:  # what a checkpoint carries beside the model (a tower, MTP heads)
+            unused = sorted(report["unexpected_keys"])
+            logging.getLogger(__name__).info("%s: %d tensors of the checkpoint are not the model's and are not "
+                                             "used (e.g. %s)", model, len(unused), unused[0])
     with _loading(model):
         tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code, **extra)
     try:
@@ -323,7 +328,6 @@ def _same_kind(unexpected, state_dict) -> list[str]:
 def _without_load_report() -> Iterator[None]:
     """transformers' loading report (a table of missing / unexpected keys) is not printed: the build
     says what matters in check_tensors' one line."""
-    import logging
 
     class Drop(logging.Filter):
         def filter(self, record):
