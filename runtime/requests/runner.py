@@ -84,6 +84,7 @@ class Runner:
         self.token_bytes = TokenBytes(self.tokenizer, vocab_size=dims["vocab_size"])
         self.limits = engine_dir.limits
         self.prefix_cache = prefix_cache if prefix_cache is not None else ContextCache(engine_dir.identity)
+        self.prefix_cache.expect(engine_dir)  # a record on disk that does not fit this engine is never restored
         self.prefix_stats = self.prefix_cache.stats
         self.context_reuse = context_reuse
         self.prefill_chunk, self.latency_target = prefill_chunk, latency_target
