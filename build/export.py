@@ -11,8 +11,8 @@ import onnx
 import torch
 from torch.export import Dim
 
-from trt_llm.build.models.llama import DecoderGraph
-from trt_llm.schemas.graph_spec import decoder_spec, draft_spec
+from trt_llm.build.models.skeleton import DecoderSkeleton
+from trt_llm.schemas.graph_spec import DEEPSTACK, TREE_MASK, decoder_spec, draft_spec, lora_input, past, window_lengths
 from trt_llm.schemas.layer_spec import window_of
 from trt_llm import plugins
 
@@ -26,43 +26,38 @@ logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(loggin
 _EXAMPLE_RANKS = {"qkv": 12, "o": 7, "gate_up": 10, "down": 11}
 
 
-def _example_inputs(graph: DecoderGraph, dtype: torch.dtype, lora_layout: dict | None) -> tuple:
+def _example_inputs(graph: DecoderSkeleton, dtype: torch.dtype, spec, lora_layout: dict | None) -> tuple:
+    """One example tensor per input of the graph's spec, made by its name, in the spec's order."""
     # Distinct sizes per dimension, so the tracer cannot mistake one dynamic dimension for another.
     d = graph.dims
     batch, seq, kept, capacity = 2, 5, 3, 16
     # A sliding group's slots: distinct too (13, 14, ...), and its lengths input.
     slots = {0: capacity, **{w: 13 + i for i, w in enumerate(graph.windows)}}
-    # One tensor object per cache: the tracer would merge inputs that are the same object.
-    caches = []
-    for spec in graph.layer_specs:
-        if spec.kind == "recurrent":  # its states, fixed shapes
-            caches += [torch.zeros(batch, *state.shape, dtype=dtype if state.dtype == "model" else torch.float32)
-                       for state in spec.states]
-        else:
-            caches += [torch.zeros(batch, spec.kv_heads, slots[window_of(spec)], spec.head_dim, dtype=dtype)
-                       for _ in ("key", "value")]
-    for _ in range(d.num_layers if lora_layout else 0):
-        for group in lora_layout["groups"]:
-            rank = _EXAMPLE_RANKS[group["name"]]
-            caches += [torch.zeros(batch, rank, group["in_features"], dtype=dtype),
-                       torch.zeros(batch, group["out_features"], rank, dtype=dtype)]
-    for _ in reversed(graph.windows):
-        caches.insert(0, torch.zeros(batch, dtype=torch.int32))
-    if graph.feature_layers is not None:
-        caches.insert(0, torch.ones(seq, seq, dtype=torch.bool).tril().repeat(batch, 1, 1))
-    if graph.deepstack_layers:
-        caches.insert(0, torch.zeros(graph.deepstack_layers, batch, seq, d.hidden_size, dtype=dtype))
     positions = torch.arange(seq, dtype=torch.int32).repeat(batch, 1)
-    if graph.mrope_streams is not None:
-        positions = positions.repeat(3, 1, 1)
-    return (
-        torch.zeros(batch, seq, d.hidden_size, dtype=dtype),
-        positions,
-        torch.zeros(batch, dtype=torch.int32),
-        torch.full((batch,), seq, dtype=torch.int32),
-        torch.zeros(batch, kept, dtype=torch.int32),
-        *caches,
-    )
+    examples = {
+        "inputs_embeds": torch.zeros(batch, seq, d.hidden_size, dtype=dtype),
+        "position_ids": positions.repeat(3, 1, 1) if graph.mrope_streams is not None else positions,
+        "past_lengths": torch.zeros(batch, dtype=torch.int32),
+        "query_lengths": torch.full((batch,), seq, dtype=torch.int32),
+        "logits_indices": torch.zeros(batch, kept, dtype=torch.int32),
+        DEEPSTACK: torch.zeros(graph.deepstack_layers, batch, seq, d.hidden_size, dtype=dtype),
+        TREE_MASK: torch.ones(seq, seq, dtype=torch.bool).tril().repeat(batch, 1, 1),
+        **{window_lengths(w): torch.zeros(batch, dtype=torch.int32) for w in graph.windows},
+    }
+    # One tensor object per cache: the tracer would merge inputs that are the same object.
+    for i, layer in enumerate(graph.layer_specs):
+        if layer.kind == "recurrent":  # its states, fixed shapes
+            examples.update({past(state.name, i): torch.zeros(
+                batch, *state.shape, dtype=dtype if state.dtype == "model" else torch.float32) for state in layer.states})
+        else:
+            examples.update({past(kind, i): torch.zeros(batch, layer.kv_heads, slots[window_of(layer)],
+                                                        layer.head_dim, dtype=dtype) for kind in ("key", "value")})
+    for group in (lora_layout or {}).get("groups", []):
+        rank = _EXAMPLE_RANKS[group["name"]]
+        for i in range(d.num_layers):
+            examples[lora_input(group["name"], "a", i)] = torch.zeros(batch, rank, group["in_features"], dtype=dtype)
+            examples[lora_input(group["name"], "b", i)] = torch.zeros(batch, group["out_features"], rank, dtype=dtype)
+    return tuple(examples[name] for name in spec.input_names)
 
 
 def _dynamic_axes(specs) -> list[dict]:
@@ -72,17 +67,17 @@ def _dynamic_axes(specs) -> list[dict]:
 
 
 def _dynamic_shapes(spec) -> tuple:
-    axes = _dynamic_axes(spec.inputs)
-    # forward(inputs_embeds, position_ids, past_lengths, query_lengths, logits_indices, *tensors):
-    # *tensors is one positional entry holding a tuple (the tree mask, the caches, the LoRA pairs).
-    return (*axes[:5], tuple(axes[5:]))
+    # forward(*tensors) takes every input by the spec's names: one positional entry holding a tuple.
+    return (tuple(_dynamic_axes(spec.inputs)),)
 
 
-def export_decoder(graph: DecoderGraph, path: Path, dtype: torch.dtype, lora_layout: dict | None = None) -> Path:
+def export_decoder(graph: DecoderSkeleton, path: Path, dtype: torch.dtype, lora_layout: dict | None = None) -> Path:
     """Write `path` (+ `path.data` external weights); returns the path."""
     spec = decoder_spec(graph.layer_specs, graph.feature_layers is not None, lora_layout,
                         graph.mrope_streams is not None, graph.deepstack_layers)
-    return export_graph(graph, _example_inputs(graph, dtype, lora_layout), spec.input_names, spec.output_names,
+    if spec.input_names != graph.input_names:  # (the LoRA layout's groups are the graph's)
+        raise ValueError(f"the graph's inputs {graph.input_names} are not its spec's {spec.input_names}")
+    return export_graph(graph, _example_inputs(graph, dtype, spec, lora_layout), spec.input_names, spec.output_names,
                         _dynamic_shapes(spec), path)
 
 

@@ -11,7 +11,7 @@ adapter (or zeros), so one batch may mix adapters.
 
 from __future__ import annotations
 
-from trt_llm.build.models.llama import ModelDims
+from trt_llm.build.models.skeleton import ModelDims
 from trt_llm.schemas.build_config import LORA_MODULES
 
 # group -> the modules packed into its projection, in packing order

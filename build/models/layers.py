@@ -124,12 +124,15 @@ def rotary_tables(inv_freq: Tensor, attention_scaling: float, positions: int,
     return (freqs.cos() * attention_scaling).to(dtype), (freqs.sin() * attention_scaling).to(dtype)
 
 
-def mrope_streams(sections: list[int], interleaved: bool) -> Tensor:
+def mrope_streams(sections: list[int], interleaved: bool, width: int | None = None) -> Tensor:
     """Which position stream (0 temporal, 1 height, 2 width) each of the head_dim/2 rotary frequencies
     reads under mRoPE [head_dim/2] int64. Qwen2-VL / Qwen2.5-VL: consecutive chunks of `sections`
     frequencies (mrope_section [16, 24, 24]); Qwen3-VL (`mrope_interleaved`): frequency j reads height
-    when j % 3 == 1 and j < 3 * sections[1], width when j % 3 == 2 and j < 3 * sections[2], else time."""
-    half = sum(sections)
+    when j % 3 == 1 and j < 3 * sections[1], width when j % 3 == 2 and j < 3 * sections[2], else time.
+    width: the tables' frequencies, where they are fewer than the sections' sum (Qwen3.5's text config
+    keeps its default sections [11, 11, 10] whatever its partial rotary leaves; transformers' slices stop
+    at the last frequency)."""
+    half = sum(sections) if width is None else width
     if not interleaved:
         return torch.cat([torch.full((n,), i % 3, dtype=torch.int64) for i, n in enumerate(sections)])
     streams = torch.zeros(half, dtype=torch.int64)

@@ -23,7 +23,7 @@ from torch import nn
 
 from trt_llm.build.models.hybrid import HybridGraph, ModelDims, causal_conv, fresh, text_decoder
 from trt_llm.build.models.layers import GatedMLP, frozen, norm_weight, rms_norm
-from trt_llm.build.models.llama import rotary_spec
+from trt_llm.build.models.skeleton import rotary_spec
 from trt_llm.schemas.layer_spec import FullAttention, Recurrent, StateTensor
 
 __all__ = ["DecoderGraph", "LORA_TARGETS", "ModelDims", "layer_specs", "text_decoder"]
@@ -88,7 +88,8 @@ class AttentionLayer(nn.Module):
         self.k_norm = norm_weight(attn.k_layernorm, False)
         self.mlp = feed_forward(hf_layer, make_linear)
 
-    def forward(self, hidden, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin, lora: dict):
+    def forward(self, hidden, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin, lora: dict,
+                tree_mask=None):
         d = self.dims
         batch, seq, _ = hidden.shape
         q, k, v = self.qkv(rms_norm(hidden, self.input_norm, d.rms_norm_eps)).split(
@@ -97,7 +98,7 @@ class AttentionLayer(nn.Module):
         k = rms_norm(k.reshape(batch, seq, d.kv_heads, d.head_dim), self.k_norm, d.rms_norm_eps)
         qkv = torch.cat([q.reshape(batch, seq, -1), k.reshape(batch, seq, -1), v], dim=-1)
         attn, present_key, present_value = torch.ops.trt_llm.attention(
-            qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin, None,
+            qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin, tree_mask,
             d.num_heads, d.kv_heads, self.scale, 0, 0.0,
         )
         hidden = hidden + self.o(attn)
@@ -111,19 +112,18 @@ class DecoderGraph(HybridGraph):
     name = "LFM2"
 
     @staticmethod
-    def layer_specs_of(config, family) -> list:
+    def layer_specs_of(config, family, max_positions: int) -> list:
         return layer_specs(config)
 
-    @staticmethod
-    def make_layer(hf_layer, spec, config, dims, make_linear) -> nn.Module:
+    def make_layer(self, hf_layer, spec, config, family, make_linear) -> nn.Module:
         if spec.kind == "recurrent":
-            return ShortConvLayer(hf_layer, dims, make_linear)
-        return AttentionLayer(hf_layer, dims, make_linear, spec)
+            return ShortConvLayer(hf_layer, self.dims, make_linear)
+        return AttentionLayer(hf_layer, self.dims, make_linear, spec)
 
     @staticmethod
-    def final_norm(hf_model) -> nn.Module:
+    def final_norm_of(hf_model) -> nn.Module:
         return hf_model.model.embedding_norm
 
     @staticmethod
-    def norm_weight(norm) -> nn.Parameter:
+    def norm_weight_of(norm, family) -> nn.Parameter:
         return norm_weight(norm, False)

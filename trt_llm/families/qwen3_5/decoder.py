@@ -38,7 +38,7 @@ import trt_llm.plugins.gated_delta_rule  # noqa: F401 - registers torch.ops.trt_
 from trt_llm.build.models.hybrid import HybridGraph, ModelDims, causal_conv, fresh, text_decoder
 from trt_llm.build.models.layers import GatedMLP, activation, frozen, linear, norm_weight, rms_norm
 from trt_llm.build.models.llama import DecoderGraph as LlamaGraph
-from trt_llm.build.models.llama import rotary_spec
+from trt_llm.build.models.skeleton import rotary_spec
 from trt_llm.schemas.layer_spec import FullAttention, Recurrent, StateTensor
 
 __all__ = ["DecoderGraph", "LORA_TARGETS", "ModelDims", "layer_specs", "text_decoder"]
@@ -53,7 +53,7 @@ def _delta_dims(config) -> tuple[int, int, int, int, int]:
             config.linear_value_head_dim, config.linear_conv_kernel_dim)
 
 
-def layer_specs(config) -> list:
+def layer_specs(config, mrope: str | None = None) -> list:
     dims = ModelDims(config)
     hk, hv, dk, dv, kernel = _delta_dims(config)
     conv_dim = 2 * hk * dk + hv * dv
@@ -64,7 +64,7 @@ def layer_specs(config) -> list:
                                            StateTensor(name="delta", shape=[hv, dk, dv], dtype="float32")]))
         elif kind == "full_attention":
             specs.append(FullAttention(kv_heads=dims.kv_heads, head_dim=dims.head_dim, scale=dims.head_dim ** -0.5,
-                                       rotary=rotary_spec(config, dims.head_dim)))
+                                       rotary=rotary_spec(config, dims.head_dim, mrope)))
         else:
             raise ValueError(f"layer_types: {kind!r} layers are not supported for Qwen3.5")
     return specs
@@ -178,7 +178,8 @@ class GatedAttentionLayer(nn.Module):
         self.k_norm = norm_weight(attn.k_norm, True)
         self.mlp = mlp
 
-    def forward(self, hidden, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin, lora: dict):
+    def forward(self, hidden, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin, lora: dict,
+                tree_mask=None):
         d = self.dims
         batch, seq, _ = hidden.shape
         q_width, kv_width = d.num_heads * d.head_dim, d.kv_heads * d.head_dim
@@ -190,7 +191,7 @@ class GatedAttentionLayer(nn.Module):
         k = rms_norm(k.reshape(batch, seq, d.kv_heads, d.head_dim), self.k_norm, d.rms_norm_eps)
         qkv = torch.cat([q.reshape(batch, seq, -1), k.reshape(batch, seq, -1), v], dim=-1)
         attn, present_key, present_value = torch.ops.trt_llm.attention(
-            qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin, None,
+            qkv, past_key, past_value, past_lengths, query_lengths, position_ids, cos, sin, tree_mask,
             d.num_heads, d.kv_heads, self.scale, 0, 0.0,
         )
         hidden = hidden + self.o(attn * torch.sigmoid(gate))
@@ -204,19 +205,19 @@ class DecoderGraph(HybridGraph):
     name = "Qwen3.5"
 
     @staticmethod
-    def layer_specs_of(config, family) -> list:
-        return layer_specs(config)
+    def layer_specs_of(config, family, max_positions: int) -> list:
+        return layer_specs(config, family.mrope)
 
-    def make_layer(self, hf_layer, spec, config, dims, make_linear) -> nn.Module:
+    def make_layer(self, hf_layer, spec, config, family, make_linear) -> nn.Module:
         mlp = mlp_of(hf_layer, config, make_linear, self.build_dtype, self.weights)
         if spec.kind == "recurrent":
             return GatedDeltaNetLayer(hf_layer, config, make_linear, mlp)
-        return GatedAttentionLayer(hf_layer, dims, make_linear, spec, mlp)
+        return GatedAttentionLayer(hf_layer, self.dims, make_linear, spec, mlp)
 
     @staticmethod
-    def final_norm(hf_model) -> nn.Module:
+    def final_norm_of(hf_model) -> nn.Module:
         return hf_model.model.norm
 
     @staticmethod
-    def norm_weight(norm) -> nn.Parameter:
+    def norm_weight_of(norm, family) -> nn.Parameter:
         return norm_weight(norm, True)  # every norm of the model scales by 1 + weight

@@ -5,12 +5,11 @@ one `<image>` placeholder becomes the tiles' row / column tokens around their im
 (host.py, processor.py, prompt.py: transformers' Idefics3 / SmolVLM processors, torch-free).
 
 Both architectures are the same code in transformers (SmolVLM is generated from Idefics3's modules),
-so one decoder module (decoder.py: the Llama graph over the checkpoint's `model.text_model`), one
-exporter and one adapter serve both."""
+so one decoder (build/models/llama.py's graph over the checkpoint's `model.text_model`), one exporter
+and one adapter serve both."""
 
 from trt_llm.families.face import Component, Family
-
-DECODER = "trt_llm.families.smolvlm.decoder"
+from trt_llm.families.llama import DECODER
 TOWER = "trt_llm.families.smolvlm.vision_tower"
 
 FAMILIES = (
