@@ -171,9 +171,10 @@ def test_mlp_adapters_mixed_in_a_batch_are_peft(qwen3_5, build_engine_for, tmp_p
     assert_adapter_rows_are_peft(model, engine, adapter, STORY, NEW)
 
 
-def test_a_qwen3_5_vision_checkpoint_builds_its_text_decoder(qwen3_5, build_engine_for, tmp_path):
-    """Qwen3.5 is published as a vision-language checkpoint: the build takes its text decoder (no
-    vision component), whose tokens are the text model's."""
+def test_a_qwen3_5_vision_checkpoint_answers_text_as_its_text_model(qwen3_5, build_engine_for, tmp_path):
+    """Qwen3.5 is published as a vision-language checkpoint: the build takes its decoder on mRoPE
+    positions and its vision tower (tests/test_qwen3_5_vision.py runs images); a text request's tokens
+    are the text model's (a text token's three positions are one)."""
     import family_assets
 
     model, engine = qwen3_5
@@ -181,7 +182,7 @@ def test_a_qwen3_5_vision_checkpoint_builds_its_text_decoder(qwen3_5, build_engi
     built = build_engine_for(vlm)
     manifest = EngineDir.open(built).manifest
     assert manifest["model"]["architecture"] == "Qwen3_5ForConditionalGeneration"
-    assert "vision" not in manifest["components"]
+    assert manifest["model"]["mrope"] == "interleaved" and "vision" in manifest["components"]
     requests = [chat_request(STORY), chat_request("Hi")]
     assert ([r.output_token_ids for r in run(built, requests, batch_size=2)]
             == [r.output_token_ids for r in run(engine, requests, batch_size=2)])

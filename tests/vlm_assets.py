@@ -85,13 +85,14 @@ def vlm_config(family: str, **text_overrides):
     if family == "qwen3_5_vl":  # Qwen3.5 as published: the hybrid decoder on mRoPE, Qwen3-VL's tower
         from transformers import Qwen3_5Config
 
-        text.update(num_hidden_layers=4, head_dim=32, layer_types=["linear_attention", "full_attention",
+        text.update(num_hidden_layers=4, head_dim=64, layer_types=["linear_attention", "full_attention",
                                                                    "linear_attention", "full_attention"],
                     linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
                     linear_value_head_dim=16, linear_conv_kernel_dim=4,
-                    # 8 of head_dim 32 rotated: 4 frequencies, sections summing to them
+                    # 16 of head_dim 64 rotated (ONNX Runtime's GQA wants a multiple of 16): 8 frequencies,
+                    # the sections summing to them as the real model's [11, 11, 10] sum to its 32
                     rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
-                                     "mrope_section": [2, 1, 1], "mrope_interleaved": True})
+                                     "mrope_section": [3, 3, 2], "mrope_interleaved": True})
         vision.update(patch_size=16, num_position_embeddings=64, hidden_act="gelu_pytorch_tanh")
         text.update(text_overrides)
         return Qwen3_5Config(text_config=text, vision_config=vision, **common)

@@ -136,6 +136,7 @@ DEFAULT_PREPROCESSOR = {
     "qwen3_vl": {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5],
                  "image_std": [0.5, 0.5, 0.5], "size": {"shortest_edge": 65536, "longest_edge": 16777216}},
 }
+DEFAULT_PREPROCESSOR["qwen3_5_vl"] = DEFAULT_PREPROCESSOR["qwen3_vl"]  # (Qwen3.5's processor is Qwen3-VL's)
 
 
 def host_adapter(graph: VisionGraph):
