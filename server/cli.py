@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from trt_llm.common.cli_args import (OneLineParser, byte_size, capped_threads, port_number, positive_float, positive_int,
-                                     steps_above_one)
+                                     physical_memory, steps_above_one)
 from trt_llm.runtime.engine import DEFAULT_PREFILL_CHUNK
 
 PROG = "trt-llm-serve"
@@ -86,6 +86,10 @@ def server_config(args, engine_dir):
     rows = args.max_batch_size or limit
     if rows > limit:
         raise ValueError(f"--max-batch-size {rows} exceeds the engine's max_batch_size {limit}")
+    memory = physical_memory()
+    if memory and args.kv_cache_budget > memory:
+        raise ValueError(f"--kv-cache-budget: {args.kv_cache_budget / 2**30:.1f} GiB is more than this machine's "
+                         f"memory ({memory / 2**30:.1f} GiB)")
     media = args.allowed_local_media_path
     if media is not None and not media.is_dir():
         raise ValueError(f"--allowed-local-media-path {media}: not a folder")
@@ -160,18 +164,17 @@ def _announcing(server_class):
 
 
 def build_app(engine_dir, config, threads: int, spec_decode: bool = True):
-    """The app on a fresh Runner (the model loaded once, its draft when it has one)."""
+    """The app on a fresh LoadedEngine (the model loaded once, its draft when it has one)."""
     from trt_llm.runtime.cache.context_cache import ContextCache
-    from trt_llm.runtime.requests.runner import Runner
+    from trt_llm.runtime.requests.loaded_engine import LoadedEngine
     from trt_llm.server.app import create_app
 
     for name, path in config.lora.items():
         if not os.path.isdir(path):
             raise ValueError(f"--lora {name}={path}: no such folder")
     context = ContextCache(engine_dir.identity, config.kv_cache_budget)
-    runner = Runner(engine_dir, threads=threads, prefix_cache=context, spec_decode=spec_decode,
-                    scheduling="continuous", prefill_chunk=config.prefill_chunk,
-                    latency_target=config.latency_target)
+    runner = LoadedEngine(engine_dir, threads=threads, prefix_cache=context, spec_decode=spec_decode,
+                          prefill_chunk=config.prefill_chunk, latency_target=config.latency_target)
     return create_app(runner, config)
 
 

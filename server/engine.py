@@ -163,7 +163,6 @@ class ServingEngine:
             if action == "add":
                 p = job.prepared
                 p.save_group = self.save_prefixes  # the server's policy, not a batch's
-                self.runner.plan_context(p)
                 self._jobs[job.id] = job
                 request = self.runner.engine_request(p)
                 request.id = job.id

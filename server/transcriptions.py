@@ -41,13 +41,11 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 from starlette.concurrency import run_in_threadpool
-from trt_llm.runtime.engine.sequence import Sequence
 from trt_llm.runtime.media.audio.answer import transcription_response
 from trt_llm.runtime.media.audio.languages import LANGUAGES
-from trt_llm.runtime.media.audio.longform import encode
+from trt_llm.runtime.media.audio.longform import encode, rounds
 from trt_llm.runtime.media.audio.qwen3_asr_prompt import forced_language, parse_output, transcription_messages
 from trt_llm.runtime.media.audio.subtitles import srt, vtt
-from trt_llm.runtime.media.sequence_media import SequenceMedia
 from trt_llm.runtime.media.sources import _shown
 from trt_llm.runtime.requests.prepare import Prepared
 from trt_llm.runtime.text.detokenizer import IncrementalDetokenizer
@@ -213,25 +211,18 @@ def add_transcriptions(app: FastAPI, runner, metrics, config, enqueue, next_upda
         transcription's one per speech chunk, side by side) jobs on the serving engine, their windows
         encoded in one encoder batch."""
         t = prepared.transcription
-        while not t.done:
-            attempts = t.next_attempts()
-            if not attempts:
-                break
-            await run_in_threadpool(encode, runner.audio, attempts)
-            rounds = []
-            for attempt in attempts:
-                sequence = Sequence(attempt.prompt_ids, attempt.max_new_tokens,
-                                    IncrementalDetokenizer(runner.token_bytes), media=SequenceMedia([], cross=attempt.cross))
-                window = Prepared(prepared.index, prepared.request, prepared.prompt, sequence, attempt.params(), None,
-                                  seed=t.seed_of(attempt))
-                rounds.append((attempt, sequence, enqueue(window, settings)))
+        for work in rounds([t]):  # the window loop trt-llm-run's driver runs too (longform.rounds)
+            await run_in_threadpool(encode, runner.audio, [d.attempt for d in work])
+            jobs = [enqueue(Prepared(prepared.index, prepared.request, prepared.prompt,
+                                     d.start(IncrementalDetokenizer(runner.token_bytes)), d.attempt.params(), None,
+                                     seed=t.seed_of(d.attempt)), settings) for d in work]
             # Each job sees the client leave (or its time run out) and aborts itself: wait for all, then raise.
-            outcomes = await asyncio.gather(*(_collect(job, request) for _, _, job in rounds), return_exceptions=True)
+            outcomes = await asyncio.gather(*(_collect(job, request) for job in jobs), return_exceptions=True)
             for outcome in outcomes:
                 if isinstance(outcome, BaseException):
                     raise outcome
-            for attempt, sequence, _ in rounds:
-                t.finish(attempt, sequence.first_token_time)
+            for d in work:
+                d.finish()
         return transcription_response(prepared, runner.token_bytes, 0, time.perf_counter(), [])
 
     async def _collect(job: Job, request: Request) -> str:

@@ -363,6 +363,8 @@ def test_serve_flags(tmp_path, engine_and_adapter):
     for bad in (["--lora", "nameonly"], ["--max-batch-size", "999"], ["--api-key-file", str(tmp_path / "none")]):
         with pytest.raises(ValueError):
             server_config(parse_args(["--engine-dir", str(engine), *bad]), Dir.open(engine))
+    with pytest.raises(ValueError, match=r"^--kv-cache-budget: 102400000.0 GiB is more than this machine's memory"):
+        server_config(parse_args(["--engine-dir", str(engine), "--kv-cache-budget", "100000T"]), Dir.open(engine))
 
 
 def test_eagle_under_in_flight_batching(tiny_model, build_engine_for, tmp_path):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trt_llm.common.cli_args import (FlagError, Interrupted, OneLineParser, byte_size, capped_threads, positive_int, steps_above_one,
-                                      signals_interrupt)
+                                      physical_memory, signals_interrupt)
 from trt_llm.runtime.engine import DEFAULT_PREFILL_CHUNK
 from trt_llm.common.files import OutputPathError, prepare_output_dir, prepare_output_file, write_atomically
 
@@ -83,14 +83,6 @@ def parse_args(argv: list[str] | None):
         parser.error(f"{flag}: {args.budget / 2**30:.1f} GiB is more than this machine's memory "
                      f"({memory / 2**30:.1f} GiB)")
     return args
-
-
-def physical_memory() -> int | None:
-    """This machine's memory in bytes (None where the system does not say)."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def warn_ignored_reuse(loaded, log) -> None:

@@ -27,6 +27,16 @@ from dataclasses import dataclass, field
 from trt_llm.runtime.cache.context_cache import ContextCache, Entry, chain_key
 
 
+@dataclass(frozen=True)
+class ContextRequest:
+    """A request's context policies as its preparation resolved them; the engine core, which owns the
+    cache, turns them into the sequence's ContextPlan when the request is added (EngineCore.plan)."""
+    commit: str = "including_generated_tokens"  # its context_cache_commit_policy
+    adapter: str | None = None  # its LoRA adapter's digest (None: the base model)
+    kept: tuple[int, ...] | None = None  # its templated system prompt's tokens, where they prefix the prompt
+    save_kept: bool = False  # keep them after its prefill (its batch's save_system_prompt_kv_cache)
+
+
 @dataclass
 class ContextPlan:
     """What a request may take from the context cache and give to it."""

@@ -2,6 +2,8 @@
 
 A strategy is one object with:
     extra_slots                      KV slots a row needs beyond its prompt and max_new_tokens
+    replays_context                  a row that restores a cached prefix computes its last block again
+                                     (EAGLE: the draft's next input is that block's last feature)
     reserve(core, need)              size its own pools (rows aligned with the core's KV pool)
     prefill(core, rows, start)       a prefill pass of the rows still prefilling (running rows start ..,
                                      core.prefill: the next chunk of each prompt); the rows that complete
@@ -15,5 +17,5 @@ A strategy is one object with:
 `vanilla.py` emits one token per row per step; `eagle.py` drafts a tree with the EAGLE3 draft and
 verifies it in one base pass. Both draw every token from the base model's own distribution with the
 request's sampler, so they emit the same tokens. A new strategy is one file here, chosen where the
-Runner makes its EngineCore (`Runner.strategy`).
+loaded engine makes its EngineCore (`LoadedEngine.engine_core`).
 """

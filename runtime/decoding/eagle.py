@@ -64,6 +64,10 @@ class _Node:
 
 
 class Eagle:
+    # A restored prefix's last block is computed again: the draft's next input is its last feature
+    # (reuse.ContextPlan.replay).
+    replays_context = True
+
     def __init__(self, draft: Draft, spec: SpecConfig, stats: SpecStats | None = None):
         self.draft, self.spec = draft, spec
         self.stats = stats if stats is not None else SpecStats()

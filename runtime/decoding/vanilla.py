@@ -9,6 +9,7 @@ from trt_llm.runtime.engine.step import Step
 
 class Vanilla:
     extra_slots = 0
+    replays_context = False  # (reuse.ContextPlan.replay: an EAGLE draft's catch-up)
 
     def __init__(self):
         self._logits: np.ndarray | None = None  # reused while the batch stays the same size

@@ -33,6 +33,7 @@ import numpy as np
 
 from trt_llm.runtime.sampling.grammar import mask_logits
 from trt_llm.runtime.cache import reuse
+from trt_llm.runtime.cache.reuse import ContextPlan, ContextRequest
 from trt_llm.runtime.engine.budget import PrefillBudget
 from trt_llm.runtime.engine.model import Model
 from trt_llm.runtime.sampling.sampler import Sampler, SamplingParams
@@ -48,6 +49,8 @@ class EngineRequest:
     seed: int | None = None
     num_logprobs: int = 0
     adapter: object | None = None  # a runtime.lora.LoraAdapter, or None for the base model
+    # Its context policies (None: it neither restores nor commits): the core makes its plan from them
+    context: ContextRequest | None = None
     group: int = 0  # static scheduling: requests of one group are admitted together
     speculate: bool = True  # under EAGLE: False verifies the root alone (vanilla's tokens, one per step)
     row: int = -1  # the sampler's row of this request (add_request sets it)
@@ -82,11 +85,13 @@ class EngineCore:
     def __init__(self, model: Model, max_rows: int, policy: str = "continuous", lora_layout: dict | None = None,
                  profiler=None, strategy=None, sampler: Sampler | None = None, context=None,
                  prefill_chunk: int | None = None, step_tokens: int | None = None, mixed_steps: bool = False,
-                 latency_target: float | None = None):
+                 latency_target: float | None = None, context_reuse: bool = False):
         """strategy: a runtime.decoding strategy (Vanilla() by default, Eagle(...) with a draft).
         sampler: one whose rows the requests already hold (EngineRequest.row), or None for a new one.
         context: the context cache (runtime/cache/context_cache.py) admitted rows restore their
-        prefixes from and commit their tokens to, as each sequence's plan says."""
+        prefixes from and commit their tokens to, as each sequence's plan says (`plan`: made from a
+        request's policies when it is added); context_reuse: requests restore their longest cached
+        prefix and commit their tokens (without it only kept system prompts are reused)."""
         from trt_llm.runtime.decoding.vanilla import Vanilla
 
         self.model = model
@@ -95,7 +100,7 @@ class EngineCore:
         self.sampler = sampler if sampler is not None else Sampler([])
         self.lora_layout = lora_layout
         self.profiler = profiler
-        self.context = context
+        self.context, self.context_reuse = context, context_reuse
         self.cache = None  # the KV pool, made at the first admission
         # Chunked prefill: at most prefill_chunk prompt tokens a row a pass (None: a prompt whole, which
         # is also what a cache's widest step is then), and while other rows decode at most step_tokens
@@ -114,10 +119,33 @@ class EngineCore:
     # -- the API ----------------------------------------------------------------------------------
 
     def add_request(self, request: EngineRequest) -> None:
+        self.plan(request)
         if request.row < 0:
             request.row = self.sampler.add(request.params, request.seed)
             self._own_rows.add(request.row)
         self.scheduler.waiting.append(request)
+
+    def plan(self, request: EngineRequest) -> None:
+        """The request's ContextPlan (runtime/cache/reuse.py) from its policies: what it may restore from
+        the context cache and give to it. A request without policies keeps the plan it has (none)."""
+        policies, s = request.context, request.sequence
+        if policies is None or self.context is None:
+            return
+        adapter = policies.adapter
+        if self.model.long_context(s, 0, 0):
+            # LongRoPE: a prompt longer than the original context is all turned by the long factors,
+            # so its blocks are other blocks than a short prompt's of the same tokens.
+            adapter = f"{adapter}/long-rope"
+        plan = ContextPlan(self.context.root(adapter), s.media.spans() if s.media is not None else (),
+                           lookup=self.context_reuse, adapter=adapter)
+        if self.context_reuse:
+            plan.commit = "generated" if policies.commit == "including_generated_tokens" else "prefill"
+            if self.strategy.replays_context:  # EAGLE: the draft catches up from a restored prefix's last block
+                plan.replay = self.context.block_tokens
+        # At least one prompt token must be prefilled: it gives the first logits.
+        if policies.kept and len(policies.kept) < len(s.prompt_ids):
+            plan.kept, plan.save_kept = policies.kept, policies.save_kept
+        s.context = plan
 
     def _release(self, request: EngineRequest) -> None:
         if request.row in self._own_rows:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from trt_llm.runtime.sampling.sampler import log_softmax_topn, token_logprob
+
+if TYPE_CHECKING:
+    from trt_llm.runtime.cache.reuse import ContextPlan
 
 END_OF_SEQUENCE = "end-of-sequence"
 MAX_LENGTH = "max-length"
@@ -77,7 +81,7 @@ class Sequence:
     max_new_tokens: int  # already clamped to the KV capacity
     detokenizer: object | None = None  # an IncrementalDetokenizer when stop strings are watched
     constraint: object | None = None  # a grammar.Constraint for structured output (response_format)
-    context: object | None = None  # a cache.reuse.ContextPlan: what it may restore from the context cache
+    context: ContextPlan | None = None  # what it may restore from the context cache (EngineCore.plan)
     reused_tokens: int = 0  # prompt tokens restored from it instead of computed
     prefilled: int | None = None  # prompt tokens in its row of the cache (None: its prefill has not begun)
     media: object | None = None  # a sequence_media.SequenceMedia: its image / audio rows, mRoPE positions

@@ -68,7 +68,6 @@ def run_continuous(runner, loaded, settings, formatter, responses: list) -> None
         # admitted, so it finds what the requests before it committed).
         while pending and len(core.scheduler.running) + len(core.scheduler.waiting) < size:
             prepared, messages = pending.popleft()
-            runner.plan_context(prepared)
             in_flight[prepared.index] = (prepared, messages, time.perf_counter())
             core.add_request(runner.engine_request(prepared))
         try:

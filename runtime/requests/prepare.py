@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from trt_llm.runtime.text.detokenizer import IncrementalDetokenizer
 from trt_llm.runtime.sampling.grammar import GrammarError, Grammars
@@ -17,6 +18,10 @@ from trt_llm.runtime.engine.sequence import Sequence
 from trt_llm.runtime.media.sequence_media import media_parts
 from trt_llm.runtime.text.token_bytes import TokenBytes
 from trt_llm.schemas.input_file import InputSettings, Request
+
+if TYPE_CHECKING:  # (the speech modules are imported by the first request that needs them)
+    from trt_llm.runtime.media.audio.longform import Transcription
+    from trt_llm.runtime.media.audio.vad_transcription import VadTranscription
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +40,8 @@ class Prepared:
     save_group: bool = False  # its batch saves system prompts (batch-wide, like the reference)
     speculate: bool = True  # its batch may speculate (no request in it disables spec decode)
     context_policies: tuple[str, str] = ("use_cache", "including_generated_tokens")  # lookup, commit
-    transcription: object | None = None  # a Whisper request decoded window by window (media/audio/longform.py)
+    # A Whisper request decoded window by window (media/audio/longform.py; with VAD its speech chunks)
+    transcription: Transcription | VadTranscription | None = None
 
 
 def one_line(message: str) -> str:

@@ -1,4 +1,5 @@
-"""Run a loaded input file on an engine directory: batches in file order, one response per request.
+"""Run a loaded input file on an engine directory (the file driver over runtime/requests/loaded_engine.py):
+batches in file order, one response per request.
 
 A request that cannot run fails alone, with finish_reason "error" and its reason; its batch-mates
 and the other batches still run. Each batch runs on an EngineCore (runtime/engine/engine_core.py) with the
@@ -10,30 +11,21 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import nullcontext
-from pathlib import Path
 
-from trt_llm.runtime.decoding.draft import SpecStats, check_spec, load_draft_engine
-from trt_llm.runtime.decoding.eagle import Eagle
-from trt_llm.runtime.decoding.vanilla import Vanilla
-from trt_llm.runtime.backends.embedding import load_embedding
-from trt_llm.runtime.engine.engine_core import EngineCore, EngineRequest
-from trt_llm.runtime.engine_dir import EngineDir, loading
-from trt_llm.runtime.engine.model import model_of
-from trt_llm.runtime.cache.cache_set import cache_bytes
 from trt_llm.runtime.cache.context_cache import ContextCache
-from trt_llm.runtime.cache.reuse import ContextPlan
+from trt_llm.runtime.decoding.spec_config import SpecConfig
+from trt_llm.runtime.engine.engine_core import EngineCore
 from trt_llm.runtime.engine.profiler import Profiler
-from trt_llm.runtime.text.prompt import PromptError, PromptFormatter
-from trt_llm.runtime.requests.prepare import Prepared, RequestPreparer, apply_batch_rules
-from trt_llm.runtime.requests.responses import ResponseBuilder, interrupted_output, logged_error
-from trt_llm.runtime.decoding.spec_config import SpecConfig, resolve_spec
 from trt_llm.runtime.engine.threads import leaves_cores_to_the_engine
-from trt_llm.runtime.text.token_bytes import TokenBytes
-from trt_llm.runtime.text.tokenizer import Tokenizer
-from trt_llm.schemas.input_file import InputSettings, LoadedInput, Request, RequestError
+from trt_llm.runtime.engine_dir import EngineDir
+from trt_llm.runtime.requests.loaded_engine import LoadedEngine
+from trt_llm.runtime.requests.prepare import Prepared, apply_batch_rules
+from trt_llm.runtime.requests.responses import interrupted_output
+from trt_llm.runtime.text.prompt import PromptError
+from trt_llm.schemas.input_file import InputSettings, LoadedInput, RequestError
 from trt_llm.schemas.output_file import OutputFile, Response
 
-__all__ = ["Runner", "RunError", "apply_batch_rules", "interrupted_output"]
+__all__ = ["LoadedEngine", "Runner", "RunError", "apply_batch_rules", "interrupted_output"]
 
 log = logging.getLogger(__name__)
 
@@ -42,76 +34,18 @@ class RunError(ValueError):
     """The run as a whole cannot go on (settings the engine cannot serve)."""
 
 
-class Runner:
+class Runner(LoadedEngine):
+    """The file driver: an input file's requests on the loaded engine, in static batches of
+    batch_size in file order, or fed to one continuous engine core (`scheduling`)."""
+
     def __init__(self, engine_dir: EngineDir, threads: int = 0, prefix_cache: ContextCache | None = None,
                  profiler: Profiler | None = None, spec: SpecConfig | None = None, spec_decode: bool = True,
                  scheduling: str = "static", context_reuse: bool = False, prefill_chunk: int | None = None,
                  latency_target: float | None = None):
-        """prefix_cache: the context cache (runtime/cache/context_cache.py; a new one of the default
-        budget when None); context_reuse: requests restore their longest cached prefix and commit their
-        tokens (their context_cache_* policies say how); without it only system prompts saved with
-        save_system_prompt_kv_cache are reused. prefill_chunk: prompts are prefilled this many
-        tokens a pass, and while other requests decode a pass takes at most this many prompt tokens
-        in all (None: whole prompts; a sliding-window model's caches then hold its window and the
-        longest prompt); latency_target: while others decode, a pass takes as many prompt tokens as
-        keep their time between tokens within this many decode steps (engine/budget.py), its decode
-        step in the same pass where the strategy can (None: the chunk alone)."""
-        from trt_llm.runtime.backends.engines import open_engine
-
-        self.engine_dir = engine_dir
-        self.family = engine_dir.family  # its face: the task its requests are (trt_llm/families)
-        self.profiler = profiler
-        dims = engine_dir.dims
-        embedding_path = engine_dir.component_path("llm", "embedding")
-        with self._stage("load_embedding"), loading("embedding", embedding_path):
-            embedding = load_embedding(embedding_path, engine_dir.manifest["model"]["dtype"], dims)
-        eagle = engine_dir.manifest["model"].get("eagle") or {}
-        # Under speculation the base and the draft sessions alternate: neither may spin (measured on
-        # 2 cores: EAGLE3 0.53x -> 1.07x vanilla). Vanilla decoding spins briefly (OrtEngine.SPIN_US).
-        with self._stage("load_session"), loading("engine", engine_dir.component_path("llm", "engine")):
-            engine = open_engine(engine_dir, threads, spinning=not (eagle and spec_decode))
-        self.model = model_of(engine_dir, engine, embedding)
-        self.draft = None
-        if eagle and spec_decode:
-            with loading("EAGLE draft", engine_dir.path / "draft"):
-                self.draft = load_draft_engine(engine_dir, threads, embedding)
-        if self.draft is not None and spec is None:  # the tree the engine's build recorded for its backend
-            spec = resolve_spec(engine_dir.manifest["components"]["draft"], engine_dir.manifest["backend"])
-        self.spec = check_spec(spec, engine_dir) if self.draft else None
-        self.spec_stats = SpecStats()
-        with self._stage("load_tokenizer"), loading("tokenizer", engine_dir.tokenizer_dir):
-            self.tokenizer = Tokenizer.from_dir(engine_dir.tokenizer_dir)
-        self.token_bytes = TokenBytes(self.tokenizer, vocab_size=dims["vocab_size"])
-        self.limits = engine_dir.limits
-        self.prefix_cache = prefix_cache if prefix_cache is not None else ContextCache(engine_dir.identity)
-        self.prefix_cache.expect(engine_dir)  # a record on disk that does not fit this engine is never restored
-        self.prefix_stats = self.prefix_cache.stats
-        self.context_reuse = context_reuse
-        self.prefill_chunk, self.latency_target = prefill_chunk, latency_target
-        self.profiler = profiler
-        if profiler is not None:  # what a row of the pool holds (the profile's cache)
-            itemsize = 2 if engine_dir.manifest["model"]["dtype"] in ("fp16", "bf16") else 4
-            profiler.cache = cache_bytes(engine_dir.layers(), itemsize)
+        """See LoadedEngine (runtime/requests/loaded_engine.py); scheduling: "static" or "continuous"."""
+        super().__init__(engine_dir, threads, prefix_cache, profiler, spec, spec_decode, context_reuse,
+                         prefill_chunk, latency_target)
         self.scheduling = scheduling
-        self.lora_layout = engine_dir.manifest.get("lora")
-        self.vision = None
-        if "vision" in engine_dir.manifest["components"]:
-            from trt_llm.runtime.media.vision.encoder import VisionEncoder
-
-            with loading("vision encoder", engine_dir.path / "vision"):
-                self.vision = VisionEncoder(engine_dir, threads)
-            self.vision.profiler = profiler
-        self.audio = None
-        if "audio" in engine_dir.manifest["components"]:
-            from trt_llm.runtime.media.audio.encoder import AudioEncoder
-
-            with loading("audio encoder", engine_dir.path / "audio"):
-                self.audio = AudioEncoder(engine_dir, threads)
-            self.audio.profiler = profiler
-        self.preparer = RequestPreparer(self.tokenizer, self.token_bytes, self.limits, dims["vocab_size"],
-                                        self.lora_layout, embedding.dtype, self.prefix_stats,
-                                        engine_dir.eos_token_ids, self.vision, self.audio, self.family.task)
-        self.responses = ResponseBuilder(self.token_bytes)
 
     def run(self, loaded: LoadedInput, settings: InputSettings,
             finished: list[Response] | None = None) -> OutputFile:
@@ -160,8 +94,6 @@ class Runner:
 
         if prepared:
             apply_batch_rules(prepared, settings)
-            for p in prepared:
-                self.plan_context(p)
             try:
                 # Batch-wide, like the reference: one request asking for vanilla decoding gets it
                 # for its whole batch.
@@ -183,88 +115,6 @@ class Runner:
                 for p in prepared:
                     results[p.index] = self.finish(p, p.index - batch_start, started, loaded.messages(p.index))
         return [results[i] for i in sorted(results)]
-
-    def engine_core(self, max_rows: int, policy: str, speculate: bool = True) -> EngineCore:
-        """An EngineCore on this runner's model, with EAGLE when the engine has a draft (and
-        `speculate`), else vanilla decoding."""
-        strategy = Eagle(self.draft, self.spec, self.spec_stats) if self.draft is not None and speculate else Vanilla()
-        sampler = None
-        if self.family.task == "transcription":
-            # Whisper: its windows' decodes carry their logits rules. The speech modules are imported
-            # only for an engine that transcribes: a text run's cold start does not pay for them.
-            from trt_llm.runtime.media.audio.whisper_sampling import WhisperSampler
-
-            sampler = WhisperSampler()
-        return EngineCore(self.model, max_rows, policy, self.lora_layout, self.profiler, strategy, sampler=sampler,
-                          context=self.prefix_cache, prefill_chunk=self.prefill_chunk, step_tokens=self.prefill_chunk,
-                          mixed_steps=self.latency_target is not None, latency_target=self.latency_target)
-
-    def _stage(self, name: str):
-        return self.profiler.stage(name) if self.profiler else nullcontext()
-
-    def formatter(self, settings: InputSettings, source: str | None = None) -> PromptFormatter:
-        """The prompt formatter of a run: images and audio when the engine reads them, their relative
-        paths from the input file's folder (source: its path)."""
-        media_dir = Path(source).resolve().parent if source and Path(source).is_file() else None
-        return PromptFormatter(self.tokenizer, settings.apply_chat_template, settings.add_generation_prompt,
-                               settings.enable_thinking, images=self.vision is not None, media_dir=media_dir,
-                               audio=self.audio is not None)
-
-    @staticmethod
-    def engine_request(p: Prepared) -> EngineRequest:
-        return EngineRequest(p.index, p.sequence, p.params, p.seed, p.num_logprobs, p.adapter,
-                             speculate=p.speculate)
-
-    def prepare(self, index: int, request: Request, settings: InputSettings,
-                formatter: PromptFormatter) -> Prepared:
-        """A validated request -> what the engine runs (runtime/requests/prepare.py)."""
-        return self.preparer.prepare(index, request, settings, formatter)
-
-    def error(self, index: int, batch_idx: int, message: str, messages) -> Response:
-        return logged_error(index, batch_idx, message, messages)
-
-    def transcribe(self, prepared: list[Prepared], max_rows: int) -> None:
-        """Whisper requests decoded window by window, their windows batched together."""
-        if prepared:
-            from trt_llm.runtime.media.audio.longform import run_transcriptions
-
-            leaves_cores_to_the_engine(run_transcriptions)(self, [p.transcription for p in prepared], max(1, max_rows))
-
-    def finish(self, p: Prepared, batch_idx: int, started: float, messages) -> Response:
-        """The response of a finished request."""
-        if p.transcription is not None:
-            from trt_llm.runtime.media.audio.answer import transcription_response
-
-            response = transcription_response(p, self.token_bytes, batch_idx, started, messages)
-        else:
-            response = self.responses.response(p, batch_idx, started, messages)
-        if self.profiler:
-            self.profiler.ttft_ms[p.index] = response.time_to_first_token_ms
-            self.profiler.first_token(p.sequence.first_token_time)
-        return response
-
-    def plan_context(self, p: Prepared) -> None:
-        """What `p` may restore from the context cache and give to it (runtime/cache/reuse.py): with
-        context reuse, its longest cached prefix and its tokens by its policies; always, a system
-        prompt saved by save_system_prompt_kv_cache (its batch's rule, p.save_group)."""
-        lookup, commit = p.context_policies
-        if lookup == "bypass" or self.family.task == "transcription":
-            return  # Whisper: its decoder state depends on the clip, and its prompts are a few tokens
-        s, adapter = p.sequence, (p.adapter.digest if p.adapter is not None else None)
-        if self.model.long_context(s, 0, 0):
-            # LongRoPE: a prompt longer than the original context is all turned by the long factors,
-            # so its blocks are other blocks than a short prompt's of the same tokens.
-            adapter = f"{adapter}/long-rope"
-        plan = ContextPlan(self.prefix_cache.root(adapter), s.media.spans() if s.media is not None else (),
-                           lookup=self.context_reuse, adapter=adapter)
-        if self.context_reuse:
-            plan.commit = "generated" if commit == "including_generated_tokens" else "prefill"
-            if self.draft is not None and (p.speculate or self.scheduling == "continuous"):  # it runs under EAGLE
-                plan.replay = self.prefix_cache.block_tokens
-        # At least one prompt token must be prefilled: it gives the first logits.
-        if p.system_ids and len(p.system_ids) < len(s.prompt_ids):
-            plan.kept, plan.save_kept = tuple(p.system_ids), p.save_group
-        s.context = plan
 
 
 def unprepared(index: int, error: Exception) -> str:

@@ -133,3 +133,11 @@ def signals_interrupt() -> Iterator[Callable[[], None]]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None

@@ -1,8 +1,8 @@
 """Whisper transcription window by window: transformers' "sequential" long-form algorithm
 (`WhisperGenerationMixin.generate` with `return_timestamps=True`, models/whisper/generation_whisper.py),
-as a state machine that asks for one decode at a time, so that one driver batches the decodes of
-several requests (`run_transcriptions`: trt-llm-run) and another feeds them to the server's engine
-(server/transcriptions.py).
+as a state machine that asks for one decode at a time, so that one window loop (`rounds`) serves a
+driver that batches the decodes of several requests (`run_transcriptions`: trt-llm-run) and one that
+feeds them to the server's engine as jobs (server/transcriptions.py).
 
 The clip's log-mel features are the whole clip's (transformers' processor with `truncation=False,
 padding="longest"`: its floor follows the loudest frame of the whole clip), computed as the clip
@@ -40,12 +40,17 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from trt_llm.runtime.media.audio.encoder import PendingClip
 from trt_llm.runtime.media.audio.languages import LANGUAGES
 from trt_llm.runtime.media.audio.whisper_sampling import ProbeRules, WhisperParams, WhisperTokens, WindowRules
+
+if TYPE_CHECKING:
+    from trt_llm.runtime.engine.sequence import Sequence
+    from trt_llm.runtime.media.audio.vad_transcription import VadTranscription
 
 TIME_PRECISION = 0.02  # seconds per timestamp token
 INPUT_STRIDE = 2  # mel frames per encoder position (the two convolutions' strides)
@@ -318,37 +323,60 @@ class Transcription:
         return [token for segment in self.segments for token in segment.tokens]
 
 
+@dataclass
+class Decode:
+    """One decode of a round: a transcription's next attempt and, once its window is encoded, its
+    sequence (`start`); `finish` hands the decoded sequence back to the transcription."""
+    transcription: Transcription | VadTranscription
+    attempt: Attempt
+    sequence: Sequence | None = None  # made by start
+
+    def start(self, detokenizer=None):
+        """The decode's engine sequence: its prompt, length and window (the attempt's cross inputs,
+        `encode` them first); detokenizer: an IncrementalDetokenizer where the driver streams text."""
+        from trt_llm.runtime.engine.sequence import Sequence
+        from trt_llm.runtime.media.sequence_media import SequenceMedia
+
+        a = self.attempt
+        self.sequence = Sequence(a.prompt_ids, a.max_new_tokens, detokenizer, media=SequenceMedia([], cross=a.cross))
+        return self.sequence
+
+    def finish(self) -> None:
+        self.transcription.finish(self.attempt, self.sequence.first_token_time)
+
+
+def rounds(transcriptions: list):
+    """The window loop of Whisper transcriptions, written once for both drivers (trt-llm-run's static
+    batches: `run_transcriptions`; the server's jobs: server/transcriptions.py): each round is every
+    unfinished transcription's next decodes (one, or a VAD transcription's one per speech chunk), which
+    the driver encodes (`encode`), starts, runs on its engine and finishes before it asks for the next."""
+    while True:
+        work = [Decode(t, a) for t in transcriptions if not t.done for a in t.next_attempts()]
+        if not work:
+            return
+        yield work
+
+
 def run_transcriptions(runner, transcriptions: list, max_rows: int) -> None:
-    """Every transcription to its end: each round decodes the next attempts of each unfinished one
-    (one, or a VAD transcription's one per chunk: vad_transcription.py) as static batches of at most
-    `max_rows` rows on the runner's model (a VAD transcription's chunks may fill the engine's
-    max_batch_size: the file's batch_size counts requests); the windows of a batch are encoded in one
-    encoder batch."""
+    """Every transcription to its end: each round's decodes as static batches of at most `max_rows`
+    rows on the runner's model (a VAD transcription's chunks may fill the engine's max_batch_size: the
+    file's batch_size counts requests); the windows of a batch are encoded in one encoder batch."""
     from trt_llm.runtime.engine.engine_core import EngineRequest
-    from trt_llm.runtime.engine.sequence import Sequence
-    from trt_llm.runtime.media.sequence_media import SequenceMedia
 
     if any(len(getattr(t, "parts", ())) > 1 for t in transcriptions):
         max_rows = max(max_rows, runner.limits.get("max_batch_size", max_rows))
-    core = runner.engine_core(max_rows, "static")
-    group = 0
-    while True:
-        work = [(t, a) for t in transcriptions if not t.done for a in t.next_attempts()]
-        if not work:
-            return
+    core, group = runner.engine_core(max_rows, "static"), 0
+    for work in rounds(transcriptions):
         for start in range(0, len(work), max_rows):
-            chunk, attempts = zip(*work[start:start + max_rows])
-            encode(runner.audio, attempts)
-            sequences = []
-            for t, attempt in zip(chunk, attempts):
-                s = Sequence(attempt.prompt_ids, attempt.max_new_tokens, media=SequenceMedia([], cross=attempt.cross))
-                sequences.append(s)
-                core.add_request(EngineRequest((group, len(sequences)), s, attempt.params(), t.seed_of(attempt),
-                                               group=group))
+            batch = work[start:start + max_rows]
+            encode(runner.audio, [d.attempt for d in batch])
+            for i, d in enumerate(batch):
+                core.add_request(EngineRequest((group, i), d.start(), d.attempt.params(),
+                                               d.transcription.seed_of(d.attempt), group=group))
             group += 1
             core.run_to_completion()
-            for t, attempt, s in zip(chunk, attempts, sequences):
-                t.finish(attempt, s.first_token_time)
+            for d in batch:
+                d.finish()
 
 
 def encode(audio, attempts) -> None:
