@@ -66,7 +66,7 @@ def main() -> None:
     import vlm_assets
     from trt_llm.build.cpu_backend import compile_cpu
     from trt_llm.families.qwen_vl.vision_tower import VisionGraph, export_tower
-    from trt_llm.runtime.media.vision import grid as vision_grid
+    from trt_llm.families.qwen_vl import grid as vision_grid
     from trt_llm.runtime.media.vision.processor import ImageProcessor
 
     torch.set_num_threads(args.threads)

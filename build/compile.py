@@ -187,7 +187,8 @@ def compile_in_place(directory: Path, manifest: dict, config: BuildConfig, steps
                 for name in [c for c in ("llm", "draft", "vision", "audio") if c in components]:
                     # The draft's plan has the base's profiles (its dynamic dims have the same names).
                     component_graph = directory / components[name]["graph"]
-                    profiles = encoder_profiles(name, config, directory / components[name]["config"]) \
+                    profiles = encoder_profiles(components[name]["adapter"], config,
+                                                directory / components[name]["config"]) \
                         if name in ("vision", "audio") else None
                     engines[name] = compile_tensorrt(component_graph, component_graph.parent, config,
                                                      rtx=config.backend == "tensorrt-rtx",

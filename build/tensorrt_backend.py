@@ -97,45 +97,16 @@ def decoder_frames(graph_path: Path) -> int:
     return int(frames)
 
 
-def vision_profile(config, settings_path: Path) -> dict[str, tuple[int, int, int]]:
-    """The vision graph's one profile: up to `vision.max_image_tokens` image tokens a request (x
-    merge^2 patches), in up to that many images or windows."""
+def encoder_profiles(adapter_name: str, config, settings_path: Path) -> list[dict[str, tuple[int, int, int]]]:
+    """The profiles of an encoder component's plan (vision/, audio/): its runtime adapter's
+    (trt_llm/families/adapters.py, named by the manifest's entry) over the build config's limits and the
+    component's config.json. One profile: the encoders run once per request."""
     import json
 
-    merge = json.loads(Path(settings_path).read_text())["merge_size"]
-    tokens = config.vision.max_image_tokens
-    bounds = (2, min(tokens, 64) + 1, tokens + 1)  # segment and window boundaries: count + 1
-    return {"patches": (merge * merge, min(tokens, 1024) * merge * merge, tokens * merge * merge),
-            "image_tokens": (1, min(tokens, 1024), tokens), "segments_plus_one": bounds, "windows_plus_one": bounds}
+    from trt_llm.families.adapters import adapter_class
 
-
-def audio_profile(config, settings_path: Path | None = None) -> dict[str, tuple[int, int, int]]:
-    """The audio graph's one profile: 1 to `audio.max_clips` clips a request (Whisper's encoder
-    takes one request's clip a call; its batch is the same dimension). Qwen2-Audio's packed graph
-    (trt_llm/families/qwen2_audio/audio_tower.py) also takes the clips' valid rows, their segment bounds and their
-    audio tokens (runtime/audio_tokens.packing): from one clip of min_mel_frames to max_clips clips of
-    the longest the runtime accepts (max_mel_frames, at most the encoder's window_frames from the
-    component's config); opt is one clip of the longest."""
-    import json
-
-    from trt_llm.families.qwen2_audio.host import MEL_FRAMES, audio_token_count, conv_length
-
-    audio = config.audio
-    clips = audio.max_clips
-    window = json.loads(Path(settings_path).read_text())["window_frames"] if settings_path else MEL_FRAMES
-    longest = min(audio.max_mel_frames, window)
-    shortest = min(audio.min_mel_frames, longest)
-    rows = (conv_length(shortest), conv_length(longest), clips * conv_length(longest))
-    tokens = (audio_token_count(shortest), audio_token_count(longest), clips * audio_token_count(longest))
-    return {"clips": (1, 1, clips), "batch": (1, 1, clips), "clips_plus_one": (2, 2, clips + 1),
-            "audio_rows": rows, "audio_tokens": tokens}
-
-
-def encoder_profiles(component: str, config, settings_path: Path) -> list[dict[str, tuple[int, int, int]]]:
-    """The profiles of an encoder component's plan ("vision" or "audio")."""
-    if component == "vision":
-        return [vision_profile(config, settings_path)]
-    return [audio_profile(config, settings_path)]
+    settings = json.loads(Path(settings_path).read_text())
+    return [adapter_class(adapter_name).tensorrt_profile(config, settings)]
 
 
 def _graph_inputs(graph_path: Path) -> dict[str, list[int | str]]:

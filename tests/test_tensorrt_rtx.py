@@ -173,7 +173,7 @@ def _profiles_of(engine, component: str):
 
     manifest = json.loads((engine / "manifest.json").read_text())
     config, entry = BuildConfig(**manifest["build_config"]), manifest["components"][component]
-    profiles = encoder_profiles(component, config, engine / entry["config"]) if component != "llm" else None
+    profiles = encoder_profiles(entry["adapter"], config, engine / entry["config"]) if component != "llm" else None
     return input_profiles(engine / entry["graph"], config, profiles), config
 
 
@@ -307,6 +307,29 @@ def test_qwen2_audio_builds_its_audio_plan_ahead_of_time(npm_tokenizer, build_en
     _plan_profiles_match(engine / "audio" / "model.plan", [audio])
     prefill, _ = _profiles_of(engine, "llm")[0]
     assert prefill["inputs_embeds"][2] == (2, 1024, 64)  # a clip's 750 audio rows fit one prompt
+
+
+@needs_rtx
+def test_qwen3_asr_builds_its_audio_plan_ahead_of_time(npm_tokenizer, build_engine_for, tmp_path):
+    """A tiny Qwen3-ASR for tensorrt-rtx in fp16: its encoder's plan has its adapter's profile (chunks of
+    100 frames, their kept rows, the attention windows: not Qwen2-Audio's packed rows), which takes what
+    the runtime's adapter feeds for one clip of min_mel_frames up to max_clips clips of max_mel_frames."""
+    import audio_llm_assets
+    from trt_llm.families.adapters import adapter
+
+    folder = audio_llm_assets.make_tiny_qwen3_asr(tmp_path / "qwen3_asr", tokenizer_dir=npm_tokenizer("qwen3"))
+    engine = build_engine_for(folder, backend="tensorrt-rtx", dtype="fp16", max_batch_size=2, max_input_len=512,
+                              max_kv_cache_capacity=640, audio={"max_mel_frames": 3000, "max_clips": 2})
+    entry = json.loads((engine / "manifest.json").read_text())["components"]["audio"]
+    assert entry["adapter"] == "qwen3_asr"
+    assert entry["engine"] == "audio/model.plan" and (engine / entry["engine"]).stat().st_size > 100_000
+    (audio,), config = _profiles_of(engine, "audio")
+    settings = json.loads((engine / entry["config"]).read_text())
+    chunks = adapter("qwen3_asr", settings)
+    for frames in ([config.audio.min_mel_frames], [3000] * config.audio.max_clips, [100, 2345]):
+        features = [np.zeros((settings["num_mel_bins"], chunks.layout.chunks(n) * 100), np.float32) for n in frames]
+        _covers(audio, chunks.feeds(features, frames, np.float16))
+    _plan_profiles_match(engine / "audio" / "model.plan", [audio])
 
 
 def test_decoder_frames_come_from_the_checkpoint_config(tmp_path):

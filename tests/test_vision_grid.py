@@ -1,4 +1,4 @@
-"""runtime/media/vision/grid.py against transformers' own helpers (transformers.vision_utils), which the
+"""trt_llm/families/qwen_vl/grid.py against transformers' own helpers (transformers.vision_utils), which the
 Qwen2.5-VL and Qwen3-VL towers call: equal bit for bit, on grids of every shape the image processor
 makes (one image, several of different sizes, tiny and extreme aspect ratios, a two-frame grid)."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import vision_utils
 
-from trt_llm.runtime.media.vision import grid as vision_grid
+from trt_llm.families.qwen_vl import grid as vision_grid
 
 GRIDS = [
     [[1, 4, 4]],

@@ -4,7 +4,7 @@ full-attention blocks) and Qwen3-VL (learned position table, deepstack features)
 several of different sizes in one request, the smallest image and a large one.
 
 Oracle: `model.model.visual(pixel_values, grid_thw)` of transformers, which computes its own rotary
-ids, windows and segments from the grid: so this also checks runtime/media/vision/grid.py's inputs."""
+ids, windows and segments from the grid: so this also checks trt_llm/families/qwen_vl/grid.py's inputs."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 import vlm_assets
 from trt_llm.build.cpu_backend import compile_cpu
 from trt_llm.families.qwen_vl.vision_tower import VisionGraph, export_tower
-from trt_llm.runtime.media.vision import grid as vision_grid
+from trt_llm.families.qwen_vl import grid as vision_grid
 
 GRIDS = [[[1, 8, 6]], [[1, 8, 6], [1, 16, 20], [1, 4, 4]], [[1, 2, 2]], [[1, 30, 40]]]
 

@@ -3,8 +3,9 @@ manifest records (components.<vision|audio>.adapter; the family's face names it 
 
 An audio adapter (`cross_attention`, `token_count(frames)`, `feeds(features, frames, dtype)`) turns
 decoded clips into its encoder graph's inputs and says how many prompt tokens a clip takes; a vision
-adapter (`feeds(grids, settings)`) gives its tower's host inputs for the images' patch grids. Each is
-made from its component's config.json (`from_settings`). Torch-free: imported by the runtime, the
+adapter (`feeds(grids)`) gives its tower's host inputs for the images' patch grids. Each is made from
+its component's config.json (`from_settings`), and gives its plan's TensorRT profile
+(`tensorrt_profile(build_config, settings)`: each dynamic dimension's (min, opt, max)). Torch-free: imported by the runtime, the
 server and the build alike, each module only when an engine names it.
 """
 
@@ -26,9 +27,14 @@ class UnknownAdapter(ValueError):
     pass
 
 
-def adapter(name: str, settings: dict):
-    """The adapter `name`, made from its component's settings."""
+def adapter_class(name: str):
+    """The class of the adapter `name`."""
     if name not in ADAPTERS:
         raise UnknownAdapter(f"unknown component adapter {name!r}; this version knows {', '.join(sorted(ADAPTERS))}")
     module, attribute = ADAPTERS[name].split(":")
-    return getattr(import_module(module), attribute).from_settings(settings)
+    return getattr(import_module(module), attribute)
+
+
+def adapter(name: str, settings: dict):
+    """The adapter `name`, made from its component's settings."""
+    return adapter_class(name).from_settings(settings)

@@ -40,10 +40,11 @@ class PendingVideo:
 class VideoReader:
     def __init__(self, vision, tokens_per_second: float):
         """vision: the engine's VisionEncoder; tokens_per_second: Qwen2.5-VL's temporal scale."""
-        family = vision.settings.get("family")
-        if family not in sampling.LAYOUTS:
-            raise MediaError(f"video input is not supported for the {family} vision tower")
-        self.layout = sampling.LAYOUTS[family]
+        # The tower's adapter says how its family samples and places a video (trt_llm/families/adapters.py)
+        timestamps = getattr(vision.adapter, "video_timestamps", None)
+        if timestamps is None:
+            raise MediaError(f"video input is not supported for the {vision.settings.get('family')} vision tower")
+        self.layout = sampling.Layout(timestamps)
         self.processor = vision.processor
         self.tokens_per_second = tokens_per_second
 

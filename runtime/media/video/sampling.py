@@ -24,12 +24,10 @@ MAX_FRAMES = 768  # both processors' max_frames: the most a video part may ask f
 
 @dataclass(frozen=True)
 class Layout:
-    """How a family samples and places a video: `timestamps` (Qwen3-VL: every temporal patch its own
-    run of tokens after its time as text) or one run with scaled temporal positions (Qwen2.5-VL)."""
+    """How a family samples and places a video (its vision adapter's `video_timestamps`): `timestamps`
+    (Qwen3-VL: every temporal patch its own run of tokens after its time as text) or one run with scaled
+    temporal positions (Qwen2.5-VL)."""
     timestamps: bool
-
-
-LAYOUTS = {"qwen2_5_vl": Layout(timestamps=False), "qwen3_vl": Layout(timestamps=True)}
 
 
 def qwen2_indices(total: int, source_fps: float, fps: float, max_frames: int, temporal: int) -> np.ndarray:

@@ -7,7 +7,7 @@ of whole merge blocks, Pillow resizes the uint8 RGB picture (bicubic), the bytes
 float64 and stored as float32, normalized in float32, and cut into patches. The patches come out in
 merge-block order -- each `merge x merge` square of patches together, row by row within it -- which
 the vision tower's merger, and Qwen2.5-VL's window attention, take for granted
-(runtime/media/vision/grid.py counts in the same order).
+(trt_llm/families/qwen_vl/grid.py counts in the same order).
 
 A still image is one temporal patch: the picture is repeated `temporal_patch_size` times, as the
 video frames the patch embedding was trained on.

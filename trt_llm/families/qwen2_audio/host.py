@@ -60,6 +60,18 @@ class AudioRows:
     def token_count(self, frames: int) -> int:
         return audio_token_count(frames)
 
+    @staticmethod
+    def tensorrt_profile(config, settings: dict) -> dict[str, tuple[int, int, int]]:
+        """The packed tower's plan: the clips' valid rows, their segment bounds and their audio tokens,
+        from one clip of min_mel_frames to max_clips clips of the longest the runtime accepts
+        (max_mel_frames, at most the encoder's window); opt is one clip of the longest."""
+        clips = config.audio.max_clips
+        longest = min(config.audio.max_mel_frames, settings.get("window_frames", MEL_FRAMES))
+        shortest = min(config.audio.min_mel_frames, longest)
+        rows = (conv_length(shortest), conv_length(longest), clips * conv_length(longest))
+        tokens = (audio_token_count(shortest), audio_token_count(longest), clips * audio_token_count(longest))
+        return {"clips": (1, 1, clips), "clips_plus_one": (2, 2, clips + 1), "audio_rows": rows, "audio_tokens": tokens}
+
     def feeds(self, features: list[np.ndarray], frames: list[int], dtype) -> dict[str, np.ndarray]:
         row_index, cu_seqlens, pool_index = packing(frames)
         return {"input_features": np.stack(features).astype(dtype), "row_index": row_index, "cu_seqlens": cu_seqlens,

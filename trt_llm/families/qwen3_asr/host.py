@@ -101,6 +101,19 @@ class AudioChunks:
     def token_count(self, frames: int) -> int:
         return self.layout.audio_token_count(frames)
 
+    @classmethod
+    def tensorrt_profile(cls, config, settings: dict) -> dict[str, tuple[int, int, int]]:
+        """The encoder's plan: from one clip of min_mel_frames to max_clips clips of max_mel_frames, as
+        chunks, their kept rows and their attention windows; opt is one clip of the longest."""
+        layout, clips = cls.from_settings(settings).layout, config.audio.max_clips
+        longest = min(config.audio.max_mel_frames, settings.get("window_frames", config.audio.max_mel_frames))
+        shortest = max(1, min(config.audio.min_mel_frames, longest))
+        rows = [layout.audio_token_count(n) for n in (shortest, longest)]
+        windows = [-(-r // layout.window_rows) for r in rows]
+        return {"audio_chunks": (layout.chunks(shortest), layout.chunks(longest), clips * layout.chunks(longest)),
+                "audio_rows": (rows[0], rows[1], clips * rows[1]),
+                "windows_plus_one": (windows[0] + 1, windows[1] + 1, clips * windows[1] + 1)}
+
     def feeds(self, features: list[np.ndarray], frames: list[int], dtype) -> dict[str, np.ndarray]:
         """The graph's inputs: every clip's features [mel, chunks * 100] cut into its chunks."""
         size = self.layout.chunk_frames

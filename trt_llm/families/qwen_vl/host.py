@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trt_llm.runtime.media.vision import grid as vision_grid
+from trt_llm.families.qwen_vl import grid as vision_grid
 
 
 @dataclass(frozen=True)
@@ -20,12 +20,24 @@ class _Tower:
         return {"rotary_ids": vision_grid.rotary_position_ids(grids, self.merge),
                 "cu_seqlens": vision_grid.cu_seqlens(grids), **self._positions(grids)}
 
+    @staticmethod
+    def tensorrt_profile(config, settings: dict) -> dict[str, tuple[int, int, int]]:
+        """The tower's plan: up to `vision.max_image_tokens` image tokens a request (x merge^2
+        patches), in up to that many images or windows."""
+        merge, tokens = settings["merge_size"], config.vision.max_image_tokens
+        bounds = (2, min(tokens, 64) + 1, tokens + 1)  # segment and window boundaries: count + 1
+        return {"patches": (merge * merge, min(tokens, 1024) * merge * merge, tokens * merge * merge),
+                "image_tokens": (1, min(tokens, 1024), tokens), "segments_plus_one": bounds,
+                "windows_plus_one": bounds}
+
 
 @dataclass(frozen=True)
 class WindowedTower(_Tower):
     """Qwen2.5-VL's runtime adapter."""
     window_size: int
     patch_size: int
+    # A video is one run of tokens, its temporal positions scaled (runtime/media/video/sampling.py)
+    video_timestamps = False
 
     @classmethod
     def from_settings(cls, settings: dict) -> "WindowedTower":
@@ -39,8 +51,9 @@ class WindowedTower(_Tower):
 
 @dataclass(frozen=True)
 class InterpolatedTower(_Tower):
-    """Qwen3-VL's runtime adapter."""
+    """Qwen3-VL's runtime adapter (and Qwen3.5's: the same tower without deepstack)."""
     grid_per_side: int
+    video_timestamps = True  # each temporal patch its own run after its `<t seconds>`
 
     @classmethod
     def from_settings(cls, settings: dict) -> "InterpolatedTower":

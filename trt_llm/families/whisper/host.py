@@ -18,5 +18,10 @@ class CrossAttention:
     def token_count(self, frames: int) -> int:
         return 0  # a clip takes no prompt tokens: the decoder attends to it at every step
 
+    @staticmethod
+    def tensorrt_profile(config, settings: dict) -> dict[str, tuple[int, int, int]]:
+        """The encoder's plan: one request's clips a call (its window's frames are fixed)."""
+        return {"batch": (1, 1, config.audio.max_clips)}
+
     def feeds(self, features: list[np.ndarray], frames: list[int], dtype) -> dict[str, np.ndarray]:
         return {"input_features": np.stack(features).astype(dtype)}
