@@ -149,12 +149,15 @@ def test_tensorrt_missing_is_one_line_naming_the_install(tmp_path, tiny_model, c
 
 
 @needs_rtx
-def test_a_vision_language_model_builds_its_vision_plan_ahead_of_time(npm_tokenizer, build_engine_for, tmp_path):
-    """A tiny Qwen2.5-VL for tensorrt-rtx in fp16: the decoder's plan and the vision tower's (one
-    profile over patches, segments and windows, the vision attention's body inlined)."""
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_5_vl"])
+def test_a_vision_language_model_builds_its_vision_plan_ahead_of_time(family, npm_tokenizer, build_engine_for,
+                                                                      tmp_path):
+    """A tiny Qwen2.5-VL (and Qwen3.5 as published: its hybrid decoder and Qwen3-VL's tower) for
+    tensorrt-rtx in fp16: the decoder's plan and the vision tower's (one profile over patches, segments
+    and windows, the vision attention's body inlined)."""
     import vlm_assets
 
-    folder = vlm_assets.make_tiny_vlm("qwen2_5_vl", tmp_path / "vlm", npm_tokenizer("qwen3"))
+    folder = vlm_assets.make_tiny_vlm(family, tmp_path / "vlm", npm_tokenizer("qwen3"))
     engine = build_engine_for(folder, backend="tensorrt-rtx", dtype="fp16", max_batch_size=2, max_input_len=256,
                               max_kv_cache_capacity=512)
     vision = json.loads((engine / "manifest.json").read_text())["components"]["vision"]

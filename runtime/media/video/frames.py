@@ -8,19 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from trt_llm.runtime.media.vision.processor import ImageProcessor
+from trt_llm.runtime.media.vision.processor import ImageProcessor, rescaled
 
 
 def video_patches(frames: np.ndarray, processor: ImageProcessor) -> tuple[np.ndarray, tuple[int, int, int]]:
     """frames [F, H, W, 3] uint8, H and W multiples of patch_size * merge_size -> (pixel values
     [t * h * w, C * T * P * P] float32, the grid (t, h, w) in patches)."""
     p, m, temporal = processor.patch_size, processor.merge_size, processor.temporal_patch_size
-    if processor.do_rescale:  # float64 then float32, as the image processor rescales
-        pixels = (frames.astype(np.float64) * processor.rescale_factor).astype(np.float32)
-    else:
-        pixels = frames.astype(np.float32)
-    if processor.do_normalize:
-        pixels = (pixels - np.asarray(processor.image_mean, np.float32)) / np.asarray(processor.image_std, np.float32)
+    pixels = rescaled(processor, frames)  # as the image processor does
     if pad := -len(pixels) % temporal:
         pixels = np.concatenate([pixels, np.repeat(pixels[-1:], pad, axis=0)])
     count, height, width, channels = pixels.shape

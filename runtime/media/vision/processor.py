@@ -63,6 +63,19 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h_bar, w_bar
 
 
+def rescaled(processor, pixels: np.ndarray) -> np.ndarray:
+    """uint8 pixels [..., 3] as the model reads them, by a processor's do_rescale, rescale_factor,
+    do_normalize, image_mean and image_std (Qwen's, SmolVLM's): scaled in float64 then stored as
+    float32 and normalized in float32, transformers' rescale and normalize with the same roundings."""
+    if processor.do_rescale:
+        pixels = (pixels.astype(np.float64) * processor.rescale_factor).astype(np.float32)
+    else:
+        pixels = pixels.astype(np.float32)
+    if processor.do_normalize:
+        pixels = (pixels - np.asarray(processor.image_mean, np.float32)) / np.asarray(processor.image_std, np.float32)
+    return pixels
+
+
 class ImageInputs(NamedTuple):
     pixel_values: np.ndarray  # [total patches, C * T * P * P] float32, the images one after another
     image_grid_thw: np.ndarray  # [images, 3] int64: temporal patches, patch rows, patch columns
@@ -179,13 +192,7 @@ class ImageProcessor:
         resized_height, resized_width = self.resized_size(image.height, image.width)
         # Pillow hands back an unchanged copy when the size is already right, as transformers gets.
         image = image.resize((resized_width, resized_height), resample=self.resample)
-        pixels = np.asarray(image)  # [H, W, 3] uint8
-        if self.do_rescale:  # float64 then float32, transformers' rescale: the same roundings
-            pixels = (pixels.astype(np.float64) * self.rescale_factor).astype(np.float32)
-        else:
-            pixels = pixels.astype(np.float32)
-        if self.do_normalize:
-            pixels = (pixels - np.asarray(self.image_mean, np.float32)) / np.asarray(self.image_std, np.float32)
+        pixels = rescaled(self, np.asarray(image))  # [H, W, 3]
 
         p, m, t = self.patch_size, self.merge_size, self.temporal_patch_size
         grid_h, grid_w = resized_height // p, resized_width // p

@@ -25,18 +25,8 @@ def attach_images(vision: VisionEncoder, messages, token_ids: list[int], media_d
     own_layout = getattr(vision.adapter, "attach_images", None)
     if own_layout is not None:  # the family lays its images out itself (SmolVLM's tiles, 1-D positions)
         return own_layout(vision, messages, token_ids, media_dir, where, max_input_len)
-    parts = media_parts(messages, "image")
-    pending = read_parts(parts, "image", media_dir, where, vision.pending)
-    counts = [vision.tokens_of(image) for image in pending]
-    if sum(counts) > vision.max_request_tokens:
-        raise ValueError(f"{where}.messages: its {len(pending)} image(s) take {sum(counts)} image tokens "
-                         f"({', '.join(map(str, counts))}), more than the engine's max_image_tokens "
-                         f"{vision.max_request_tokens}")
     placeholder = vision.image_token_id
-    placed = sum(1 for token in token_ids if token == placeholder)
-    if placed != len(parts):
-        raise PromptError(f"{where}.messages: the chat template placed {placed} image token(s) for "
-                          f"{len(parts)} image part(s)")
+    _, pending, counts = pending_images(vision, messages, token_ids, placeholder, media_dir, where)
     widened, offsets = widen_placeholders(token_ids, placeholder, counts)
     if len(widened) > max_input_len:
         raise ValueError(f"{where}: prompt is {len(widened)} tokens with its images' {sum(counts)}, longer than "
@@ -44,3 +34,23 @@ def attach_images(vision: VisionEncoder, messages, token_ids: list[int], media_d
     encoded = vision.encode(pending)
     rope = rope_positions(widened, placeholder, [image.grid for image in encoded], vision.merge)
     return widened, SequenceMedia(list(zip(offsets, encoded)), rope, keys=tuple(image.key for image in pending))
+
+
+def pending_images(vision: VisionEncoder, messages, token_ids: list[int], placeholder: int, media_dir: Path | None,
+                   where: str) -> tuple[list, list, list[int]]:
+    """A request's image parts decoded and counted before any is encoded, whatever the family's layout:
+    (parts, pending images, each one's tokens). Raises ValueError past the engine's max_image_tokens,
+    PromptError when the chat template placed another number of `placeholder` tokens than there are
+    image parts."""
+    parts = media_parts(messages, "image")
+    pending = read_parts(parts, "image", media_dir, where, vision.pending)
+    counts = [vision.tokens_of(image) for image in pending]
+    if sum(counts) > vision.max_request_tokens:
+        raise ValueError(f"{where}.messages: its {len(pending)} image(s) take {sum(counts)} image tokens "
+                         f"({', '.join(map(str, counts))}), more than the engine's max_image_tokens "
+                         f"{vision.max_request_tokens}")
+    placed = sum(1 for token in token_ids if token == placeholder)
+    if placed != len(parts):
+        raise PromptError(f"{where}.messages: the chat template placed {placed} image token(s) for "
+                          f"{len(parts)} image part(s)")
+    return parts, pending, counts

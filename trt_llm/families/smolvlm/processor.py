@@ -20,6 +20,7 @@ import numpy as np
 from PIL import Image
 
 from trt_llm.runtime.media.sources import to_rgb
+from trt_llm.runtime.media.vision.processor import rescaled
 
 MAX_IMAGE_SIZE = 4096  # transformers' cap on a resized side
 LANCZOS = 1  # PIL.Image.Resampling.LANCZOS, the processors' default
@@ -153,14 +154,7 @@ class TileProcessor:
         return tiles + [image.resize((t, t), resample=self.resample)]
 
     def normalized(self, frame: Image.Image) -> np.ndarray:
-        pixels = np.asarray(frame)  # [S, S, 3] uint8
-        if self.do_rescale:  # float64 then float32, transformers' rescale: the same roundings
-            pixels = (pixels.astype(np.float64) * self.rescale_factor).astype(np.float32)
-        else:
-            pixels = pixels.astype(np.float32)
-        if self.do_normalize:
-            pixels = (pixels - np.asarray(self.image_mean, np.float32)) / np.asarray(self.image_std, np.float32)
-        return pixels.transpose(2, 0, 1)
+        return rescaled(self, np.asarray(frame)).transpose(2, 0, 1)  # [3, S, S]
 
     def preprocess(self, images: list[Image.Image]) -> FrameInputs:
         frames, grids = [], []

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trt_llm.runtime.media.sequence_media import SequenceMedia, media_parts, read_parts
+from trt_llm.runtime.media.sequence_media import SequenceMedia
 from trt_llm.runtime.media.vision.encoder import EncodedImage
-from trt_llm.runtime.text.prompt import PromptError
+from trt_llm.runtime.media.vision.prompt import pending_images
 
 
 def image_text(rows: int, cols: int, layout) -> tuple[list[int], list[int]]:
@@ -42,17 +42,7 @@ def attach_images(layout, vision, messages, token_ids: list[int], media_dir: Pat
                   max_input_len: int) -> tuple[list[int], SequenceMedia]:
     """The prompt's token ids with its images' text, and its SequenceMedia; every error is raised
     before any image is encoded."""
-    parts = media_parts(messages, "image")
-    pending = read_parts(parts, "image", media_dir, where, vision.pending)
-    counts = [vision.tokens_of(image) for image in pending]
-    if sum(counts) > vision.max_request_tokens:
-        raise ValueError(f"{where}.messages: its {len(pending)} image(s) take {sum(counts)} image tokens "
-                         f"({', '.join(map(str, counts))}), more than the engine's max_image_tokens "
-                         f"{vision.max_request_tokens}")
-    placed = sum(1 for token in token_ids if token == layout.image_token_id)
-    if placed != len(parts):
-        raise PromptError(f"{where}.messages: the chat template placed {placed} image token(s) for "
-                          f"{len(parts)} image part(s)")
+    parts, pending, counts = pending_images(vision, messages, token_ids, layout.image_token_id, media_dir, where)
     texts = []
     for (m, c, _), image in zip(parts, pending):
         rows, cols = vision.processor.layout(image.picture.height, image.picture.width)
