@@ -296,7 +296,7 @@ def local_index(tmp_path):
     server.server_close()
 
 
-TORCH = "python -m pip install --quiet -c scripts/constraints.txt torch==2.13.0"
+TORCH = "python3 -m pip install --quiet -c scripts/constraints.txt torch==2.13.0"
 
 
 @needs_no_gpu
@@ -305,10 +305,10 @@ def test_setup_takes_the_cpu_build_without_a_gpu(tmp_path, local_index):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == f"setup.sh: no GPU: torch's CPU build from {local_index}"
-    assert lines[1] == ("would run: python -m pip install --quiet --no-deps -c scripts/constraints.txt "
+    assert lines[1] == ("would run: python3 -m pip install --quiet --no-deps -c scripts/constraints.txt "
                         f"--index-url {local_index} torch==2.13.0")
     assert lines[2] == f"would run: {TORCH}"  # then its dependencies, from the default index
-    assert lines[3].startswith("would run: python -m pip install --quiet -c scripts/constraints.txt -e .[gguf]")
+    assert lines[3].startswith("would run: python3 -m pip install --quiet -c scripts/constraints.txt -e .[gguf]")
     assert result.stderr == ""
 
 
