@@ -4,7 +4,6 @@ the server (server/engine.py).
 
 from __future__ import annotations
 
-import logging
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -28,8 +27,6 @@ from trt_llm.runtime.text.token_bytes import TokenBytes
 from trt_llm.runtime.text.tokenizer import Tokenizer
 from trt_llm.schemas.input_file import InputSettings, Request
 from trt_llm.schemas.output_file import Response
-
-log = logging.getLogger(__name__)
 
 
 class LoadedEngine:
