@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from trt_llm.families.siglip import SiglipEncoder
+
 
 def full_frame_position_ids(embeddings) -> Tensor:
     """transformers' SmolVLMVisionEmbeddings / Idefics3VisionEmbeddings position ids for one frame
@@ -29,38 +31,6 @@ def full_frame_position_ids(embeddings) -> Tensor:
     coords = torch.clamp(torch.arange(per_side, dtype=torch.float32)[None, :] * step[:, None], max=1.0 - 1e-6)
     buckets = torch.bucketize(coords, boundaries, right=True)[0]
     return (buckets[:, None] * per_side + buckets[None, :]).reshape(-1)
-
-
-class FrameAttention(nn.Module):
-    """transformers' SigLIP attention (eager: float32 softmax) over each frame's patches."""
-
-    def __init__(self, hf_attention):
-        super().__init__()
-        self.q_proj, self.k_proj, self.v_proj = hf_attention.q_proj, hf_attention.k_proj, hf_attention.v_proj
-        self.out_proj = hf_attention.out_proj
-        self.num_heads, self.head_dim = hf_attention.num_heads, hf_attention.head_dim
-        self.scale = float(hf_attention.scale)
-
-    def forward(self, x: Tensor) -> Tensor:
-        frames, length, _ = x.shape
-        shape = (frames, length, self.num_heads, self.head_dim)
-        q = self.q_proj(x).view(shape).transpose(1, 2)
-        k = self.k_proj(x).view(shape).transpose(1, 2)
-        v = self.v_proj(x).view(shape).transpose(1, 2)
-        weights = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * self.scale, dim=-1, dtype=torch.float32)
-        out = torch.matmul(weights.to(q.dtype), v).transpose(1, 2).reshape(frames, length, -1)
-        return self.out_proj(out)
-
-
-class EncoderLayer(nn.Module):
-    def __init__(self, hf_layer):
-        super().__init__()
-        self.layer_norm1, self.layer_norm2, self.mlp = hf_layer.layer_norm1, hf_layer.layer_norm2, hf_layer.mlp
-        self.self_attn = FrameAttention(hf_layer.self_attn)
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.self_attn(self.layer_norm1(x))
-        return x + self.mlp(self.layer_norm2(x))
 
 
 class TiledTower(nn.Module):
@@ -74,7 +44,7 @@ class TiledTower(nn.Module):
         self.patch_embedding = vision.embeddings.patch_embedding
         positions = full_frame_position_ids(vision.embeddings)
         self.register_buffer("positions", vision.embeddings.position_embedding.weight.detach()[positions].clone())
-        self.layers = nn.ModuleList(EncoderLayer(layer) for layer in vision.encoder.layers)
+        self.encoder = SiglipEncoder(vision.encoder.layers)
         self.post_layernorm = vision.post_layernorm
         self.connector = inner.connector
         config = hf_model.config
@@ -85,8 +55,7 @@ class TiledTower(nn.Module):
 
     def forward(self, pixel_values: Tensor) -> Tensor:
         x = self.patch_embedding(pixel_values).flatten(2).transpose(1, 2) + self.positions  # [F, L, D]
-        for layer in self.layers:
-            x = layer(x)
+        x = self.encoder(x)
         x = self.connector(self.post_layernorm(x))  # pixel shuffle, then the projection: [F, K, H]
         return x.reshape(-1, x.shape[-1])
 
