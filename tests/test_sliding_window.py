@@ -80,11 +80,33 @@ def prepared(runner, text):
                           PromptFormatter(runner.tokenizer, True, True, False))
 
 
-def test_a_reused_prefix_restores_only_what_the_window_needs(engine):
+@pytest.mark.parametrize("chunk", [5, None], ids=["chunked", "whole"])
+def test_a_reused_prefix_restores_only_what_the_window_needs(engine, chunk):
     """A request whose prefix is cached restores it (a sliding layer its last window - 1 tokens
-    only), with the tokens of the same request computed whole."""
+    only), with the tokens and log-probabilities of the same request computed whole; also where the
+    window cache holds every slot (no prefill chunk: its row's restored tokens still start at slot 0).
+    Another prompt between the two takes the row, so nothing the first left in it can stand in."""
     first, second = chat_request(TEXT + " " + PROMPTS[0]), chat_request(TEXT + " " + PROMPTS[1])
-    reused = run(engine, [first, second], batch_size=1, context_reuse=True, prefill_chunk=5)
+    other = chat_request(PROMPTS[2] + " " + PROMPTS[0] + " " + PROMPTS[1])
+    second["num_logprobs"] = 3
+    reused = run(engine, [first, other, second], batch_size=1, context_reuse=True, prefill_chunk=chunk)
     whole = run(engine, [second])
-    assert reused[1].reused_tokens > 2 * WINDOW
-    assert reused[1].output_token_ids == whole[0].output_token_ids
+    assert reused[2].reused_tokens > 2 * WINDOW
+    assert reused[2].output_token_ids == whole[0].output_token_ids
+    for ours, theirs in zip(reused[2].logprobs, whole[0].logprobs):
+        assert [c.token_id for c in ours] == [c.token_id for c in theirs]
+        assert [c.logprob for c in ours] == pytest.approx([c.logprob for c in theirs], abs=1e-5)
+
+
+def test_a_restored_prefix_on_a_window_cache_of_every_slot(family_model, build_engine_for):
+    """Mistral (a window on every layer) without prefill chunks, so its window cache holds a slot per
+    token: a restored prefix leaves its row's last window - 1 tokens from slot 0, and the step after
+    it reads them there (the first token's log-probabilities are those of the prompt computed whole).
+    """
+    engine = build_engine_for(family_model("mistral"))
+    request = {**chat_request("word " * 200), "num_logprobs": 3}  # (the engine takes 256 tokens)
+    reused = run(engine, [request, request], batch_size=1, context_reuse=True)
+    assert reused[1].reused_tokens > 10 * WINDOW
+    for ours, theirs in zip(reused[1].logprobs, reused[0].logprobs):
+        assert [c.token_id for c in ours] == [c.token_id for c in theirs]
+        assert [c.logprob for c in ours] == pytest.approx([c.logprob for c in theirs], abs=1e-5)

@@ -109,8 +109,9 @@ class KVCache:
         the slots each row then holds (its lengths input); a full group gives nothing."""
         if not self.window_size:
             return {}
-        if self.slots >= self.capacity:  # as many slots as tokens: it never needs to drop one
-            return {window_lengths(self.window_size): past_lengths.astype(np.int32)}
+        if self.slots >= self.capacity:  # as many slots as tokens: it never needs to drop one (a restored
+            # prefix's row holds only its last W - 1 tokens, from slot 0: `offsets` counts the ones before)
+            return {window_lengths(self.window_size): (past_lengths - self.offsets[: len(past_lengths)]).astype(np.int32)}
         if self.window_size - 1 + width > self.slots:
             raise ValueError(f"a step of {width} new tokens needs {self.window_size - 1 + width} slots in the "
                              f"window-{self.window_size} cache, which holds {self.slots}")
