@@ -10,6 +10,7 @@ from onnx import helper, numpy_helper
 from trt_llm import plugins
 from trt_llm.build.quantize import QuantSpec
 from trt_llm.build.quantize.graph import quantize_matmuls
+from trt_llm.families import siglip_lowering
 
 ENGINE_NAME = "model.cpu.onnx"
 # draft.quantization -> how its matmuls are quantized: int8 one scale per output column (ONNX
@@ -34,6 +35,7 @@ def compile_cpu(graph_path: Path, quantization: str = "none") -> Path:
         _read_weights(model, graph_path.parent)
         quantize_matmuls(model, DRAFT_SPECS[quantization])
     plugins.lower_for_onnxruntime(model)
+    siglip_lowering.lower_for_onnxruntime(model)  # a SigLIP vision tower's layers, where the graph has them
     fuse_rms_norms(model)
     engine_path = graph_path.parent / ENGINE_NAME
     if quantization == "none":

@@ -3,6 +3,10 @@ families whose towers are SigLIP (SmolVLM / Idefics3, Gemma 3): square frames of
 patches attending to each other with plain batched attention (no mask, no segments).
 
     x [F, L, D] -> SiglipEncoder(hf_encoder_layers)(x) -> [F, L, D]
+
+The cpu backend rewrites these layers' nodes onto ONNX Runtime's fused kernels
+(trt_llm/families/siglip_lowering.py), finding them by the exporter's record of the module each node
+came from: it knows them by this module's name.
 """
 
 from __future__ import annotations
