@@ -140,7 +140,7 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
 
     with steps.step("exporting to ONNX"):
         graphs = checkpoint.family.load()  # build/models/<module>.py builds its graph
-        lora_layout, draft, graph_deepstack = None, None, 0
+        lora_layout, draft, graph_deepstack, embedding_scale, block = None, None, 0, None, 0
         if checkpoint.family.encoder_decoder:  # Whisper: the module exports its own decoder
             dims, layers = graphs.export_llm(checkpoint.model, directory / "llm" / "model.onnx", dtype, make_linear)
         else:
@@ -165,6 +165,7 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
                                         feature_layers=draft.aux_layer_ids if draft is not None else None,
                                         make_linear=make_linear, release_layers=True, weights=checkpoint.weights)
             dims, graph_deepstack, layers = graph.dims.to_dict(), graph.deepstack_layers, graph.layer_specs
+            embedding_scale, block = graph.embed_scale, graph.bidirectional_block
             refuse_unsupported(graph, draft)
             export_decoder(graph, directory / "llm" / "model.onnx", dtype, lora_layout)
             del graph
@@ -202,6 +203,8 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
             "eagle": eagle,
             "mrope": checkpoint.family.mrope,
             "deepstack_layers": graph_deepstack,
+            "embedding_scale": embedding_scale,
+            "bidirectional_block": block,
             "layers": [spec.model_dump() for spec in layers],
             "quantization": make_linear.summary(config.quantization, storage)
             if config.quantization.weights != "none" else None,

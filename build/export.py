@@ -15,6 +15,7 @@ from trt_llm.build.models.skeleton import DecoderSkeleton
 from trt_llm.schemas.graph_spec import DEEPSTACK, TREE_MASK, decoder_spec, draft_spec, lora_input, past, window_lengths
 from trt_llm.schemas.layer_spec import window_of
 from trt_llm import plugins
+from trt_llm.plugins.attention import LOOKAHEAD_KEY
 
 ONNX_OPSET = 18
 log = logging.getLogger(__name__)
@@ -74,11 +75,14 @@ def _dynamic_shapes(spec) -> tuple:
 def export_decoder(graph: DecoderSkeleton, path: Path, dtype: torch.dtype, lora_layout: dict | None = None) -> Path:
     """Write `path` (+ `path.data` external weights); returns the path."""
     spec = decoder_spec(graph.layer_specs, graph.feature_layers is not None, lora_layout,
-                        graph.mrope_streams is not None, graph.deepstack_layers)
+                        graph.mrope_streams is not None, graph.deepstack_layers, graph.masked)
     if spec.input_names != graph.input_names:  # (the LoRA layout's groups are the graph's)
         raise ValueError(f"the graph's inputs {graph.input_names} are not its spec's {spec.input_names}")
+    # A tree_mask that lets a token see later ones (Gemma 3's images) is said in the graph: ONNX Runtime's
+    # causal attention kernel cannot take it (plugins/attention.py's lowering).
+    metadata = {LOOKAHEAD_KEY: "1"} if graph.masked else None
     return export_graph(graph, _example_inputs(graph, dtype, spec, lora_layout), spec.input_names, spec.output_names,
-                        _dynamic_shapes(spec), path)
+                        _dynamic_shapes(spec), path, metadata)
 
 
 def export_draft(graph, hidden_size: int, kv_heads: int, head_dim: int, path: Path, dtype: torch.dtype) -> Path:
@@ -97,7 +101,10 @@ def export_draft(graph, hidden_size: int, kv_heads: int, head_dim: int, path: Pa
 
 
 
-def export_graph(module, example: tuple, names: list[str], outputs: list[str], dynamic_shapes, path: Path) -> Path:
+def export_graph(module, example: tuple, names: list[str], outputs: list[str], dynamic_shapes, path: Path,
+                 metadata: dict[str, str] | None = None) -> Path:
+    """The graph of `module` at `path`; metadata: the model's metadata_props entries (what a lowering
+    must know of the graph that its nodes do not say)."""
     module.eval()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
@@ -111,6 +118,7 @@ def export_graph(module, example: tuple, names: list[str], outputs: list[str], d
     del program
     model = onnx.load(path, load_external_data=False)
     finish_custom_nodes(model)  # the nodes and the tensors' types only: the weights stay where they are
+    onnx.helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props}, **(metadata or {})})
     onnx.save_model(model, path)
     return path
 

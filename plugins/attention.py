@@ -44,7 +44,9 @@ Facets (the fixed names every op file exposes for the registry in plugins/__init
     soft-cap's branch of the attached bodies for the model (TensorRT-RTX cannot build that If).
  3. `lower_for_onnxruntime`: rewrites the node to `com.microsoft.GroupQueryAttention`, whose CPU kernel
     does rotary, the in-place cache write and the ragged causal attention in one call (a computed
-    rotation table is padded to the capacity rows GQA wants).
+    rotation table is padded to the capacity rows GQA wants). Its causal mask is always on, so a tree
+    mask that lets a token see later ones (Gemma 3's image tokens see their whole image) cannot be
+    its attention_bias: a graph whose metadata says so (LOOKAHEAD_KEY) keeps its tree nodes' body.
  4. `register_tensorrt_plugin`: both node types as `tensorrt.plugin` plugins whose kernel is
     `attention_kernel` (plain torch, any device, safe to capture in a CUDA graph).
 """
@@ -65,6 +67,9 @@ OP_NAMES = (OP_NAME, TREE_OP_NAME)
 # "trt" is reserved by tensorrt.plugin, so the plugin lives in our own namespace.
 PLUGIN_NAMESPACE = "trt_llm"
 _TRT = onnxscript.values.Opset(DOMAIN, 1)
+# A decoder graph's metadata_props key, "1" where its tree_mask may let a new token see later new tokens
+# (not only its ancestors, as an EAGLE tree's does).
+LOOKAHEAD_KEY = "trt_llm.tree_mask_looks_ahead"
 
 
 def _register_schemas() -> None:
@@ -432,7 +437,10 @@ def lower_for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
     come before it). These are computed once and shared by all layers.
     """
     graph = model.graph
-    plugin_nodes = [n for n in graph.node if n.domain == DOMAIN and n.op_type in OP_NAMES]
+    looks_ahead = any(p.key == LOOKAHEAD_KEY and p.value == "1" for p in model.metadata_props)
+    # (a tree node that may look ahead stays its function body: GQA's causal mask would hide what it allows)
+    lowered = (OP_NAME,) if looks_ahead else OP_NAMES
+    plugin_nodes = [n for n in graph.node if n.domain == DOMAIN and n.op_type in lowered]
     if not plugin_nodes:
         return model
     first = plugin_nodes[0]

@@ -77,7 +77,8 @@ def graph_mismatch(manifest, path: Path) -> str | None:
             return (f"model.layers[{index}].window: {layer.window}, a window the graph does not have (its windows: "
                     f"{', '.join(map(str, windows)) or 'none'})")
     spec = decoder_spec(layers, eagle=model.eagle is not None, lora_layout=manifest.lora.model_dump() if manifest.lora
-                        else None, mrope=bool(model.mrope), deepstack=model.deepstack_layers)
+                        else None, mrope=bool(model.mrope), deepstack=model.deepstack_layers,
+                        masked=model.bidirectional_block > 0)
     for tensor in spec.inputs:
         if tensor.name not in found:
             return f"the graph has no input {tensor.name!r}, which the manifest's model and lora sections call for"

@@ -5,8 +5,8 @@ engines read the names here; nobody else spells them.
 
     decoder inputs   inputs_embeds [batch, seq, H], position_ids [batch, seq] (mRoPE: [3, batch, seq]),
                      past_lengths [batch], query_lengths [batch], logits_indices [batch, kept],
-                     (Qwen3-VL: deepstack_embeds [k, batch, seq, H]), (an EAGLE base: tree_mask
-                     [batch, seq, seq]), (per sliding window W: past_lengths_w<W> [batch], the slots its
+                     (Qwen3-VL: deepstack_embeds [k, batch, seq, H]), (an EAGLE base, Gemma 3
+                     with images: tree_mask [batch, seq, seq]), (per sliding window W: past_lengths_w<W> [batch], the slots its
                      layers hold), then per layer its cache: past_key_i / past_value_i [batch, Hkv,
                      capacity (a sliding layer: capacity_w<W>), D], or a recurrent layer's
                      past_<state>_i [batch, *shape]; (an encoder-decoder: cross_key_i / cross_value_i
@@ -30,7 +30,7 @@ from trt_llm.schemas.layer_spec import window_of
 # The small per-step inputs every graph takes first, in this order.
 STEP_INPUTS = ("inputs_embeds", "position_ids", "past_lengths", "query_lengths", "logits_indices")
 LOGITS = "logits"
-TREE_MASK = "tree_mask"  # an EAGLE base's and the draft's [batch, seq, seq] bool
+TREE_MASK = "tree_mask"  # [batch, seq, seq] bool: which new tokens each sees (an EAGLE base, the draft, Gemma 3)
 FEATURES = "hidden_states"  # an EAGLE base's output: the hidden states entering the feature layers
 DRAFT_HIDDEN = "hidden"  # the draft's input: fc-projected features or its own previous hidden_out
 DRAFT_HIDDEN_OUT = "hidden_out"
@@ -145,10 +145,12 @@ DEEPSTACK = "deepstack_embeds"  # Qwen3-VL's [k, batch, seq, H]: vision features
 
 
 def decoder_spec(layers, eagle: bool = False, lora_layout: dict | None = None, mrope: bool = False,
-                 deepstack: int = 0) -> GraphSpec:
+                 deepstack: int = 0, masked: bool = False) -> GraphSpec:
     """The decoder graph of `layers` (schemas/layer_spec.py, one per decoder layer). mrope:
     position_ids is [3, batch, seq] (time, row, column); deepstack: how many early layers take the
-    vision tower's features (a deepstack_embeds input after logits_indices). Inputs: the step's,
+    vision tower's features (a deepstack_embeds input after logits_indices); masked: the new tokens
+    see each other as a tree_mask says (an EAGLE base has one too; Gemma 3's image blocks see
+    themselves both ways). Inputs: the step's,
     [deepstack_embeds], [tree_mask], a sliding group's lengths, every layer's cache tensors, an
     encoder-decoder's cross keys and values, the LoRA pairs."""
     inputs = _step_inputs()
@@ -156,7 +158,7 @@ def decoder_spec(layers, eagle: bool = False, lora_layout: dict | None = None, m
         inputs[1] = TensorSpec("position_ids", "int32", (None, "batch", "seq"))
     if deepstack:
         inputs.append(TensorSpec(DEEPSTACK, MODEL_DTYPE, (None, "batch", "seq", None)))
-    if eagle:
+    if eagle or masked:
         inputs.append(TensorSpec(TREE_MASK, "bool", ("batch", "seq", "seq")))
     inputs += _window_inputs(layers) + _cache_tensors(layers, past) + _cross_tensors(layers) + lora_inputs(lora_layout)
     outputs = [TensorSpec(LOGITS, "float32", ("batch", "kept", None))]

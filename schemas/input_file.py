@@ -114,6 +114,9 @@ class ImageContent(BaseModel):
     model_config = _STRICT_IGNORE
     type: Literal["image"]
     image: NonEmptyStr = Field(description="Path to an image file (absolute or relative).")
+    pan_and_scan: bool | None = Field(
+        None, description="Gemma 3: also cut the image into crops seen beside it (transformers' do_pan_and_scan); "
+                          "default: the engine's image processor config (off as published). Other families refuse true.")
 
 
 class AudioContent(BaseModel):

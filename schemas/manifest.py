@@ -76,6 +76,11 @@ class ModelSection(BaseModel):
     quantization: Quantization | None = None
     mrope: str | None = None  # a vision-language decoder's multimodal rotary: "sections" or "interleaved"
     deepstack_layers: int = Field(0, ge=0)  # Qwen3-VL: early layers that take deepstack_embeds
+    # Gemma: the runtime multiplies the token rows it looks up by this (an image's rows stay as they are)
+    embedding_scale: float | None = Field(None, gt=0)
+    # Gemma 3: an image's soft tokens (at most this many in a run) see each other both ways; the graph
+    # takes a tree_mask, and a prefill pass never splits such a run
+    bidirectional_block: int = Field(0, ge=0)
     layers: list[LayerSpec] = Field(min_length=1)  # one per decoder layer, what its cache holds
 
 

@@ -98,26 +98,41 @@ def make_family_model(family: str, directory, cache_dir, *, seed: int = 0, **ove
     return directory
 
 
+# Gemma 3's vision geometry as published (896-pixel frames, 64 x 64 patches of 14, pooled 4 x 4 into 256
+# soft tokens) on a tiny SigLIP; pan-and-scan off as published (a request asks for it per image)
+GEMMA3_PREPROCESSOR = {
+    "image_processor_type": "Gemma3ImageProcessor", "size": {"height": 896, "width": 896}, "resample": 2,
+    "do_resize": True, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+    "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True, "do_pan_and_scan": False,
+    "pan_and_scan_min_crop_size": 256, "pan_and_scan_max_num_crops": 4, "pan_and_scan_min_ratio_to_activate": 1.2}
+
+
 def make_gemma3_vlm(text_dir, directory) -> Path:
     """A Gemma3ForConditionalGeneration checkpoint whose language model is the tiny Gemma 3 text model
-    of `text_dir` (FAMILIES["gemma3"]) and whose vision tower is a tiny random SigLIP: the build takes
-    its text decoder."""
+    of `text_dir` (FAMILIES["gemma3"]) and whose vision tower is a tiny random SigLIP (one layer of
+    width 32) at the published geometry, with its preprocessor_config.json (GEMMA3_PREPROCESSOR)."""
+    import json
     import shutil
 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Gemma3Config, Gemma3ForConditionalGeneration
 
     text = AutoConfig.from_pretrained(text_dir)
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=896,
                   patch_size=14)
-    config = Gemma3Config(text_config=text.to_dict(), vision_config=vision, mm_tokens_per_image=4)
+    config = Gemma3Config(text_config=text.to_dict(), vision_config=vision, mm_tokens_per_image=256)
     torch.manual_seed(0)
     model = Gemma3ForConditionalGeneration(config).eval()
+    assets.make_nontrivial(model.model.vision_tower)
+    assets.make_nontrivial(model.model.multi_modal_projector)
+    with torch.no_grad():  # (transformers initializes it to zeros: every image would be the same rows)
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 0.2)
     model.model.language_model.load_state_dict(AutoModelForCausalLM.from_pretrained(text_dir).model.state_dict())
     directory = Path(directory)
     model.save_pretrained(directory)
     AutoTokenizer.from_pretrained(text_dir).save_pretrained(directory)
     shutil.copy(Path(text_dir) / "generation_config.json", directory)
+    (directory / "preprocessor_config.json").write_text(json.dumps(GEMMA3_PREPROCESSOR, indent=1))
     return directory
 
 

@@ -70,14 +70,6 @@ def test_greedy_tokens_are_transformers(family, runner, family_model, build_engi
         assert any(r.reused_tokens for r in responses[3:])
 
 
-def test_a_gemma3_vision_checkpoint_builds_its_text_decoder(family_model, build_engine_for, tmp_path_factory):
-    model = family_assets.make_gemma3_vlm(family_model("gemma3"), tmp_path_factory.mktemp("gemma3-vlm"))
-    engine = build_engine_for(model)
-    manifest = EngineDir.open(engine).manifest
-    assert manifest["model"]["architecture"] == "Gemma3ForConditionalGeneration" and "vision" not in manifest["components"]
-    assert_transformers_tokens(model, run(engine, requests_for("gemma3")))
-
-
 def layers_of(engine) -> list[dict]:
     return EngineDir.open(engine).manifest["model"]["layers"]
 

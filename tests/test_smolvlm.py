@@ -267,3 +267,14 @@ def test_the_server_takes_an_image_as_a_data_url(smolvlm, images, tmp_path):
         live.close()
     assert answer.choices[0].message.content == expected.output_text
     assert answer.usage.prompt_tokens == expected.prompt_tokens
+
+
+def test_pan_and_scan_is_refused_by_a_tower_that_cuts_no_crops(smolvlm, images, tmp_path):
+    """An image part's pan_and_scan (Gemma 3's) on SmolVLM's tower fails its request alone, naming the field."""
+    _, engine = smolvlm
+    asked = image_request(images["small.png"], "What is it?")
+    asked["messages"][0]["content"][0]["pan_and_scan"] = True
+    output = run_file(engine, tmp_path, [asked, image_request(images["small.png"], "What is it?")])
+    assert output.responses[0].finish_reason == "error"
+    assert "requests[0].messages[0].content[0].pan_and_scan" in output.responses[0].error
+    assert output.responses[1].finish_reason in ("end-of-sequence", "max-length")

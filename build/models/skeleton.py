@@ -16,8 +16,11 @@ LM head written once. A family says what differs:
 and what it turns on, each a hook the skeleton runs where the graph spec has its input: sliding
 windows (a `past_lengths_w<W>` per window, from the specs), mRoPE (the family's `mrope`: per-token
 rotary rows from position_ids [3, B, S]), deepstack (Qwen3-VL: vision features added after the first k
-layers), EAGLE's feature taps (the hidden states entering `feature_layers`, a `tree_mask` input), LoRA
-(pairs by packed group and layer), Gemma's embedding scale and the final logit soft-cap.
+layers), EAGLE's feature taps (the hidden states entering `feature_layers`, a `tree_mask` input), a
+`tree_mask` alone (the family's `bidirectional_images`: Gemma 3's image tokens see each other both
+ways), LoRA (pairs by packed group and layer) and the final logit soft-cap. Gemma's embedding scale is
+the runtime's (the manifest's model.embedding_scale: it scales the token rows it looks up, not an
+image's rows, which transformers leaves unscaled), so the graph takes inputs_embeds as they come.
 
 Rows are ragged and right-padded; the LM head runs only where `logits_indices` asks.
 """
@@ -127,6 +130,7 @@ class DecoderSkeleton(nn.Module):
         before it is converted, and emptied after. feature_layers: an EAGLE base's taps."""
         super().__init__()
         vision_config = getattr(hf_model.config, "vision_config", None)
+        image_tokens = getattr(hf_model.config, "mm_tokens_per_image", 0)  # (Gemma 3's, per image or crop)
         hf_model = text_decoder(hf_model)
         config = hf_model.config
         self.build_dtype, self.weights = dtype, weights  # (what a layer with experts reads them with)
@@ -137,6 +141,8 @@ class DecoderSkeleton(nn.Module):
         self.feature_layers = list(feature_layers) if feature_layers else None
         self.deepstack_layers = len(getattr(vision_config, "deepstack_visual_indexes", None) or [])
         self.mrope = family.mrope
+        self.masked = family.bidirectional_images
+        self.bidirectional_block = image_tokens if self.masked else 0
         # The LM head first: a large one (a 150k vocabulary) is read and quantized before the
         # layers' weights have accumulated.
         if weights is not None:
@@ -156,7 +162,8 @@ class DecoderSkeleton(nn.Module):
         if weights is not None:
             weights.load(norm)
         self.final_norm = self.norm_weight_of(norm, family)
-        # Gemma scales the embedding by sqrt(hidden), rounded to the dtype the model runs in.
+        # Gemma scales the embedding by sqrt(hidden), rounded to the dtype the model runs in (the
+        # runtime does, by the manifest: see the module docstring).
         self.embed_scale = float(torch.tensor(self.dims.hidden_size ** 0.5, dtype=dtype)) if family.gemma else None
         self.final_softcap = getattr(config, "final_logit_softcapping", None)
         self._rotary_tables(hf_model.model.rotary_emb, config, max_positions, dtype)
@@ -193,7 +200,7 @@ class DecoderSkeleton(nn.Module):
         """The graph's inputs in the spec's order (what the exporter passes, by these names)."""
         lora = {"num_layers": len(self.layers), "groups": [{"name": g} for g in self.lora_groups]}
         return decoder_spec(self.layer_specs, self.feature_layers is not None, lora if self.lora_groups else None,
-                            self.mrope is not None, self.deepstack_layers).input_names
+                            self.mrope is not None, self.deepstack_layers, self.masked).input_names
 
     def forward(self, *tensors):
         inputs = dict(zip(self.input_names, tensors))
@@ -205,8 +212,7 @@ class DecoderSkeleton(nn.Module):
         if self.mrope_streams is not None:  # per-token rows, and position_ids becomes their index
             rows = [sectioned_rotary(cos, sin, position_ids.long(), self.mrope_streams) for cos, sin in tables]
             tables, position_ids = [(cos, sin) for cos, sin, _ in rows], rows[0][2]
-        embeds = inputs["inputs_embeds"]
-        hidden = embeds if self.embed_scale is None else embeds * self.embed_scale
+        hidden = inputs["inputs_embeds"]
         presents, entering = [], {}
         for i, (layer, spec) in enumerate(zip(self.layers, self.layer_specs)):
             entering[i] = hidden

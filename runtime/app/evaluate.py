@@ -19,12 +19,11 @@ from trt_llm.runtime.engine.step import Step
 
 
 def open_model(engine_dir, threads: int = 0) -> Model:
-    from trt_llm.runtime.backends.embedding import load_embedding
+    from trt_llm.runtime.backends.embedding import engine_embedding
     from trt_llm.runtime.backends.engines import open_engine
     from trt_llm.runtime.requests.lora import batch_inputs
 
-    embedding = load_embedding(engine_dir.component_path("llm", "embedding"), engine_dir.manifest["model"]["dtype"],
-                               engine_dir.dims)
+    embedding = engine_embedding(engine_dir)
     model = model_of(engine_dir, open_engine(engine_dir, threads), embedding)
     layout = engine_dir.manifest.get("lora")
     # An engine built with LoRA inputs takes them on every call: the base model's (no adapter).

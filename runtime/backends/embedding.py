@@ -3,6 +3,9 @@ scale per block of a row, Q8_0's layout; `quantization.embedding`), looked up in
 
 The runtime does the lookup itself (so image and audio rows can stand in for tokens), so a table
 stored smaller than the graph's dtype stays small in memory too: only the looked-up rows widen.
+Gemma's rows are scaled by sqrt(hidden) as they are looked up (the manifest's model.embedding_scale,
+rounded to the graph's dtype as transformers rounds it), here and not in the graph, so that an
+image's rows, which take a token's place unscaled, are not.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ ACTIVATION_DTYPES = {"fp32": np.float32, "fp16": np.float16}
 class EmbeddingTable:
     """Indexable like the array [V, H] it stands for: `table[ids]` is the rows in `dtype`."""
 
-    def __init__(self, rows: np.ndarray, dtype, scales: np.ndarray | None = None):
+    def __init__(self, rows: np.ndarray, dtype, scales: np.ndarray | None = None, multiplier: float | None = None):
         self.rows = rows  # [V, H]: float, or int8 with scales [V, H / G] (G values of a row per scale)
         self.scales = scales
         self.dtype = np.dtype(dtype)
+        # every row times this, in the graph's dtype (Gemma's embedding scale); None: as stored
+        self.multiplier = None if multiplier is None else self.dtype.type(multiplier)
         self.shape = rows.shape
         if scales is not None and (scales.shape[0] != rows.shape[0] or rows.shape[1] % scales.shape[1]):
             raise ValueError(f"int8 table {list(rows.shape)} with scales {list(scales.shape)}: not blocks of its rows")
@@ -28,15 +33,17 @@ class EmbeddingTable:
     def __getitem__(self, ids) -> np.ndarray:
         rows = self.rows[ids]
         if self.scales is None:
-            return rows if rows.dtype == self.dtype else rows.astype(self.dtype)
-        scales = self.scales[ids]
-        blocks = rows.reshape(*rows.shape[:-1], scales.shape[-1], -1).astype(np.float32) * scales[..., None]
-        return blocks.reshape(rows.shape).astype(self.dtype)
+            rows = rows if rows.dtype == self.dtype else rows.astype(self.dtype)
+        else:
+            scales = self.scales[ids]
+            blocks = rows.reshape(*rows.shape[:-1], scales.shape[-1], -1).astype(np.float32) * scales[..., None]
+            rows = blocks.reshape(rows.shape).astype(self.dtype)
+        return rows if self.multiplier is None else rows * self.multiplier
 
 
-def load_embedding(path: Path, graph_dtype: str, dims: dict) -> EmbeddingTable | np.ndarray:
-    """The table of an engine directory (its manifest's model dtype and dims); a table stored in the
-    graph's dtype is the plain array."""
+def load_embedding(path: Path, graph_dtype: str, dims: dict, scale: float | None = None) -> EmbeddingTable | np.ndarray:
+    """The table of an engine directory (its manifest's model dtype, dims and embedding_scale); a
+    table stored in the graph's dtype and not scaled is the plain array."""
     from safetensors.numpy import load_file
 
     tensors = load_file(str(path))
@@ -44,6 +51,13 @@ def load_embedding(path: Path, graph_dtype: str, dims: dict) -> EmbeddingTable |
     if rows.shape != (dims["vocab_size"], dims["hidden_size"]):
         raise ValueError(f"shape {list(rows.shape)}, the manifest says [{dims['vocab_size']}, {dims['hidden_size']}]")
     dtype = ACTIVATION_DTYPES.get(graph_dtype, rows.dtype)
-    if "scales" not in tensors and rows.dtype == dtype:
+    if "scales" not in tensors and rows.dtype == dtype and scale is None:
         return rows
-    return EmbeddingTable(rows, dtype, tensors.get("scales"))
+    return EmbeddingTable(rows, dtype, tensors.get("scales"), scale)
+
+
+def engine_embedding(engine_dir) -> EmbeddingTable | np.ndarray:
+    """An engine directory's table, as its manifest says to look it up."""
+    model = engine_dir.manifest["model"]
+    return load_embedding(engine_dir.component_path("llm", "embedding"), model["dtype"], engine_dir.dims,
+                          model.get("embedding_scale"))

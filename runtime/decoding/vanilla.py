@@ -31,8 +31,7 @@ class Vanilla:
         step.inputs, step.outputs = model.eagle_io(len(running), 1)
         if model.positions_vary:
             step.position_ids = model.positions([r.sequence for r in running], past, 1)
-        if model.mrope:
-            step.inputs.update(model.decode_extras(len(running)))
+        step.inputs.update(model.decode_extras(len(running)))
         with core.stage("decode_step"):
             model.engine.run(step, core.cache, core.lora_inputs)
         if core.profiler:

@@ -295,6 +295,7 @@ class EngineCore:
         for s in sequences:
             remaining = len(s.prompt_ids) - s.prefilled
             take = min(remaining, self.prefill_chunk or remaining, remaining if budget is None else budget)
+            take = self.model.whole_images(s, s.prefilled, take)
             if self.context is not None and self.cache.recurrent:  # a pass ends where its states are snapshotted
                 ahead = [p for p in reuse.snapshot_points(self.context, s) if p < s.prefilled + take]
                 take = ahead[0] - s.prefilled if ahead else take
@@ -303,7 +304,7 @@ class EngineCore:
             earlier_complete = earlier_complete and take == remaining
             counts.append(take)
             if budget is not None:
-                budget -= take
+                budget = max(budget - take, 0)  # (a whole image may take more than was left)
         active = max(i + 1 for i, c in enumerate(counts) if c)  # the rows after it have no token this pass
         self._chunk_tokens = sum(counts)
         return window, sequences, counts[:active]
@@ -350,7 +351,8 @@ class EngineCore:
         need += self.strategy.extra_slots
         if self.cache is None:
             # The widest step a row takes: a prefill chunk (None: a whole prompt), a decode step or a tree.
-            widest = max(self.prefill_chunk, self.strategy.extra_slots + 1) if self.prefill_chunk else None
+            widest = max(self.prefill_chunk, self.strategy.extra_slots + 1,
+                         self.model.bidirectional_block) if self.prefill_chunk else None
             self.cache = self.model.new_cache(self.scheduler.max_rows, need, widest)
         else:
             self.cache.reserve(self.scheduler.max_rows, need, self._used(running[: -len(admitted)]))

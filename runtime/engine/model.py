@@ -10,7 +10,7 @@ from trt_llm.schemas.graph_spec import DEEPSTACK, FEATURES, TREE_MASK
 class Model:
     def __init__(self, engine, embedding: np.ndarray, dims: dict, eos_token_ids: list[int],
                  max_positions: int | None = None, feature_width: int = 0, mrope: bool = False,
-                 deepstack: int = 0, long_rope: tuple[int, int] | None = None):
+                 deepstack: int = 0, long_rope: tuple[int, int] | None = None, bidirectional_block: int = 0):
         self.engine = engine
         self.embedding = embedding
         self.dims = dims
@@ -21,6 +21,9 @@ class Model:
         self.deepstack = deepstack  # Qwen3-VL: its first k layers take deepstack_embeds [k, B, S, H]
         # LongRoPE (Phi-3): (original context, first long row): a longer sequence reads the long tables
         self.long_rope = long_rope
+        # Gemma 3: each image's soft tokens (runs of at most this many) see each other both ways, through
+        # the graph's tree_mask; 0: the prompt is causal
+        self.bidirectional_block = bidirectional_block
 
     @property
     def positions_vary(self) -> bool:
@@ -53,22 +56,55 @@ class Model:
 
     def media_inputs(self, sequences, embeds: np.ndarray, past: np.ndarray, lengths: np.ndarray) -> dict:
         """Prefill: each row's image rows written into `embeds` [B, S, H] over its prompt tokens
-        past .. past + length - 1; returns the deepstack input when the decoder takes one."""
+        past .. past + length - 1; returns the deepstack input when the decoder takes one, and the
+        tree_mask when its images' tokens see each other both ways."""
+        extras = {}
         deepstack = None
         if self.deepstack:
-            deepstack = np.zeros((self.deepstack, *embeds.shape), embeds.dtype)
+            deepstack = extras[DEEPSTACK] = np.zeros((self.deepstack, *embeds.shape), embeds.dtype)
         for row, s in enumerate(sequences):
             media = getattr(s, "media", None)
             if media is not None:
                 media.write_rows(embeds[row], None if deepstack is None else deepstack[:, row],
                                  int(past[row]), int(lengths[row]))
-        return {} if deepstack is None else {DEEPSTACK: deepstack}
+        if self.bidirectional_block:
+            extras[TREE_MASK] = self._image_blocks_mask(sequences, past, embeds.shape[1])
+        return extras
+
+    def _image_blocks_mask(self, sequences, past: np.ndarray, width: int) -> np.ndarray:
+        """[B, S, S]: causal, and each image's tokens in this pass see all of its tokens in it
+        (transformers' Gemma 3: OR(causal, same image); a pass never splits an image: whole_images)."""
+        mask = np.broadcast_to(np.tril(np.ones((width, width), dtype=bool)), (len(sequences), width, width)).copy()
+        for row, s in enumerate(sequences):
+            media = getattr(s, "media", None)
+            for first, tokens, _ in media.spans() if media is not None else ():
+                a, b = max(first - int(past[row]), 0), min(first + tokens - int(past[row]), width)
+                if a < b:
+                    mask[row, a:b, a:b] = True
+        return mask
+
+    def whole_images(self, sequence, start: int, take: int) -> int:
+        """How many of a prompt's tokens from `start` a pass computes when `take` are asked for: an
+        image whose tokens see each other both ways is never split. A pass that would end inside one
+        ends before it, or, when it begins inside or at it (a restored prefix may end there), after it."""
+        media = getattr(sequence, "media", None)
+        if not self.bidirectional_block or media is None:
+            return take
+        end = start + take
+        for first, tokens, _ in media.spans():
+            if first < end < first + tokens:
+                end = first if first > start else first + tokens
+        return end - start
 
     def decode_extras(self, batch: int) -> dict:
-        """A decode step's deepstack input (zeros: generated tokens are text)."""
-        if not self.deepstack:
-            return {}
-        return {DEEPSTACK: np.zeros((self.deepstack, batch, 1, self.dims["hidden_size"]), self.embedding.dtype)}
+        """A decode step's deepstack input (zeros: generated tokens are text) and tree_mask (a token
+        sees itself)."""
+        extras = {}
+        if self.deepstack:
+            extras[DEEPSTACK] = np.zeros((self.deepstack, batch, 1, self.dims["hidden_size"]), self.embedding.dtype)
+        if self.bidirectional_block:
+            extras[TREE_MASK] = np.ones((batch, 1, 1), dtype=bool)
+        return extras
 
     @property
     def vocab_size(self) -> int:
@@ -96,4 +132,4 @@ def model_of(engine_dir, engine, embedding) -> Model:
     return Model(engine, embedding, engine_dir.dims, engine_dir.eos_token_ids,
                  engine_dir.limits["max_kv_cache_capacity"], eagle.get("feature_width", 0),
                  mrope=section.get("mrope") is not None, deepstack=section.get("deepstack_layers", 0),
-                 long_rope=long_rope)
+                 long_rope=long_rope, bidirectional_block=section.get("bidirectional_block", 0))

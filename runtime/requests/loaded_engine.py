@@ -7,7 +7,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from pathlib import Path
 
-from trt_llm.runtime.backends.embedding import load_embedding
+from trt_llm.runtime.backends.embedding import engine_embedding
 from trt_llm.runtime.cache.cache_set import cache_bytes
 from trt_llm.runtime.cache.context_cache import ContextCache
 from trt_llm.runtime.cache.reuse import ContextRequest
@@ -56,7 +56,7 @@ class LoadedEngine:
         dims = engine_dir.dims
         embedding_path = engine_dir.component_path("llm", "embedding")
         with self._stage("load_embedding"), loading("embedding", embedding_path):
-            embedding = load_embedding(embedding_path, engine_dir.manifest["model"]["dtype"], dims)
+            embedding = engine_embedding(engine_dir)
         eagle = engine_dir.manifest["model"].get("eagle") or {}
         # Under speculation the base and the draft sessions alternate: neither may spin (measured on
         # 2 cores: EAGLE3 0.53x -> 1.07x vanilla). Vanilla decoding spins briefly (OrtEngine.SPIN_US).

@@ -125,7 +125,7 @@ class RequestPreparer:
         elif self.vision is not None and media_parts(request.messages, "image"):
             from trt_llm.runtime.media.vision.prompt import attach_images
 
-            ids, media = attach_images(self.vision, request.messages, prompt.token_ids, formatter.media_dir, where,
+            ids, media = attach_images(self.vision, request.messages, prompt, self.tokenizer, formatter.media_dir, where,
                                        self.limits["max_input_len"])
             prompt = dataclasses.replace(prompt, token_ids=ids)
         if self.audio is not None and not self.audio.cross_attention and media_parts(request.messages, "audio"):

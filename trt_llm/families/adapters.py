@@ -20,6 +20,7 @@ ADAPTERS = {
     "qwen2_5_vl": "trt_llm.families.qwen_vl.host:WindowedTower",
     "qwen3_vl": "trt_llm.families.qwen_vl.host:InterpolatedTower",
     "smolvlm": "trt_llm.families.smolvlm.host:TiledTower",
+    "gemma3": "trt_llm.families.gemma3.host:SoftTokenTower",
 }
 
 

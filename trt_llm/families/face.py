@@ -38,6 +38,9 @@ class Family:
     # A vision-language decoder's positions: mRoPE [3, B, S], "sections" (Qwen2.5-VL's consecutive
     # chunks) or "interleaved" (Qwen3-VL's); None: one position per token.
     mrope: str | None = None
+    # Gemma 3: the soft tokens of one image attend to each other both ways in the decoder (the prompt's
+    # attention is causal elsewhere): its graph takes a mask of which new tokens each new token sees.
+    bidirectional_images: bool = False
     vision: Component | None = None
     audio: Component | None = None
     # An encoder-decoder (Whisper): its decoder module exports the llm/ graph itself (export_llm), a

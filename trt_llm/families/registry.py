@@ -10,7 +10,7 @@ from importlib import import_module
 from trt_llm.families.face import Family
 
 PACKAGES = (
-    "llama",  # Llama, Qwen2/3, Mistral, Ministral, Phi-3, Gemma 2/3 (text), Qwen3-MoE
+    "llama",  # Llama, Qwen2/3, Mistral, Ministral, Phi-3, Gemma 2, Gemma 3 (text), Qwen3-MoE
     "qwen_vl",  # Qwen2.5-VL, Qwen3-VL: the decoder with mRoPE and the Qwen vision tower
     "qwen2_audio",  # Qwen2-Audio: the decoder reading its audio tower's rows
     "qwen3_asr",  # Qwen3-ASR: a Qwen3 decoder reading its chunked audio encoder's rows
@@ -18,6 +18,7 @@ PACKAGES = (
     "qwen3_5",  # Qwen3.5, Qwen3-Next: Gated DeltaNet and gated attention
     "lfm2",  # LFM2: short gated convolutions and attention
     "smolvlm",  # SmolVLM2, Idefics3: a Llama decoder and a tiled SigLIP tower with pixel shuffle
+    "gemma3",  # Gemma 3 with its SigLIP tower: 256 soft tokens an image, seen both ways
 )
 
 

@@ -72,7 +72,9 @@ class Runner:
         try:  # a quantized engine stores its embedding in fp16 or int8 blocks
             from trt_llm.runtime.backends.embedding import load_embedding
 
-            embedding = load_embedding(ed.component_path("llm", "embedding"), ed.manifest["model"]["dtype"], dims)
+            scale = ed.manifest["model"].get("embedding_scale")  # Gemma's, looked up on the host since issue 42
+            embedding = load_embedding(ed.component_path("llm", "embedding"), ed.manifest["model"]["dtype"], dims,
+                                       *([scale] if scale else []))
         except ImportError:  # a trt-llm before issue 17 (peers/ours_ref.py runs one)
             embedding = load_file(str(ed.component_path("llm", "embedding")))["embedding"]
         engine = OrtEngine(ed.component_path("llm", "engine"), dims["num_layers"], threads)

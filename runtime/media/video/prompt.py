@@ -22,6 +22,7 @@ from trt_llm.runtime.media.sources import MediaError
 from trt_llm.runtime.media.video.reader import PendingVideo, VideoReader
 from trt_llm.runtime.media.vision.encoder import EncodedImage, VisionEncoder
 from trt_llm.runtime.media.vision.mrope import span_positions
+from trt_llm.runtime.media.vision.prompt import refuse_pan_and_scan
 from trt_llm.runtime.text.prompt import PromptError
 
 
@@ -40,6 +41,7 @@ def attach_vision(vision: VisionEncoder, tokenizer, messages, token_ids: list[in
                   where: str, max_input_len: int) -> tuple[list[int], SequenceMedia]:
     """As runtime/media/vision/prompt.attach_images, for a prompt with video parts (and images)."""
     image_parts, video_parts = media_parts(messages, "image"), media_parts(messages, "video")
+    refuse_pan_and_scan(vision, image_parts, where)
     images = read_parts(image_parts, "image", media_dir, where, vision.pending)
     image_counts = [vision.tokens_of(image) for image in images]
     left = vision.max_request_tokens - sum(image_counts)

@@ -17,15 +17,15 @@ from trt_llm.runtime.media.sequence_media import SequenceMedia, media_parts, rea
 from trt_llm.runtime.media.vision.encoder import VisionEncoder
 
 
-def attach_images(vision: VisionEncoder, messages, token_ids: list[int], media_dir: Path | None,
+def attach_images(vision: VisionEncoder, messages, prompt, tokenizer, media_dir: Path | None,
                   where: str, max_input_len: int) -> tuple[list[int], SequenceMedia]:
-    """The prompt's token ids with the images' tokens, and its SequenceMedia. Raises ValueError
-    (PromptError when the template placed the wrong number of image tokens) before any image is
-    encoded, so a request that cannot run costs no encoder time."""
+    """The prompt's (runtime/text/prompt.Prompt) token ids with the images' tokens, and its
+    SequenceMedia. Raises ValueError (PromptError when the template placed the wrong number of image
+    tokens) before any image is encoded, so a request that cannot run costs no encoder time."""
     own_layout = getattr(vision.adapter, "attach_images", None)
-    if own_layout is not None:  # the family lays its images out itself (SmolVLM's tiles, 1-D positions)
-        return own_layout(vision, messages, token_ids, media_dir, where, max_input_len)
-    placeholder = vision.image_token_id
+    if own_layout is not None:  # the family lays its images out itself (SmolVLM's tiles, Gemma 3's text)
+        return own_layout(vision, messages, prompt, tokenizer, media_dir, where, max_input_len)
+    token_ids, placeholder = prompt.token_ids, vision.image_token_id
     _, pending, counts = pending_images(vision, messages, token_ids, placeholder, media_dir, where)
     widened, offsets = widen_placeholders(token_ids, placeholder, counts)
     if len(widened) > max_input_len:
@@ -43,6 +43,7 @@ def pending_images(vision: VisionEncoder, messages, token_ids: list[int], placeh
     PromptError when the chat template placed another number of `placeholder` tokens than there are
     image parts."""
     parts = media_parts(messages, "image")
+    refuse_pan_and_scan(vision, parts, where)
     pending = read_parts(parts, "image", media_dir, where, vision.pending)
     counts = [vision.tokens_of(image) for image in pending]
     if sum(counts) > vision.max_request_tokens:
@@ -54,3 +55,13 @@ def pending_images(vision: VisionEncoder, messages, token_ids: list[int], placeh
         raise PromptError(f"{where}.messages: the chat template placed {placed} image token(s) for "
                           f"{len(parts)} image part(s)")
     return parts, pending, counts
+
+
+def refuse_pan_and_scan(vision: VisionEncoder, parts, where: str) -> None:
+    """An image part's pan_and_scan: true, on a tower that cuts no crops (Gemma 3's does)."""
+    if getattr(vision.adapter, "pan_and_scan", False):
+        return
+    for m, c, part in parts:
+        if part.pan_and_scan:
+            raise ValueError(f"{where}.messages[{m}].content[{c}].pan_and_scan: the {vision.settings.get('family')} "
+                             "vision tower cuts no pan-and-scan crops (Gemma 3's does)")

@@ -15,7 +15,5 @@ FAMILIES = (
     Family("phi3", "Phi3ForCausalLM", DECODER),
     Family("gemma2", "Gemma2ForCausalLM", DECODER, gemma=True),
     Family("gemma3_text", "Gemma3ForCausalLM", DECODER, qk_norm=True, gemma=True),
-    # A Gemma 3 vision-language checkpoint: its text decoder (the vision tower is not built yet)
-    Family("gemma3", "Gemma3ForConditionalGeneration", DECODER, qk_norm=True, gemma=True),
     Family("qwen3_moe", "Qwen3MoeForCausalLM", DECODER, qk_norm=True),
 )

@@ -47,8 +47,8 @@ class TiledTower:
     def feeds(self, grids: list[tuple[int, int, int]]) -> dict[str, np.ndarray]:
         return {}  # the frames are the graph's batch: nothing depends on the images' sizes
 
-    def attach_images(self, vision, messages, token_ids, media_dir, where, max_input_len):
+    def attach_images(self, vision, messages, prompt, tokenizer, media_dir, where, max_input_len):
         """The prompt expansion (runtime/media/vision/prompt.py hands an engine's prompts to it)."""
         from trt_llm.families.smolvlm.prompt import attach_images
 
-        return attach_images(self, vision, messages, token_ids, media_dir, where, max_input_len)
+        return attach_images(self, vision, messages, prompt.token_ids, media_dir, where, max_input_len)
