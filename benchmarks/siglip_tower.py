@@ -12,15 +12,15 @@ rounds.
 
 The tower is fp32 GEMMs all but a few per cent, so the report also gives its FLOPs per image and
 the floor they set: those FLOPs at the rate ONNX Runtime's GEMM reaches on the tower's own fc1
-shape here (best of 5), and the speedup over transformers' best run that a tower with no other
-cost would have (`ceiling_speedup`).
+shape here (its best run: a run of it is timed in every round, beside the towers), and the speedup
+over transformers' best run that a tower with no other cost would have (`ceiling_speedup`).
 
 Every timed run records the CPU other processes used meanwhile (cores; the machine is shared):
 `undisturbed` are the runs with less than 0.3 of a core used by others. `--clock cpu` (one thread
 only) times each run by the thread's CPU time, which a neighbour's load does not stretch.
 
     python benchmarks/siglip_tower.py [--layers 2] [--threads 2] [--rounds 5] [--before]
-                                      [--clock wall|cpu] [--json out.json]
+                                      [--clock wall|cpu] [--wait-idle 60] [--json out.json]
 
 No weights are downloaded: the tower is random.
 """
@@ -75,8 +75,8 @@ def tower_gflop(frames: int, layers: int) -> float:
     return 2 * frames * per_frame / 1e9
 
 
-def gemm_rate(frames: int, threads: int) -> float:
-    """GFLOP/s of ONNX Runtime's MatMul on the tower's fc1 shape [F * L, 768] x [768, 3072], best of 5."""
+def gemm(frames: int, threads: int):
+    """ONNX Runtime's MatMul on the tower's fc1 shape [F * L, 768] x [768, 3072]: (a run, its GFLOP)."""
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
@@ -92,8 +92,7 @@ def gemm_rate(frames: int, threads: int) -> float:
                                    .SerializeToString(), options, providers=["CPUExecutionProvider"])
     x = np.random.default_rng(1).standard_normal((m, k)).astype(np.float32)
     session.run(None, {"x": x})
-    best = min(_timed(lambda: session.run(None, {"x": x}), time.perf_counter) for _ in range(5))
-    return 2 * m * k * n / best / 1e9
+    return (lambda: session.run(None, {"x": x})), 2 * m * k * n / 1e9
 
 
 def _timed(fn, clock) -> float:
@@ -138,6 +137,8 @@ def main() -> None:
     parser.add_argument("--before", action="store_true", help="also our graph without the SigLIP lowering")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="cpu: the calling thread's CPU time (only with --threads 1)")
+    parser.add_argument("--wait-idle", type=float, default=0.0,
+                        help="before each round, wait up to this many seconds for the neighbours to go quiet")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.clock == "cpu" and args.threads != 1:
@@ -177,15 +178,19 @@ def main() -> None:
         engines["transformers"] = theirs
         reference = theirs()
         differences = {name: float(np.abs(run() - reference).max()) for name, run in engines.items() if name != "transformers"}
+        gemm_run, gemm_gflop = gemm(len(frames), args.threads)
         times = {name: [] for name in engines}
+        gemm_seconds = []
         for _ in range(args.rounds):  # interleaved: the shared machine's load moves every engine alike
+            meter.wait_idle(args.wait_idle)
             for name, run in engines.items():
                 before = meter.snapshot()
                 elapsed = _timed(run, clock)
                 times[name].append({"ms": elapsed * 1000, "other_cores": meter.other_cores(before, meter.snapshot())})
+            gemm_seconds.append(_timed(gemm_run, clock))
         stats = {name: summary(runs) for name, runs in times.items()}
         gflop = tower_gflop(len(frames), args.layers)
-        rate = gemm_rate(len(frames), args.threads)
+        rate = gemm_gflop / min(gemm_seconds)
         floor_ms = gflop / rate * 1000
         theirs_ms = stats["transformers"]
         results[label] = {
@@ -206,7 +211,7 @@ def main() -> None:
     report = {"machine": {"cpu": cpu_name(), "logical_cores": __import__("os").cpu_count(), "python": platform.python_version()},
               "versions": {"onnxruntime": ort.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
                            "numpy": np.__version__},
-              "threads": args.threads, "clock": args.clock, "layers": args.layers, "rounds": args.rounds,
+              "threads": args.threads, "clock": args.clock, "wait_idle_s": args.wait_idle, "layers": args.layers, "rounds": args.rounds,
               "torch_attention": model.config.vision_config._attn_implementation, "results": results}
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
