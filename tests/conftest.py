@@ -7,6 +7,9 @@ from pathlib import Path
 # Tests must never reach the Hugging Face hub; fail fast instead of hanging on the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# transformers 5.25 swaps layers for the Hub's kernels at from_pretrained (use_kernels defaults on): the
+# references must be its own torch code, as the build's (build/__init__.py) are.
+os.environ.setdefault("USE_HUB_KERNELS", "0")
 
 # `from assets import ...` works from any test file, also in sub-folders and under
 # --import-mode=importlib (which does not put test folders on sys.path).
