@@ -88,7 +88,7 @@ class Model:
         image whose tokens see each other both ways is never split. A pass that would end inside one
         ends before it, or, when it begins inside or at it (a restored prefix may end there), after it."""
         media = getattr(sequence, "media", None)
-        if not self.bidirectional_block or media is None:
+        if not self.bidirectional_block or media is None or take <= 0:  # (a row given nothing this pass waits)
             return take
         end = start + take
         for first, tokens, _ in media.spans():

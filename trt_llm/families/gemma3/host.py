@@ -1,5 +1,6 @@
 """The Gemma 3 vision component at run time (torch-free): its image processor (an image squeezed to one
-square frame, and its pan-and-scan crops when the processor config asks: processor.py), its graph's
+square frame, and its pan-and-scan crops when the image part or the processor config asks: processor.py,
+prompt.py), its graph's
 host inputs (none: the frames are the batch) and its prompt layout (prompt.py), made from the
 component's config.json (vision_tower.export_vision)."""
 
@@ -20,6 +21,7 @@ class SoftTokenTower:
     image_token_id: int  # <image_soft_token>
     boi_token_id: int  # <start_of_image>: the chat template's one per image
     eoi_token_id: int
+    pan_and_scan = True  # (not a field) an image part may ask for crops: prompt.py cuts them
 
     @classmethod
     def from_settings(cls, settings: dict) -> "SoftTokenTower":
@@ -33,8 +35,6 @@ class SoftTokenTower:
         opt is one image with 4 pan-and-scan crops (the processor's default most)."""
         frames = max(1, config.vision.max_image_tokens // settings["tile_tokens"])
         return {"frames": (1, min(frames, 5), frames)}
-
-    pan_and_scan = True  # an image part may ask for crops (prompt.py cuts them)
 
     def image_processor(self, preprocessor: dict):
         """The checkpoint's image processor (runtime/media/vision/encoder.py asks its adapter for one),
