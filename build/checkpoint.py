@@ -210,7 +210,7 @@ def load_checkpoint(model: str, dtype: str, trust_remote_code: bool = False, str
     with _loading(model):
         config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code, **extra)
     family = family_for(config)  # refuse an unsupported architecture before loading any weights
-    _check_config(model, config)  # and a config whose values the graph cannot take
+    _check_config(model, config, family)  # and a config whose values the graph cannot take
     published, published_config, weights = None, None, None
     if stream and not (extra or trust_remote_code or family.multimodal or family.vision or family.encoder_decoder):
         with _loading(model):
@@ -262,12 +262,13 @@ def load_checkpoint(model: str, dtype: str, trust_remote_code: bool = False, str
                       weights)
 
 
-def _check_config(model: str, config) -> None:
-    """build/config_checks.py's per-family checks, as a CheckpointError naming config.json's key."""
+def _check_config(model: str, config, family) -> None:
+    """The check the family's face names (build/config_checks.py), as a CheckpointError naming
+    config.json's key."""
     from trt_llm.build.config_checks import ConfigCheckError, check_config
 
     try:
-        check_config(config)
+        check_config(config, family)
     except ConfigCheckError as error:
         raise CheckpointError(f"model: {model!r}: config.json: {error}") from None
 

@@ -46,6 +46,9 @@ class Family:
     # An encoder-decoder (Whisper): its decoder module exports the llm/ graph itself (export_llm), a
     # decoder with cross-attention over the audio encoder's keys and values; no LoRA, draft or quantization.
     encoder_decoder: bool = False
+    # The build's check of its (text decoder's) config, "module:function" (build/config_checks.py): a
+    # family with layers of its own names one in its package
+    checks: str = "trt_llm.build.config_checks:attention_layers"
 
     @property
     def multimodal(self) -> bool:

@@ -15,5 +15,5 @@ FAMILIES = (
     Family("phi3", "Phi3ForCausalLM", DECODER),
     Family("gemma2", "Gemma2ForCausalLM", DECODER, gemma=True),
     Family("gemma3_text", "Gemma3ForCausalLM", DECODER, qk_norm=True, gemma=True),
-    Family("qwen3_moe", "Qwen3MoeForCausalLM", DECODER, qk_norm=True),
+    Family("qwen3_moe", "Qwen3MoeForCausalLM", DECODER, qk_norm=True, checks="trt_llm.build.config_checks:moe_layers"),
 )

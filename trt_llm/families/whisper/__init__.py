@@ -8,5 +8,5 @@ GRAPHS = "trt_llm.families.whisper.graphs"
 
 FAMILIES = (
     Family("whisper", "WhisperForConditionalGeneration", GRAPHS, task="transcription", transcription="windowed",
-           audio=Component(GRAPHS, "whisper"), encoder_decoder=True),
+           audio=Component(GRAPHS, "whisper"), encoder_decoder=True, checks="trt_llm.families.whisper.checks:whisper"),
 )
