@@ -13,7 +13,7 @@ from torch.export import Dim
 
 from trt_llm.build.models.skeleton import DecoderSkeleton
 from trt_llm.schemas.graph_spec import DEEPSTACK, TREE_MASK, decoder_spec, draft_spec, lora_input, past, window_lengths
-from trt_llm.schemas.layer_spec import window_of
+from trt_llm.schemas.layer_spec import owns_cache, window_of
 from trt_llm import plugins
 from trt_llm.plugins.attention import LOOKAHEAD_KEY
 
@@ -47,6 +47,8 @@ def _example_inputs(graph: DecoderSkeleton, dtype: torch.dtype, spec, lora_layou
     }
     # One tensor object per cache: the tracer would merge inputs that are the same object.
     for i, layer in enumerate(graph.layer_specs):
+        if not owns_cache(layer):  # it reads its kv_source's cache: no tensors of its own
+            continue
         if layer.kind == "recurrent":  # its states, fixed shapes
             examples.update({past(state.name, i): torch.zeros(
                 batch, *state.shape, dtype=dtype if state.dtype == "model" else torch.float32) for state in layer.states})

@@ -50,6 +50,7 @@ def graph_mismatch(manifest, path: Path) -> str | None:
     has no ONNX graph beside it to read)."""
     from trt_llm.runtime.onnx_inputs import graph_inputs
     from trt_llm.schemas.graph_spec import decoder_spec, window_lengths
+    from trt_llm.schemas.layer_spec import owns_cache
 
     llm = manifest.components.llm
     graph_file = next((path / f for f in (llm.engine, llm.graph) if f and f.endswith(".onnx") and (path / f).is_file()),
@@ -64,8 +65,10 @@ def graph_mismatch(manifest, path: Path) -> str | None:
         head, _, index = name.rpartition("_")
         if name.startswith("past_") and index.isdigit() and not name.startswith("past_lengths"):
             kinds.setdefault(int(index), "attention" if head == "past_key" else "recurrent")
-    if kinds and len(kinds) != len(layers):
-        return f"model.layers: {len(layers)} layers, the graph has {len(kinds)}"
+    owning = [i for i, layer in enumerate(layers) if owns_cache(layer)]  # (a kv_source reader has no cache inputs)
+    if kinds and len(kinds) != len(owning):
+        noun = "layers" if len(owning) == len(layers) else "layers with a cache"
+        return f"model.layers: {len(owning)} {noun}, the graph has {len(kinds)}"
     for index, layer in enumerate(layers):
         kind = "recurrent" if layer.kind == "recurrent" else "attention"
         if index in kinds and kinds[index] != kind:

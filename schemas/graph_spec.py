@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trt_llm.schemas.layer_spec import window_of
+from trt_llm.schemas.layer_spec import owns_cache, window_of
 
 # The small per-step inputs every graph takes first, in this order.
 STEP_INPUTS = ("inputs_embeds", "position_ids", "past_lengths", "query_lengths", "logits_indices")
@@ -104,9 +104,12 @@ def _capacity_dim(layer) -> str:
 
 def _cache_tensors(layers, direction) -> list[TensorSpec]:
     """Every layer's cache tensors, layer by layer: key and value of an attention layer (its slots
-    dimension: `capacity`, or a sliding group's own), the states of a recurrent one."""
+    dimension: `capacity`, or a sliding group's own), the states of a recurrent one; none for a layer
+    that reads another's (kv_source)."""
     specs = []
     for i, layer in enumerate(layers):
+        if not owns_cache(layer):  # (it reads its kv_source's)
+            continue
         if layer.kind == "recurrent":
             specs += [TensorSpec(direction(state.name, i), MODEL_DTYPE if state.dtype == "model" else state.dtype,
                                  ("batch", *[None] * len(state.shape))) for state in layer.states]

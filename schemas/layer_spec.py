@@ -14,6 +14,10 @@ per-layer input.
     recurrent  a fixed-size state per sequence (named tensors) that each token updates, whatever the
                length (Gated DeltaNet, Mamba)
 
+An attention layer with `kv_source` (Gemma 4's KV sharing) computes no keys and values: it reads those of
+the earlier layer it names, which owns them (`owns_cache`), so it has no cache tensors, no place in a
+cache group and nothing in a context record; its source is of its kind and geometry.
+
 Layers of the same kind and geometry form a cache group (`group_key`): one block of buffers in the
 runtime, one lengths input in the graph for a sliding group.
 """
@@ -50,6 +54,7 @@ class _Attention(BaseModel):
     scale: float  # the softmax scale of q k^T
     rotary: RotarySpec | None = None  # None: no rotary (Whisper's learned positions)
     soft_cap: float | None = None  # scores -> soft_cap * tanh(scores / soft_cap) (Gemma 2)
+    kv_source: int | None = Field(None, ge=0)  # the earlier layer whose keys and values it reads (owns none)
 
 
 class FullAttention(_Attention):
@@ -86,6 +91,29 @@ LayerSpec = Annotated[Union[FullAttention, SlidingAttention, CrossAttention, Rec
 ATTENTION_KINDS = ("full", "sliding", "cross")
 
 
+def owns_cache(layer) -> bool:
+    """Whether the layer holds a cache of its own (every layer but one that reads another's: kv_source)."""
+    return getattr(layer, "kv_source", None) is None
+
+
+def kv_source_problem(layers) -> str | None:
+    """Why the layers' kv_source entries cannot be, naming the key, or None: a layer reads an earlier
+    one that owns its cache, of its own kind, window and geometry."""
+    for index, layer in enumerate(layers):
+        source = getattr(layer, "kv_source", None)
+        if source is None:
+            continue
+        where = f"layers[{index}].kv_source"
+        if source >= index:
+            return f"{where}: {source}, not an earlier layer"
+        owner = layers[source]
+        if owner.kind != layer.kind or not owns_cache(owner):
+            return f"{where}: layer {source} is {'a reader itself' if owner.kind == layer.kind else owner.kind}"
+        if group_key(owner) != group_key(layer):
+            return f"{where}: layer {source}'s cache is {group_key(owner)[1:]}, this layer's {group_key(layer)[1:]}"
+    return None
+
+
 def group_key(layer) -> tuple:
     """Layers with equal keys share one cache group (and, sliding, one lengths input)."""
     if layer.kind == "recurrent":
@@ -113,4 +141,5 @@ def parse_layers(data: list[dict]) -> list:
 
 
 __all__ = ["ATTENTION_KINDS", "CrossAttention", "FullAttention", "LayerSpec", "Recurrent", "RotarySpec",
-           "SlidingAttention", "StateTensor", "full_layers", "group_key", "parse_layers", "window_of"]
+           "SlidingAttention", "StateTensor", "full_layers", "group_key", "kv_source_problem", "owns_cache",
+           "parse_layers", "window_of"]

@@ -15,7 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic_core import PydanticCustomError
 
 from ._errors import format_errors, json_type
-from .layer_spec import LayerSpec
+from .layer_spec import LayerSpec, kv_source_problem
 
 # The one format version: the build writes it and both the runtime and trt-llm-compile read only it.
 FORMAT_VERSION = 1
@@ -200,10 +200,13 @@ def validate_manifest(data: Any, source: str) -> Manifest:
 def _inconsistency(manifest: Manifest) -> str | None:
     """What a hand edit makes of a manifest whose every key is well typed: a layer count that is not the
     model's, limits raised past what the engine was built for (build_config, which the build and the
-    compile write with them), a prompt longer than the cache."""
+    compile write with them), a prompt longer than the cache, a layer that reads the keys and values of
+    one that is not an earlier layer of its kind and geometry."""
     dims, layers = manifest.model.dims, manifest.model.layers
     if dims.num_layers != len(layers):
         return f"model.dims.num_layers: {dims.num_layers}, but model.layers has {len(layers)} layers"
+    if why := kv_source_problem(layers):  # a layer reading another's keys and values (Gemma 4)
+        return f"model.{why}"
     limits = manifest.limits
     for key in ("max_batch_size", "max_input_len", "max_kv_cache_capacity"):
         built = manifest.build_config.get(key)

@@ -32,13 +32,15 @@ import numpy as np
 from trt_llm.runtime.cache.cross_cache import CrossCache
 from trt_llm.runtime.cache.kv_cache import KVCache
 from trt_llm.runtime.cache.recurrent_cache import RecurrentCache
-from trt_llm.schemas.layer_spec import group_key, window_of
+from trt_llm.schemas.layer_spec import group_key, owns_cache, window_of
 
 
 class CacheSet:
-    def __init__(self, groups: list, capacity: int):
+    def __init__(self, groups: list, capacity: int, num_layers: int | None = None):
+        """num_layers: the model's (None: up to the groups' last; a kv_source reader is in no group)."""
         self.groups = groups
         self._capacity = capacity
+        self._num_layers = num_layers
 
     # -- what every group has -------------------------------------------------------------------
 
@@ -65,7 +67,7 @@ class CacheSet:
             group.move_slots(row, sources, start)
 
     def window(self, start: int, stop: int) -> "CacheSet":
-        return CacheSet([group.window(start, stop) for group in self.groups], self._capacity)
+        return CacheSet([group.window(start, stop) for group in self.groups], self._capacity, self._num_layers)
 
     def reserve(self, rows: int, capacity: int, used: list[int]) -> None:
         for group in self.groups:
@@ -103,7 +105,7 @@ class CacheSet:
 
     @property
     def num_layers(self) -> int:
-        return 1 + max(layer for group in self.groups for layer in group.layers)
+        return self._num_layers or 1 + max(layer for group in self.groups for layer in group.layers)
 
     def needed(self, length: int) -> list[int]:
         """Per layer: the first token a restored prefix of `length` tokens must give it."""
@@ -169,7 +171,8 @@ class CacheSet:
 def cache_bytes(layers, itemsize: int) -> dict[str, int]:
     """What one row of a pool holds, from the layer specs (the profile's `cache`): the keys and values
     of a token over every attention layer, and the recurrent layers' states, whatever its length."""
-    per_token = sum(2 * layer.kv_heads * layer.head_dim * itemsize for layer in layers if layer.kind != "recurrent")
+    per_token = sum(2 * layer.kv_heads * layer.head_dim * itemsize for layer in layers
+                    if layer.kind != "recurrent" and owns_cache(layer))  # (a kv_source reader holds nothing)
     states = sum(int(np.prod(state.shape)) * (itemsize if state.dtype == "model" else 4)
                  for layer in layers if layer.kind == "recurrent" for state in layer.states)
     return {"attention_bytes_per_token": per_token, "state_bytes_per_row": states,
@@ -180,7 +183,8 @@ def group_layers(layers) -> list[tuple[tuple, list[int]]]:
     """(group key, layer indices) of each cache group, in order of the groups' first layers."""
     groups: dict[tuple, list[int]] = {}
     for index, layer in enumerate(layers):
-        groups.setdefault(group_key(layer), []).append(index)
+        if owns_cache(layer):  # (a layer that reads another's keys and values is in no group)
+            groups.setdefault(group_key(layer), []).append(index)
     return list(groups.items())
 
 
@@ -207,4 +211,5 @@ def make_groups(layers, batch: int, capacity: int, widest: int | None, dtype, kv
 def cache_set(layers, batch: int, capacity: int, dtype, widest: int | None = None) -> CacheSet:
     """The host caches (numpy) of `layers` for `batch` rows of `capacity` tokens; widest: the most new
     tokens one step gives a row (a sliding group's size depends on it; None: the capacity)."""
-    return CacheSet(make_groups(layers, batch, capacity, widest, dtype, KVCache, CrossCache, RecurrentCache), capacity)
+    return CacheSet(make_groups(layers, batch, capacity, widest, dtype, KVCache, CrossCache, RecurrentCache), capacity,
+                    len(layers))

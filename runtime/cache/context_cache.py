@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from trt_llm.schemas.layer_spec import owns_cache
+
 log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET_MB = 1024
@@ -50,7 +52,8 @@ class ContextCacheError(ValueError):
 @dataclass(frozen=True)
 class Layout:
     """What a record of one engine holds, from its layer specs (schemas/layer_spec.py): per layer
-    (kv_heads, head_dim) of its keys and values [Hkv, n, D], None for a recurrent layer (no tokens);
+    (kv_heads, head_dim) of its keys and values [Hkv, n, D], None for a recurrent layer or one that reads
+    another's (kv_source): no tokens of its own;
     the recurrent states' shapes in snapshot order; the draft layers' (kv_heads, head_dim); the
     arrays' dtype (None: not checked)."""
     attention: tuple
@@ -60,7 +63,8 @@ class Layout:
 
     @classmethod
     def of(cls, layers, dtype: str, draft_layers=()) -> "Layout":
-        attention = tuple(None if layer.kind == "recurrent" else (layer.kv_heads, layer.head_dim) for layer in layers)
+        attention = tuple(None if layer.kind == "recurrent" or not owns_cache(layer) else (layer.kv_heads, layer.head_dim)
+                          for layer in layers)
         model = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16)}.get(dtype)
         states = tuple((tuple(state.shape), model if state.dtype == "model" else np.dtype(np.float32))
                        for layer in layers if layer.kind == "recurrent" for state in layer.states)

@@ -409,7 +409,7 @@ class DeviceCacheSet(CacheSet):
             group.swap()
 
     def window(self, start: int, stop: int) -> DeviceCacheSet:
-        return DeviceCacheSet([group.window(start, stop) for group in self.groups], self.capacity)
+        return DeviceCacheSet([group.window(start, stop) for group in self.groups], self.capacity, self._num_layers)
 
     def free(self) -> None:
         for group in self.groups:
@@ -431,4 +431,5 @@ def device_cache_set(cudart, stream, layers, batch: int, capacity: int, dtype,
 
         return DeviceRecurrentCache(cudart, stream, indices, rows, states, dtype_)
 
-    return DeviceCacheSet(make_groups(layers, batch, capacity, widest, dtype, kv, crossing, recurrent), capacity)
+    return DeviceCacheSet(make_groups(layers, batch, capacity, widest, dtype, kv, crossing, recurrent), capacity,
+                          len(layers))
