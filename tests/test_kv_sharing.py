@@ -36,7 +36,8 @@ def test_the_pool_holds_only_the_owners():
     cache = cache_set(specs, batch=2, capacity=32, dtype=np.float32)
     assert [group.layers for group in cache.groups] == [[0, 2], [1, 3]]
     assert cache.num_layers == 6 and cache.needed(20)[4:] == [20, 20]
-    # bytes a token: 2 sliding owners of 2 x 32 and 2 full of 1 x 64, keys and values, fp32: 2 * 4 * (128 + 64) ...
+    # fp32 bytes a token, keys and values: 2 sliding owners of 2 heads x 32 and 2 full ones of 1 x 64 (shared),
+    # 3 of each (not)
     shared, whole = cache_bytes(specs, 4), cache_bytes(layers(shared=False), 4)
     assert shared["attention_bytes_per_token"] == 2 * 4 * (2 * 2 * 32 + 2 * 64)
     assert whole["attention_bytes_per_token"] == 2 * 4 * (3 * 2 * 32 + 3 * 64)
