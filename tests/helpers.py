@@ -1,6 +1,7 @@
 """Small helpers shared by the end-to-end tests."""
 
 import json
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -16,6 +17,18 @@ PROMPTS = [
     "List the planets of the solar system in order, with one fact about each.",
     "Hi",
 ]
+
+
+def random_pictures(folder: Path, sizes: dict[str, tuple[int, int]]) -> dict[str, Path]:
+    """Random RGB pictures written as files in `folder`, {name: (height, width)} -> {name: path}; the
+    same pixels every run (one generator, seeded 0, in the dict's order)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for name, (height, width) in sizes.items():
+        Image.fromarray((rng.random((height, width, 3)) * 255).astype(np.uint8)).save(folder / name)
+    return {name: folder / name for name in sizes}
 
 
 def chat_request(text: str, **extra) -> dict:

@@ -38,11 +38,7 @@ def gemma3(tmp_path_factory, family_model, build_engine_for):
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("images")
-    rng = np.random.default_rng(0)
-    for name, (height, width) in SIZES.items():
-        Image.fromarray((rng.random((height, width, 3)) * 255).astype(np.uint8)).save(folder / name)
-    return {name: folder / name for name in SIZES}
+    return helpers.random_pictures(tmp_path_factory.mktemp("images"), SIZES)
 
 
 def image_request(*parts, pan_and_scan: bool | None = None) -> dict:

@@ -43,13 +43,7 @@ def vlm(request, tmp_path_factory, npm_tokenizer, build_engine_for):
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
     """Two random pictures of different sizes, as PNG files."""
-    folder = tmp_path_factory.mktemp("images")
-    rng = np.random.default_rng(0)
-    paths = {}
-    for name, (height, width) in {"wide.png": (60, 200), "tall.png": (120, 90)}.items():
-        Image.fromarray((rng.random((height, width, 3)) * 255).astype(np.uint8)).save(folder / name)
-        paths[name] = folder / name
-    return paths
+    return helpers.random_pictures(tmp_path_factory.mktemp("images"), {"wide.png": (60, 200), "tall.png": (120, 90)})
 
 
 def image_request(*parts) -> dict:
