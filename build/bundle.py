@@ -28,17 +28,34 @@ def write_tokenizer(checkpoint, directory: Path) -> None:
     checkpoint.generation_config.to_json_file(directory / "generation_config.json")
 
 
-def write_embedding(checkpoint, path: Path, storage: str, blocks=None) -> None:
+def write_embedding(checkpoint, path: Path, storage: str, blocks=None, module=None) -> None:
     """The runtime does the embedding lookup itself (so image/audio rows can be inserted later);
-    storage: fp32, fp16, bf16 or int8 (quantization.embedding); blocks: a GGUF's own Q8_0 table."""
+    storage: fp32, fp16, bf16 or int8 (quantization.embedding); blocks: a GGUF's own Q8_0 table.
+    module: another table than the token embedding (Gemma 4's per-layer one), stored the same way."""
     from safetensors.torch import save_file
 
     from trt_llm.build.quantize.embedding import embedding_tensors
 
     from trt_llm.build.checkpoint import TORCH_DTYPES
 
-    table = checkpoint.embedding_table(TORCH_DTYPES.get(storage))  # int8: as stored, quantized in slices
+    dtype = TORCH_DTYPES.get(storage)  # int8: as stored, quantized in slices
+    table = checkpoint.embedding_table(dtype) if module is None else checkpoint.module_weight(module, dtype)
     save_file(embedding_tensors(table, storage, blocks if storage == "int8" else None), str(path))
+
+
+def per_layer_section(graph, graphs, checkpoint, directory: Path, storage: str, dtype) -> dict | None:
+    """Gemma 4's per-layer table written beside the embedding (llm/per_layer_embedding.safetensors) and
+    the manifest's model.per_layer_inputs; None for a decoder without one."""
+    if not graph.per_layer_width:
+        return None
+    import torch
+
+    module = graphs.per_layer_embedding(checkpoint.model)
+    write_embedding(checkpoint, directory / "llm" / "per_layer_embedding.safetensors", storage, module=module)
+    width = graph.per_layer_size
+    return {"layers": len(graph.layer_specs), "width": width, "vocab_size": module.num_embeddings,
+            # transformers' scale, rounded to the weights' dtype as it rounds it
+            "scale": float(torch.tensor(width ** 0.5, dtype=dtype))}
 
 
 def encoder_decoder_config(config: BuildConfig, checkpoint) -> BuildConfig:
@@ -140,7 +157,7 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
 
     with steps.step("exporting to ONNX"):
         graphs = checkpoint.family.load()  # build/models/<module>.py builds its graph
-        lora_layout, draft, graph_deepstack, embedding_scale, block = None, None, 0, None, 0
+        lora_layout, draft, graph_deepstack, embedding_scale, block, per_layer = None, None, 0, None, 0, None
         if checkpoint.family.encoder_decoder:  # Whisper: the module exports its own decoder
             dims, layers = graphs.export_llm(checkpoint.model, directory / "llm" / "model.onnx", dtype, make_linear)
         else:
@@ -167,11 +184,14 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
             dims, graph_deepstack, layers = graph.dims.to_dict(), graph.deepstack_layers, graph.layer_specs
             embedding_scale, block = graph.embed_scale, graph.bidirectional_block
             refuse_unsupported(graph, draft)
+            per_layer = per_layer_section(graph, graphs, checkpoint, directory, storage, dtype)
             export_decoder(graph, directory / "llm" / "model.onnx", dtype, lora_layout)
             del graph
         components = {"llm": {"graph": "llm/model.onnx", "embedding": "llm/embedding.safetensors",
                               "config": "llm/config.json"},
                       "tokenizer": {"dir": "tokenizer"}}
+        if per_layer is not None:
+            components["llm"]["per_layer_embedding"] = "llm/per_layer_embedding.safetensors"
         if checkpoint.family.vision:
             from trt_llm.build.vision_stage import export_vision_component
 
@@ -205,6 +225,7 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
             "deepstack_layers": graph_deepstack,
             "embedding_scale": embedding_scale,
             "bidirectional_block": block,
+            "per_layer_inputs": per_layer,
             "layers": [spec.model_dump() for spec in layers],
             "quantization": make_linear.summary(config.quantization, storage)
             if config.quantization.weights != "none" else None,

@@ -39,10 +39,13 @@ class Checkpoint:
     def embedding_table(self, dtype: torch.dtype | None = None):
         """The token embedding's weight, in `dtype` when the stored table is converted anyway (a
         streamed one is then read straight into it: the table is never in memory twice)."""
-        table = self.model.get_input_embeddings()
+        return self.module_weight(self.model.get_input_embeddings(), dtype)
+
+    def module_weight(self, module, dtype: torch.dtype | None = None):
+        """A module's weight (an embedding table's: Gemma 4's per-layer one too), read as embedding_table's."""
         if self.weights is None:
-            return table.weight.detach()
-        return self.weights.read(f"{self.weights.names[id(table)]}.weight", dtype=dtype)
+            return module.weight.detach()
+        return self.weights.read(f"{self.weights.names[id(module)]}.weight", dtype=dtype)
 
 
 def _location(model: str) -> tuple[str, dict]:

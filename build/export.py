@@ -12,7 +12,8 @@ import torch
 from torch.export import Dim
 
 from trt_llm.build.models.skeleton import DecoderSkeleton
-from trt_llm.schemas.graph_spec import DEEPSTACK, TREE_MASK, decoder_spec, draft_spec, lora_input, past, window_lengths
+from trt_llm.schemas.graph_spec import (DEEPSTACK, PER_LAYER_INPUTS, TREE_MASK, decoder_spec, draft_spec, lora_input,
+                                        past, window_lengths)
 from trt_llm.schemas.layer_spec import owns_cache, window_of
 from trt_llm import plugins
 from trt_llm.plugins.attention import LOOKAHEAD_KEY
@@ -43,6 +44,7 @@ def _example_inputs(graph: DecoderSkeleton, dtype: torch.dtype, spec, lora_layou
         "logits_indices": torch.zeros(batch, kept, dtype=torch.int32),
         DEEPSTACK: torch.zeros(graph.deepstack_layers, batch, seq, d.hidden_size, dtype=dtype),
         TREE_MASK: torch.ones(seq, seq, dtype=torch.bool).tril().repeat(batch, 1, 1),
+        PER_LAYER_INPUTS: torch.zeros(batch, seq, graph.per_layer_width, dtype=dtype),
         **{window_lengths(w): torch.zeros(batch, dtype=torch.int32) for w in graph.windows},
     }
     # One tensor object per cache: the tracer would merge inputs that are the same object.
@@ -77,7 +79,7 @@ def _dynamic_shapes(spec) -> tuple:
 def export_decoder(graph: DecoderSkeleton, path: Path, dtype: torch.dtype, lora_layout: dict | None = None) -> Path:
     """Write `path` (+ `path.data` external weights); returns the path."""
     spec = decoder_spec(graph.layer_specs, graph.feature_layers is not None, lora_layout,
-                        graph.mrope_streams is not None, graph.deepstack_layers, graph.masked)
+                        graph.mrope_streams is not None, graph.deepstack_layers, graph.masked, graph.per_layer_width)
     if spec.input_names != graph.input_names:  # (the LoRA layout's groups are the graph's)
         raise ValueError(f"the graph's inputs {graph.input_names} are not its spec's {spec.input_names}")
     # A tree_mask that lets a token see later ones (Gemma 3's images) is said in the graph: ONNX Runtime's

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from trt_llm.schemas.graph_spec import PER_LAYER_INPUTS
 from trt_llm.schemas.manifest import FORMAT_VERSION
 
 RUNNABLE_BACKENDS = ("cpu", "tensorrt", "tensorrt-rtx")  # the TensorRT ones need their module and a GPU
@@ -81,12 +82,12 @@ def graph_mismatch(manifest, path: Path) -> str | None:
                     f"{', '.join(map(str, windows)) or 'none'})")
     spec = decoder_spec(layers, eagle=model.eagle is not None, lora_layout=manifest.lora.model_dump() if manifest.lora
                         else None, mrope=bool(model.mrope), deepstack=model.deepstack_layers,
-                        masked=model.bidirectional_block > 0)
+                        masked=model.bidirectional_block > 0, per_layer=_per_layer_width(model))
     for tensor in spec.inputs:
         if tensor.name not in found:
             return f"the graph has no input {tensor.name!r}, which the manifest's model and lora sections call for"
         have = found[tensor.name]
-        want = _fixed_dims(tensor.name, layers, model.dims)
+        want = _fixed_dims(tensor.name, layers, model)
         for axis, (named, got, wanted) in enumerate(zip(tensor.dims, have, want or ())):
             if named is None and wanted is not None and isinstance(got, int) and got != wanted:
                 return f"{_key_of(tensor.name, axis, layers)}: {wanted}, the graph's {tensor.name} has {got}"
@@ -98,10 +99,18 @@ def graph_mismatch(manifest, path: Path) -> str | None:
     return None
 
 
-def _fixed_dims(name: str, layers, dims) -> list | None:
+def _per_layer_width(model) -> int:
+    """The width of the graph's per_layer_inputs (Gemma 4's layers * P), 0 without one."""
+    table = model.per_layer_inputs
+    return table.layers * table.width if table is not None else 0
+
+
+def _fixed_dims(name: str, layers, model) -> list | None:
     """The model-fixed sizes of a decoder input (None where a dimension is dynamic)."""
     if name == "inputs_embeds":
-        return [None, None, dims.hidden_size]
+        return [None, None, model.dims.hidden_size]
+    if name == PER_LAYER_INPUTS:
+        return [None, None, _per_layer_width(model)]
     head, _, index = name.rpartition("_")
     if not (name.startswith("past_") and index.isdigit()) or int(index) >= len(layers):
         return None
@@ -116,6 +125,8 @@ def _key_of(name: str, axis: int, layers) -> str:
     """The manifest key that sets dimension `axis` of the decoder input `name`."""
     if name == "inputs_embeds":
         return "model.dims.hidden_size"
+    if name == PER_LAYER_INPUTS:
+        return "model.per_layer_inputs.layers x width"
     head, _, index = name.rpartition("_")
     layer = layers[int(index)]
     if layer.kind == "recurrent":
@@ -179,6 +190,8 @@ class EngineDir:
         engine = cls(path, manifest)
         components = typed.components
         files = [("llm", "engine", components.llm.engine), ("llm", "embedding", components.llm.embedding)]
+        if components.llm.per_layer_embedding is not None:
+            files.append(("llm", "per_layer_embedding", components.llm.per_layer_embedding))
         if components.draft is not None:
             files += [("draft", "engine", components.draft.engine), ("draft", "tensors", components.draft.tensors)]
         for component, key, relative in files:

@@ -6,7 +6,8 @@ engines read the names here; nobody else spells them.
     decoder inputs   inputs_embeds [batch, seq, H], position_ids [batch, seq] (mRoPE: [3, batch, seq]),
                      past_lengths [batch], query_lengths [batch], logits_indices [batch, kept],
                      (Qwen3-VL: deepstack_embeds [k, batch, seq, H]), (an EAGLE base, Gemma 3
-                     with images: tree_mask [batch, seq, seq]), (per sliding window W: past_lengths_w<W> [batch], the slots its
+                     with images: tree_mask [batch, seq, seq]), (Gemma 4: per_layer_inputs
+                     [batch, seq, layers * P], each token's rows of the per-layer table), (per sliding window W: past_lengths_w<W> [batch], the slots its
                      layers hold), then per layer its cache: past_key_i / past_value_i [batch, Hkv,
                      capacity (a sliding layer: capacity_w<W>), D], or a recurrent layer's
                      past_<state>_i [batch, *shape]; (an encoder-decoder: cross_key_i / cross_value_i
@@ -145,16 +146,19 @@ def lora_inputs(lora_layout: dict | None) -> list[TensorSpec]:
 
 
 DEEPSTACK = "deepstack_embeds"  # Qwen3-VL's [k, batch, seq, H]: vision features added after layer i < k
+# Gemma 4's [batch, seq, layers * P]: each new token's row of the per-layer embedding table, which the
+# runtime looks up (the table is too large for a graph: runtime/backends/embedding.py)
+PER_LAYER_INPUTS = "per_layer_inputs"
 
 
 def decoder_spec(layers, eagle: bool = False, lora_layout: dict | None = None, mrope: bool = False,
-                 deepstack: int = 0, masked: bool = False) -> GraphSpec:
+                 deepstack: int = 0, masked: bool = False, per_layer: int = 0) -> GraphSpec:
     """The decoder graph of `layers` (schemas/layer_spec.py, one per decoder layer). mrope:
     position_ids is [3, batch, seq] (time, row, column); deepstack: how many early layers take the
     vision tower's features (a deepstack_embeds input after logits_indices); masked: the new tokens
     see each other as a tree_mask says (an EAGLE base has one too; Gemma 3's image blocks see
-    themselves both ways). Inputs: the step's,
-    [deepstack_embeds], [tree_mask], a sliding group's lengths, every layer's cache tensors, an
+    themselves both ways); per_layer: the width of a per_layer_inputs input (Gemma 4's layers * P).
+    Inputs: the step's, [deepstack_embeds], [tree_mask], [per_layer_inputs], a sliding group's lengths, every layer's cache tensors, an
     encoder-decoder's cross keys and values, the LoRA pairs."""
     inputs = _step_inputs()
     if mrope:
@@ -163,6 +167,8 @@ def decoder_spec(layers, eagle: bool = False, lora_layout: dict | None = None, m
         inputs.append(TensorSpec(DEEPSTACK, MODEL_DTYPE, (None, "batch", "seq", None)))
     if eagle or masked:
         inputs.append(TensorSpec(TREE_MASK, "bool", ("batch", "seq", "seq")))
+    if per_layer:
+        inputs.append(TensorSpec(PER_LAYER_INPUTS, MODEL_DTYPE, ("batch", "seq", None)))
     inputs += _window_inputs(layers) + _cache_tensors(layers, past) + _cross_tensors(layers) + lora_inputs(lora_layout)
     outputs = [TensorSpec(LOGITS, "float32", ("batch", "kept", None))]
     if eagle:
@@ -198,6 +204,7 @@ __all__ = [
     "FEATURES",
     "INPUT_FEATURES",
     "LOGITS",
+    "PER_LAYER_INPUTS",
     "STEP_INPUTS",
     "TREE_MASK",
     "GraphSpec",

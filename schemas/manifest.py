@@ -65,6 +65,16 @@ class Quantization(BaseModel):
     kept_blocks: dict[str, int] = Field(default_factory=dict)  # a GGUF file's own blocks, by type
 
 
+class PerLayerInputs(BaseModel):
+    """Gemma 4's per-layer embeddings: a second table [vocab, layers * width] whose row of each token
+    the runtime looks up and the graph takes as per_layer_inputs (components.llm.per_layer_embedding)."""
+    model_config = _LENIENT
+    layers: PositiveInt
+    width: PositiveInt  # per layer
+    vocab_size: PositiveInt
+    scale: float = Field(gt=0)  # every row times this (sqrt(width), rounded to the model's dtype)
+
+
 class ModelSection(BaseModel):
     model_config = _LENIENT
     family: str
@@ -81,6 +91,7 @@ class ModelSection(BaseModel):
     # Gemma 3: an image's soft tokens (at most this many in a run) see each other both ways; the graph
     # takes a tree_mask, and a prefill pass never splits such a run
     bidirectional_block: int = Field(0, ge=0)
+    per_layer_inputs: PerLayerInputs | None = None  # Gemma 4's per-layer embeddings
     layers: list[LayerSpec] = Field(min_length=1)  # one per decoder layer, what its cache holds
 
 
@@ -96,6 +107,7 @@ class LlmComponent(BaseModel):
     graph: RelativePath
     engine: RelativePath | None = None  # absent in a bundle
     embedding: RelativePath
+    per_layer_embedding: RelativePath | None = None  # the table model.per_layer_inputs describes
     config: RelativePath
     tensorrt_version: str | None = None
 
@@ -207,6 +219,12 @@ def _inconsistency(manifest: Manifest) -> str | None:
         return f"model.dims.num_layers: {dims.num_layers}, but model.layers has {len(layers)} layers"
     if why := kv_source_problem(layers):  # a layer reading another's keys and values (Gemma 4)
         return f"model.{why}"
+    per_layer = manifest.model.per_layer_inputs
+    if per_layer is not None and per_layer.layers != len(layers):
+        return f"model.per_layer_inputs.layers: {per_layer.layers}, but model.layers has {len(layers)} layers"
+    if (per_layer is None) != (manifest.components.llm.per_layer_embedding is None):
+        return ("components.llm.per_layer_embedding: " + ("missing, which model.per_layer_inputs calls for"
+                if per_layer is not None else "a table model.per_layer_inputs does not describe"))
     limits = manifest.limits
     for key in ("max_batch_size", "max_input_len", "max_kv_cache_capacity"):
         built = manifest.build_config.get(key)

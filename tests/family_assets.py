@@ -57,6 +57,24 @@ FAMILIES = {
         linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
         moe_intermediate_size=32, shared_expert_intermediate_size=48, decoder_sparse_step=1, mlp_only_layers=[2],
         norm_topk_prob=True, partial_rotary_factor=0.25, tie_word_embeddings=False)),
+    # Gemma 4: sliding and global layers of two widths (head_dim 32 / 64; kv heads 2 / 1 with
+    # attention_k_eq_v: a global layer's values are its keys), the last two layers reading the keys and
+    # values of the last of their type before them, per-layer inputs of 8 per layer, double-wide MLPs on
+    # the shared layers; the per-layer table covers the padded vocabulary (262,208 of the gemma3 tokenizer)
+    "gemma4": ("gemma3", "Gemma4TextConfig", dict(
+        num_hidden_layers=6, layer_types=["sliding_attention", "full_attention"] * 3, sliding_window=WINDOW,
+        intermediate_size=96, head_dim=32, global_head_dim=64, num_key_value_heads=2, num_global_key_value_heads=1,
+        attention_k_eq_v=True, hidden_size_per_layer_input=8, vocab_size_per_layer_input=262_208,
+        num_kv_shared_layers=2, use_double_wide_mlp=True, final_logit_softcapping=30.0, tie_word_embeddings=True,
+        initializer_range=0.02)),
+    # Gemma 4 as E2B is shaped: one kv head everywhere, values of their own on the global layers, more
+    # sliding layers than global ones, three of the five layers reading another's cache
+    "gemma4_e2b": ("gemma3", "Gemma4TextConfig", dict(
+        num_hidden_layers=5, layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                                          "sliding_attention", "full_attention"], sliding_window=WINDOW,
+        intermediate_size=96, head_dim=32, global_head_dim=64, num_key_value_heads=1, attention_k_eq_v=False,
+        hidden_size_per_layer_input=8, vocab_size_per_layer_input=262_208, num_kv_shared_layers=2,
+        use_double_wide_mlp=True, final_logit_softcapping=30.0, tie_word_embeddings=True, initializer_range=0.02)),
     # LFM2: short gated convolutions (with a bias) around one attention layer; its own tokenizer is
     # not packaged, Qwen3's serves a random checkpoint as well
     "lfm2": ("qwen3", "Lfm2Config", dict(
@@ -89,6 +107,8 @@ def make_family_model(family: str, directory, cache_dir, *, seed: int = 0, **ove
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     assets.make_nontrivial(model)
+    if config_name == "Gemma4TextConfig":
+        gemma4_nontrivial(model)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=kwargs["pad_token_id"],
@@ -96,6 +116,20 @@ def make_family_model(family: str, directory, cache_dir, *, seed: int = 0, **ove
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def gemma4_nontrivial(model) -> None:
+    """What Gemma 4's init leaves trivial, random: each layer's scalar (ones) and both tables' pad rows
+    (zeros: an image's per-layer row is the pad row, which a wrong-row bug would then not show)."""
+    import torch
+
+    text = model.model
+    with torch.no_grad():
+        for layer in text.layers:
+            layer.layer_scalar.uniform_(0.5, 1.5)
+        pad = model.config.pad_token_id
+        for table in (text.embed_tokens, text.embed_tokens_per_layer):
+            table.weight[pad].normal_(0.0, 0.02)
 
 
 # Gemma 3's vision geometry as published (896-pixel frames, 64 x 64 patches of 14, pooled 4 x 4 into 256

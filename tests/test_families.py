@@ -19,7 +19,7 @@ from trt_llm.schemas.input_file import parse_input_dict
 
 NEW = 12
 TEXT = "The lighthouse keeper counted the ships that passed the rocks at night, one by one, in the rain."
-FAMILIES = ["gemma3", "gemma2", "mistral", "phi3", "qwen3_moe", "qwen3_5", "qwen3_next", "lfm2"]
+FAMILIES = ["gemma3", "gemma2", "mistral", "phi3", "qwen3_moe", "qwen3_5", "qwen3_next", "lfm2", "gemma4"]
 
 
 def requests_for(family: str) -> list[dict]:

@@ -41,6 +41,11 @@ def cut_layers_only(m):
     m["model"]["layers"] = m["model"]["layers"][:1]
 
 
+def per_layer(layers: int) -> dict:
+    """Gemma 4's model.per_layer_inputs, on an engine without one."""
+    return {"layers": layers, "width": 8, "vocab_size": 100, "scale": 2.0}
+
+
 CASES = {
     "cut_layers": (cut, "model.layers: 1 layers, the graph has 2"),
     "cut_layers_only": (cut_layers_only, "model.dims.num_layers: 2, but model.layers has 1 layers"),
@@ -54,6 +59,15 @@ CASES = {
                                            "model.layers: 1 layers with a cache, the graph has 2"),
     "kv_source_not_earlier": (lambda m: m["model"]["layers"][1].update(kv_source=1),
                               "model.layers[1].kv_source: 1, not an earlier layer"),
+    "per_layer_table_missing": (lambda m: m["model"].update(per_layer_inputs=per_layer(2)),
+                                "components.llm.per_layer_embedding: missing, which model.per_layer_inputs calls for"),
+    "per_layer_layers": (lambda m: (m["model"].update(per_layer_inputs=per_layer(3)),
+                                    m["components"]["llm"].update(per_layer_embedding="llm/embedding.safetensors")),
+                         "model.per_layer_inputs.layers: 3, but model.layers has 2 layers"),
+    "per_layer_input_the_graph_lacks": (lambda m: (m["model"].update(per_layer_inputs=per_layer(2)),
+                                                   m["components"]["llm"].update(
+                                                       per_layer_embedding="llm/embedding.safetensors")),
+                                        "the graph has no input 'per_layer_inputs'"),
     "raised_capacity": (lambda m: m["limits"].update(max_kv_cache_capacity=4096),
                         "limits.max_kv_cache_capacity: 4096, but the engine was built for 512"),
     "raised_input_len": (lambda m: m["limits"].update(max_input_len=4096),

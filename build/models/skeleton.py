@@ -37,6 +37,16 @@ from trt_llm.schemas.graph_spec import DEEPSTACK, TREE_MASK, decoder_spec, lora_
 from trt_llm.schemas.layer_spec import RotarySpec, window_of
 
 
+def _shared(config, name: str):
+    """A config value of every layer. transformers 5.25's heterogeneous configs (Gemma 4's
+    per_layer_config) raise for one that varies by layer: the first layer's then, which only the
+    manifest's dims show (each layer's spec has its own)."""
+    try:
+        return getattr(config, name, None)
+    except RuntimeError:  # (AmbiguousGlobalPerLayerAttributeError)
+        return getattr(config.per_layer_config[0], name, None)
+
+
 class ModelDims:
     """The numbers the graph and the runtime agree on, read from a HF config."""
 
@@ -44,8 +54,8 @@ class ModelDims:
         self.hidden_size = config.hidden_size
         self.num_layers = config.num_hidden_layers
         self.num_heads = config.num_attention_heads
-        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or self.hidden_size // self.num_heads
+        self.kv_heads = _shared(config, "num_key_value_heads") or self.num_heads
+        self.head_dim = _shared(config, "head_dim") or self.hidden_size // self.num_heads
         self.vocab_size = config.vocab_size
         self.rms_norm_eps = getattr(config, "norm_eps", None) or config.rms_norm_eps  # (LFM2 names it norm_eps)
 
@@ -118,6 +128,8 @@ def text_decoder(hf_model):
 
 class DecoderSkeleton(nn.Module):
     """inputs (by the graph spec's names) -> logits, [hidden_states], the caches' presents."""
+
+    per_layer_width = 0  # the width of a per_layer_inputs input (Gemma 4's layers x P); 0: none
 
     def __init__(self, hf_model, family, max_positions: int, dtype: torch.dtype, lora_groups: list[str] = (),
                  feature_layers: list[int] | None = None, make_linear=linear, release_layers: bool = False,
@@ -200,23 +212,43 @@ class DecoderSkeleton(nn.Module):
         """The graph's inputs in the spec's order (what the exporter passes, by these names)."""
         lora = {"num_layers": len(self.layers), "groups": [{"name": g} for g in self.lora_groups]}
         return decoder_spec(self.layer_specs, self.feature_layers is not None, lora if self.lora_groups else None,
-                            self.mrope is not None, self.deepstack_layers, self.masked).input_names
+                            self.mrope is not None, self.deepstack_layers, self.masked,
+                            self.per_layer_width).input_names
 
     def forward(self, *tensors):
         inputs = dict(zip(self.input_names, tensors))
-        position_ids, past_lengths, query_lengths = (inputs[name] for name in
-                                                     ("position_ids", "past_lengths", "query_lengths"))
-        tree_mask, deepstack = inputs.get(TREE_MASK), inputs.get(DEEPSTACK)
+        position_ids = inputs["position_ids"]
         tables = [(getattr(self, f"cos_{i}"), getattr(self, f"sin_{i}"))
                   for i in range(max((t for t in self.table_of if t is not None), default=-1) + 1)]
         if self.mrope_streams is not None:  # per-token rows, and position_ids becomes their index
             rows = [sectioned_rotary(cos, sin, position_ids.long(), self.mrope_streams) for cos, sin in tables]
             tables, position_ids = [(cos, sin) for cos, sin, _ in rows], rows[0][2]
+        hidden, presents, entering = self.run_layers(inputs, position_ids, tables)
+        # The LM head runs only where logits are asked for: gather those positions first.
+        index = inputs["logits_indices"].long().unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
+        hidden = rms_norm(torch.gather(hidden, 1, index), self.final_norm, self.dims.rms_norm_eps)
+        logits = self.lm_head(hidden).float()
+        if self.final_softcap:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        if self.feature_layers is not None:
+            return (logits, torch.cat([entering[i] for i in self.feature_layers], dim=-1), *presents)
+        return (logits, *presents)
+
+    def lora_of(self, inputs: dict, layer: int) -> dict:
+        """Layer `layer`'s LoRA pairs by packed group."""
+        return {g: (inputs[lora_input(g, "a", layer)], inputs[lora_input(g, "b", layer)]) for g in self.lora_groups}
+
+    def run_layers(self, inputs: dict, position_ids, tables: list) -> tuple:
+        """The layer loop: (the last layer's hidden states, the caches' presents in the spec's order,
+        the hidden states entering each layer). A family whose layers pass more between them than the
+        hidden states (Gemma 4's per-layer inputs and shared keys and values) has its own."""
+        past_lengths, query_lengths = inputs["past_lengths"], inputs["query_lengths"]
+        tree_mask, deepstack = inputs.get(TREE_MASK), inputs.get(DEEPSTACK)
         hidden = inputs["inputs_embeds"]
         presents, entering = [], {}
         for i, (layer, spec) in enumerate(zip(self.layers, self.layer_specs)):
             entering[i] = hidden
-            lora = {g: (inputs[lora_input(g, "a", i)], inputs[lora_input(g, "b", i)]) for g in self.lora_groups}
+            lora = self.lora_of(inputs, i)
             if spec.kind == "recurrent":
                 hidden, *mine = layer(hidden, *(inputs[past(state.name, i)] for state in spec.states),
                                       past_lengths, query_lengths, lora)
@@ -228,12 +260,4 @@ class DecoderSkeleton(nn.Module):
             if deepstack is not None and i < self.deepstack_layers:
                 hidden = hidden + deepstack[i]
             presents += mine
-        # The LM head runs only where logits are asked for: gather those positions first.
-        index = inputs["logits_indices"].long().unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
-        hidden = rms_norm(torch.gather(hidden, 1, index), self.final_norm, self.dims.rms_norm_eps)
-        logits = self.lm_head(hidden).float()
-        if self.final_softcap:
-            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
-        if self.feature_layers is not None:
-            return (logits, torch.cat([entering[i] for i in self.feature_layers], dim=-1), *presents)
-        return (logits, *presents)
+        return hidden, presents, entering

@@ -19,12 +19,12 @@ from trt_llm.runtime.engine.step import Step
 
 
 def open_model(engine_dir, threads: int = 0) -> Model:
-    from trt_llm.runtime.backends.embedding import engine_embedding
+    from trt_llm.runtime.backends.embedding import engine_embedding, engine_per_layer_table
     from trt_llm.runtime.backends.engines import open_engine
     from trt_llm.runtime.requests.lora import batch_inputs
 
     embedding = engine_embedding(engine_dir)
-    model = model_of(engine_dir, open_engine(engine_dir, threads), embedding)
+    model = model_of(engine_dir, open_engine(engine_dir, threads), embedding, engine_per_layer_table(engine_dir))
     layout = engine_dir.manifest.get("lora")
     # An engine built with LoRA inputs takes them on every call: the base model's (no adapter).
     model.base_lora = batch_inputs([None], layout, embedding.dtype) if layout else None
@@ -41,9 +41,11 @@ def chunk_log_softmax(model: Model, chunk: list[int]) -> np.ndarray:
     n = len(chunk)
     cache = model.new_cache(1, n)
     past = np.zeros(1, np.int32)
-    step = Step(model.embedding[np.array([chunk])], model.positions([None], past, n), past,
-                np.array([n], np.int32), np.arange(n, dtype=np.int32)[None],
-                np.empty((1, n, model.vocab_size), np.float32), *model.eagle_io(1, n))
+    embeds, extras = model.embed(np.array([chunk]))
+    step = Step(embeds, model.positions([None], past, n), past, np.array([n], np.int32),
+                np.arange(n, dtype=np.int32)[None], np.empty((1, n, model.vocab_size), np.float32),
+                *model.eagle_io(1, n))
+    step.inputs.update(extras)
     step.inputs.update(model.media_inputs([None], step.inputs_embeds, past, np.array([n])))
     model.engine.run(step, cache, getattr(model, "base_lora", None))
     logits = step.logits[0].astype(np.float64)

@@ -6,10 +6,15 @@ stored smaller than the graph's dtype stays small in memory too: only the looked
 Gemma's rows are scaled by sqrt(hidden) as they are looked up (the manifest's model.embedding_scale,
 rounded to the graph's dtype as transformers rounds it), here and not in the graph, so that an
 image's rows, which take a token's place unscaled, are not.
+
+Gemma 4's per-layer table (model.per_layer_inputs: [vocab, layers * P], as large as the model's
+other weights together) is read the same way, memory-mapped: only the pages of the rows looked up are
+ever read.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -61,3 +66,41 @@ def engine_embedding(engine_dir) -> EmbeddingTable | np.ndarray:
     model = engine_dir.manifest["model"]
     return load_embedding(engine_dir.component_path("llm", "embedding"), model["dtype"], engine_dir.dims,
                           model.get("embedding_scale"))
+
+
+_SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16, "I8": np.int8}
+
+
+def mapped_tensors(path: Path) -> dict[str, np.ndarray]:
+    """A safetensors file's tensors as read-only memory maps (its header: 8 bytes of length, then JSON
+    naming each tensor's dtype, shape and byte range after the header)."""
+    with open(path, "rb") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        header = json.loads(handle.read(length))
+    tensors = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
+        if dtype is None:
+            raise ValueError(f"{name}: dtype {entry['dtype']}, not one of {', '.join(_SAFETENSORS_DTYPES)}")
+        shape, (start, end) = tuple(entry["shape"]), entry["data_offsets"]
+        if end - start != int(np.prod(shape)) * np.dtype(dtype).itemsize:
+            raise ValueError(f"{name}: {end - start} bytes for shape {list(shape)}")
+        tensors[name] = np.memmap(path, dtype=dtype, mode="r", offset=8 + length + start, shape=shape)
+    return tensors
+
+
+def engine_per_layer_table(engine_dir) -> EmbeddingTable | None:
+    """An engine directory's per-layer table (Gemma 4), memory-mapped; None for a model without one."""
+    model = engine_dir.manifest["model"]
+    section = model.get("per_layer_inputs")
+    if section is None:
+        return None
+    tensors = mapped_tensors(engine_dir.component_path("llm", "per_layer_embedding"))
+    rows = tensors["embedding"]
+    want = (section["vocab_size"], section["layers"] * section["width"])
+    if rows.shape != want:
+        raise ValueError(f"per-layer table of shape {list(rows.shape)}, the manifest says {list(want)}")
+    return EmbeddingTable(rows, ACTIVATION_DTYPES.get(model["dtype"], rows.dtype), tensors.get("scales"),
+                          section["scale"])

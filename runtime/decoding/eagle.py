@@ -318,9 +318,9 @@ def _verify(model: Model, state: list[_Row], cache, sizes: list[int], lora: dict
         for j in range(counts[i], width):
             mask[i, j, j] = True
     past = np.array([r.committed for r in state], dtype=np.int32)
-    step = Step(model.embedding[tokens], positions, past, counts,
-                np.broadcast_to(np.arange(width, dtype=np.int32), (batch, width)),
-                np.empty((batch, width, model.vocab_size), dtype=np.float32), {TREE_MASK: mask},
+    embeds, extras = model.embed(tokens)
+    step = Step(embeds, positions, past, counts, np.broadcast_to(np.arange(width, dtype=np.int32), (batch, width)),
+                np.empty((batch, width, model.vocab_size), dtype=np.float32), {TREE_MASK: mask, **extras},
                 {FEATURES: np.empty((batch, width, model.feature_width), dtype=model.embedding.dtype)})
     model.engine.run(step, cache, lora)
     return step.logits, step.outputs[FEATURES], chosen

@@ -110,10 +110,11 @@ def _pass(model: Model, sequences: list[Sequence], tokens: list[list[int]], cach
     token_ids = np.zeros((batch, width), dtype=np.int64)
     for row, ids in enumerate(tokens):
         token_ids[row, : len(ids)] = ids
-    embeds = model.embedding[token_ids]
+    embeds, extras = model.embed(token_ids)
     media = model.media_inputs(sequences, embeds, past, lengths)  # image rows at their tokens
     step = Step(embeds, model.positions(sequences, past, width), past, lengths, np.maximum(lengths - 1, 0)[:, None],
                 np.empty((batch, 1, model.vocab_size), dtype=np.float32), *model.eagle_io(batch, width))
+    step.inputs.update(extras)
     step.inputs.update(media)
     model.engine.run(step, cache, lora)
     return step.logits, step.outputs.get(FEATURES)

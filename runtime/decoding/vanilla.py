@@ -27,8 +27,10 @@ class Vanilla:
         past = np.array([r.sequence.length - 1 for r in running], dtype=np.int32)
         if self._logits is None or len(self._logits) != len(running):
             self._logits = np.empty((len(running), 1, model.vocab_size), dtype=np.float32)
-        step = Step.decode(model.embedding[last][:, None], past, self._logits)
+        embeds, extras = model.embed(last[:, None])
+        step = Step.decode(embeds, past, self._logits)
         step.inputs, step.outputs = model.eagle_io(len(running), 1)
+        step.inputs.update(extras)
         if model.positions_vary:
             step.position_ids = model.positions([r.sequence for r in running], past, 1)
         step.inputs.update(model.decode_extras(len(running)))

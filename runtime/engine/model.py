@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from trt_llm.schemas.graph_spec import DEEPSTACK, FEATURES, TREE_MASK
+from trt_llm.schemas.graph_spec import DEEPSTACK, FEATURES, PER_LAYER_INPUTS, TREE_MASK
 
 
 class Model:
     def __init__(self, engine, embedding: np.ndarray, dims: dict, eos_token_ids: list[int],
                  max_positions: int | None = None, feature_width: int = 0, mrope: bool = False,
-                 deepstack: int = 0, long_rope: tuple[int, int] | None = None, bidirectional_block: int = 0):
+                 deepstack: int = 0, long_rope: tuple[int, int] | None = None, bidirectional_block: int = 0,
+                 per_layer=None):
         self.engine = engine
         self.embedding = embedding
+        # Gemma 4: the per-layer table (runtime/backends/embedding.py), whose rows of the new tokens the
+        # graph takes beside their embeddings (per_layer_inputs); None: the model has none
+        self.per_layer = per_layer
         self.dims = dims
         self.eos = set(eos_token_ids)
         self.max_positions = max_positions  # rows of the rotary tables
@@ -24,6 +28,15 @@ class Model:
         # Gemma 3: each image's soft tokens (runs of at most this many) see each other both ways, through
         # the graph's tree_mask; 0: the prompt is causal
         self.bidirectional_block = bidirectional_block
+
+    def embed(self, token_ids: np.ndarray) -> tuple[np.ndarray, dict]:
+        """The rows of token_ids [B, S] (inputs_embeds) and the inputs that come with each token: Gemma
+        4's per-layer rows. (An image's or a clip's tokens look up the pad row there: the build wrote it
+        into theirs, as transformers looks up pad for them.)"""
+        extras = {}
+        if self.per_layer is not None:
+            extras[PER_LAYER_INPUTS] = self.per_layer[token_ids]
+        return self.embedding[token_ids], extras
 
     @property
     def positions_vary(self) -> bool:
@@ -123,8 +136,9 @@ class Model:
         return self.engine.new_cache(batch, capacity, widest)
 
 
-def model_of(engine_dir, engine, embedding) -> Model:
-    """The Model of an engine directory's base, given its opened engine and embedding table."""
+def model_of(engine_dir, engine, embedding, per_layer=None) -> Model:
+    """The Model of an engine directory's base, given its opened engine and embedding table (and its
+    per-layer table, when its manifest has one: backends/embedding.engine_per_layer_table)."""
     section = engine_dir.manifest["model"]
     eagle = section.get("eagle") or {}
     rotary = [(layer.get("rotary") or {}) for layer in section["layers"]]
@@ -132,4 +146,5 @@ def model_of(engine_dir, engine, embedding) -> Model:
     return Model(engine, embedding, engine_dir.dims, engine_dir.eos_token_ids,
                  engine_dir.limits["max_kv_cache_capacity"], eagle.get("feature_width", 0),
                  mrope=section.get("mrope") is not None, deepstack=section.get("deepstack_layers", 0),
-                 long_rope=long_rope, bidirectional_block=section.get("bidirectional_block", 0))
+                 long_rope=long_rope, bidirectional_block=section.get("bidirectional_block", 0),
+                 per_layer=per_layer)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from pathlib import Path
 
-from trt_llm.runtime.backends.embedding import engine_embedding
+from trt_llm.runtime.backends.embedding import engine_embedding, engine_per_layer_table
 from trt_llm.runtime.cache.cache_set import cache_bytes
 from trt_llm.runtime.cache.context_cache import ContextCache
 from trt_llm.runtime.cache.reuse import ContextRequest
@@ -57,12 +57,16 @@ class LoadedEngine:
         embedding_path = engine_dir.component_path("llm", "embedding")
         with self._stage("load_embedding"), loading("embedding", embedding_path):
             embedding = engine_embedding(engine_dir)
+        per_layer = None
+        if engine_dir.manifest["components"]["llm"].get("per_layer_embedding"):  # (Gemma 4's, memory-mapped)
+            with loading("per-layer embedding", engine_dir.component_path("llm", "per_layer_embedding")):
+                per_layer = engine_per_layer_table(engine_dir)
         eagle = engine_dir.manifest["model"].get("eagle") or {}
         # Under speculation the base and the draft sessions alternate: neither may spin (measured on
         # 2 cores: EAGLE3 0.53x -> 1.07x vanilla). Vanilla decoding spins briefly (OrtEngine.SPIN_US).
         with self._stage("load_session"), loading("engine", engine_dir.component_path("llm", "engine")):
             engine = open_engine(engine_dir, threads, spinning=not (eagle and spec_decode))
-        self.model = model_of(engine_dir, engine, embedding)
+        self.model = model_of(engine_dir, engine, embedding, per_layer)
         self.draft = None
         if eagle and spec_decode:
             with loading("EAGLE draft", engine_dir.path / "draft"):

@@ -19,6 +19,7 @@ PACKAGES = (
     "lfm2",  # LFM2: short gated convolutions and attention
     "smolvlm",  # SmolVLM2, Idefics3: a Llama decoder and a tiled SigLIP tower with pixel shuffle
     "gemma3",  # Gemma 3 with its SigLIP tower: 256 soft tokens an image, seen both ways
+    "gemma4",  # Gemma 4: per-layer embeddings, layers of two widths, keys and values shared across layers
 )
 
 
