@@ -1,9 +1,10 @@
-"""A sparse mixture-of-experts block (Qwen3-MoE's), float or weight-only quantized: all its facets in one file.
+"""A sparse mixture-of-experts block (Qwen3-MoE's, Gemma 4's), float or weight-only quantized: all its facets in one file.
 
 The semantics are transformers' Qwen3MoeSparseMoeBlock: the router's logits, a softmax in float32
 over all experts, the top k (num_experts_per_tok), renormalised to sum to 1 when `normalize`
 (norm_topk_prob), the weights cast to the logits' dtype; each chosen expert's gated MLP
-down(silu(gate(x)) * up(x)), and their weighted sum.
+down(act(gate(x)) * up(x)), and their weighted sum. act: silu (`activation` 0, Qwen3-MoE) or GELU's tanh
+approximation (1, Gemma 4's experts).
 
 The router's logits come in as an input, computed by a plain linear outside the op: ONNX Runtime's
 MoE kernels take logits (they apply the softmax and top-k themselves), the router weight stays float
@@ -17,7 +18,7 @@ Inputs (shapes; T = tokens, E = experts, H = hidden, I = expert width, k = top_k
                                     (the layout of ONNX Runtime's CPU kernels, which take no other;
                                     transformers' gate_up_proj [E, 2I, H] has [gate | up])
     down           [E, H, I]        transformers' down_proj as it is
-Attributes: top_k, normalize (0 or 1). Output: [..., H], the hidden dtype.
+Attributes: top_k, normalize (0 or 1), activation (0 silu, 1 gelu tanh). Output: [..., H], the hidden dtype.
 
 Quantized experts (`QuantizedMoEPlugin`): gate_up and down as integers in blocks of G along their
 input dimension K (H for gate_up, I for down), each block with a scale, symmetric round to nearest
@@ -61,7 +62,9 @@ Facets (the fixed names every op file exposes for the registry in plugins/__init
     and QMoE renormalises the top k whatever normalize_routing_weights says, so unnormalised
     routing passes the softmax as its router_weights. Nodes the kernels cannot take (float16 /
     bfloat16, gate_up and down in different blocks, a block size not a power of two of 16 or more,
-    weights that are not initializers) stay, and ONNX Runtime runs their body.
+    weights that are not initializers) stay, and ONNX Runtime runs their body; so do GELU experts
+    (Gemma 4's): the kernels' gated activation is SwiGLU only (activation_type swiglu; their gelu is
+    not gated).
  4. `register_tensorrt_plugin`: both node types as `tensorrt.plugin` plugins whose kernel is
     `moe_kernel` (plain torch on TensorRT's stream: the reference's arithmetic with nothing read back
     to the host, so it may be captured in a CUDA graph). TensorRT-RTX has no plugins: its parser
@@ -109,6 +112,7 @@ def _register_schemas() -> None:
                               ("Q", ["tensor(uint8)"], "quantized weights' bytes")],
             attributes=[Attr("top_k", AttrType.INT, "experts per token"),
                         Attr("normalize", AttrType.INT, "renormalise the top-k probabilities (0 or 1)"),
+                        Attr("activation", AttrType.INT, "the experts' gate: 0 silu, 1 gelu (tanh)"),
                         Attr("plugin_namespace", AttrType.STRING, "TensorRT plugin namespace"), *extra],
         ))
 
@@ -129,12 +133,19 @@ def route(router_logits: Tensor, top_k: int, normalize: int) -> tuple[Tensor, Te
     return weights.to(router_logits.dtype), experts
 
 
-def expert_mlp(x: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:
+SILU, GELU_TANH = 0, 1  # the `activation` attribute
+
+
+def gate_activation(gate: Tensor, activation: int) -> Tensor:
+    return F.gelu(gate, approximate="tanh") if activation == GELU_TANH else F.silu(gate)
+
+
+def expert_mlp(x: Tensor, gate_up: Tensor, down: Tensor, activation: int = SILU) -> Tensor:
     """One expert (or a batch of them, leading dims broadcast): x [..., H], gate_up [..., 2I, H]
-    interleaved, down [..., H, I] -> down(silu(gate(x)) * up(x)) [..., H]."""
+    interleaved, down [..., H, I] -> down(act(gate(x)) * up(x)) [..., H]."""
     h = (gate_up @ x.unsqueeze(-1)).squeeze(-1)  # [..., 2I]
     gate, up = h[..., 0::2], h[..., 1::2]
-    return (down @ (F.silu(gate) * up).unsqueeze(-1)).squeeze(-1)
+    return (down @ (gate_activation(gate, activation) * up).unsqueeze(-1)).squeeze(-1)
 
 
 def unpack(weight: Tensor, bits: int) -> Tensor:
@@ -158,7 +169,7 @@ def dequantize(weight: Tensor, scales: Tensor, bits: int) -> Tensor:
     return blocks.flatten(-2).to(scales.dtype)
 
 
-def _reference(hidden: Tensor, router_logits: Tensor, top_k: int, normalize: int, expert) -> Tensor:
+def _reference(hidden: Tensor, router_logits: Tensor, top_k: int, normalize: int, expert, activation: int) -> Tensor:
     """The loop of transformers' Qwen3MoeExperts over the experts that have tokens; expert(e) gives
     expert e's (gate_up, down) in the hidden dtype."""
     shape = hidden.shape
@@ -168,7 +179,7 @@ def _reference(hidden: Tensor, router_logits: Tensor, top_k: int, normalize: int
     for e in torch.unique(experts).tolist():
         token, slot = torch.where(experts == e)
         gate_up, down = expert(e)
-        y = expert_mlp(x[token], gate_up, down) * weights[token, slot, None].to(x.dtype)
+        y = expert_mlp(x[token], gate_up, down, activation) * weights[token, slot, None].to(x.dtype)
         out.index_add_(0, token, y.to(x.dtype))
     return out.view(shape)
 
@@ -176,7 +187,7 @@ def _reference(hidden: Tensor, router_logits: Tensor, top_k: int, normalize: int
 
 @torch.library.custom_op("trt_llm::moe", mutates_args=())
 def moe(hidden: Tensor, router_logits: Tensor, gate_up: Tensor, down: Tensor, gate_up_scales: Tensor | None,
-        down_scales: Tensor | None, top_k: int, normalize: int, bits: int) -> Tensor:
+        down_scales: Tensor | None, top_k: int, normalize: int, bits: int, activation: int = SILU) -> Tensor:
     """bits 0: float experts; 4 or 8: quantized ones with their scales (see the module docstring)."""
     def expert(e):
         if not bits:
@@ -184,11 +195,11 @@ def moe(hidden: Tensor, router_logits: Tensor, gate_up: Tensor, down: Tensor, ga
         return (dequantize(gate_up[e], gate_up_scales[e], bits).to(hidden.dtype),
                 dequantize(down[e], down_scales[e], bits).to(hidden.dtype))
 
-    return _reference(hidden, router_logits, top_k, normalize, expert)
+    return _reference(hidden, router_logits, top_k, normalize, expert, activation)
 
 
 @moe.register_fake
-def _moe_fake(hidden, router_logits, gate_up, down, gate_up_scales, down_scales, top_k, normalize, bits):
+def _moe_fake(hidden, router_logits, gate_up, down, gate_up_scales, down_scales, top_k, normalize, bits, activation=SILU):
     return torch.empty_like(hidden)
 
 
@@ -200,9 +211,9 @@ TORCH_OPS = (torch.ops.trt_llm.moe.default,)
 
 
 def onnx_translation(hidden, router_logits, gate_up, down, gate_up_scales, down_scales, top_k: int, normalize: int,
-                     bits: int) -> onnxscript.onnx_types.FLOAT:
+                     bits: int, activation: int = SILU) -> onnxscript.onnx_types.FLOAT:
     # The return annotation matters: without it the exporter infers zero outputs.
-    attributes = dict(top_k=top_k, normalize=normalize, plugin_namespace=PLUGIN_NAMESPACE)
+    attributes = dict(top_k=top_k, normalize=normalize, activation=activation, plugin_namespace=PLUGIN_NAMESPACE)
     if not bits:
         return _TRT.MoEPlugin(hidden, router_logits, gate_up, down, **attributes)
     return _TRT.QuantizedMoEPlugin(hidden, router_logits, gate_up, gate_up_scales, down, down_scales, bits=bits,
@@ -228,13 +239,22 @@ def _routing(hidden, router_logits, top_k: int, normalize: int):
 
 
 @onnxscript.script(_TRT, default_opset=op)
-def _experts(hidden, x, weights, w1, w2):
+def _experts(hidden, x, weights, w1, w2, activation: int):
     """The chosen experts' MLPs on their gathered weights w1 [T, k, 2I, H], w2 [T, k, H, I]: the
     weighted sum [..., H] in the input's shape."""
     h = op.MatMul(w1, op.Unsqueeze(x, op.Constant(value_ints=[1, 3])))  # [T, k, 2I, 1]
     pairs = op.Reshape(h, op.Constant(value_ints=[0, 0, -1, 2]))  # [T, k, I, 2]: (gate, up)
     gate, up = op.Split(pairs, axis=3, num_outputs=2)
-    act = op.Mul(op.Mul(gate, op.Sigmoid(gate)), up)  # [T, k, I, 1]
+    silu = op.Mul(gate, op.Sigmoid(gate))
+    # GELU's tanh approximation, 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))), in the gate's dtype
+    cube = op.Mul(op.Mul(gate, gate), gate)
+    inner = op.Mul(op.CastLike(op.Constant(value_float=0.7978845608028654), gate),
+                   op.Add(gate, op.Mul(op.CastLike(op.Constant(value_float=0.044715), gate), cube)))
+    half = op.CastLike(op.Constant(value_float=0.5), gate)
+    gelu = op.Mul(op.Mul(half, gate), op.Add(op.CastLike(op.Constant(value_float=1.0), gate), op.Tanh(inner)))
+    # (a Where on the attribute, not an If: nothing for a parser to fold, both are elementwise)
+    chosen = op.Where(op.Equal(op.Constant(value_int=activation), op.Constant(value_int=1)), gelu, silu)
+    act = op.Mul(chosen, up)  # [T, k, I, 1]
     y = op.Squeeze(op.MatMul(w2, act), op.Constant(value_ints=[3]))  # [T, k, H]
     out = op.ReduceSum(op.Mul(y, weights), op.Constant(value_ints=[1]), keepdims=0)
     return op.Reshape(out, op.Shape(hidden))
@@ -307,7 +327,7 @@ def function_protos() -> list[onnx.FunctionProto]:
         quantized += [gather(weight, f"{w}_bytes"), gather(f"{weight}_scales", f"{w}_scales"),
                       *_inline(dequantized, [f"{w}_bytes", f"{w}_scales"], [w], f"{w}/")]
     quantized += tail
-    attributes = ["top_k", "normalize", "plugin_namespace"]
+    attributes = ["top_k", "normalize", "activation", "plugin_namespace"]
     opsets = [helper.make_opsetid("", 18)]
     return [
         helper.make_function(DOMAIN, OP_NAME, ["hidden", "router_logits", "gate_up", "down"], ["output"], plain,
@@ -323,13 +343,15 @@ def function_protos() -> list[onnx.FunctionProto]:
 # Facet 3: the ONNX Runtime CPU lowering (com.microsoft.MoE / QMoE; see the module docstring).
 
 
-def _attr(node: onnx.NodeProto, name: str) -> int:
-    return next(helper.get_attribute_value(a) for a in node.attribute if a.name == name)
+def _attr(node: onnx.NodeProto, name: str, default: int | None = None) -> int:
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
 
 
 def _kernel(node: onnx.NodeProto, tensors: dict[str, onnx.TensorProto]) -> list[onnx.NodeProto] | None:
     """The node as ONNX Runtime's MoE or QMoE, or None where neither takes it (see the docstring)."""
     weights = [tensors.get(name) for name in node.input[2:]]
+    if _attr(node, "activation", SILU) != SILU:
+        return None  # the kernels gate by SwiGLU only
     if any(t is None for t in weights):
         return None  # weights the graph computes: the kernels' shapes come from the initializers
     if any(t.data_type not in (TensorProto.FLOAT, TensorProto.UINT8) for t in weights):
@@ -403,7 +425,8 @@ _tensorrt_registered = False
 
 
 def moe_kernel(hidden: Tensor, router_logits: Tensor, gate_up: Tensor, down: Tensor, gate_up_scales: Tensor | None,
-               down_scales: Tensor | None, top_k: int, normalize: int, bits: int, out: Tensor | None = None) -> Tensor:
+               down_scales: Tensor | None, top_k: int, normalize: int, bits: int, out: Tensor | None = None,
+               activation: int = SILU) -> Tensor:
     """The plugin's kernel: the op of facet 1 on tensors of any one device, in plain torch, reading
     nothing back to the host (the reference's loop asks which experts have tokens), so it can be
     captured in a CUDA graph: its work depends on the shapes only. At most E token-expert pairs
@@ -423,13 +446,13 @@ def moe_kernel(hidden: Tensor, router_logits: Tensor, gate_up: Tensor, down: Ten
 
     if x.shape[0] * top_k <= gate_up.shape[0]:
         w1, w2 = expert_weights(experts)  # [T, k, 2I, H], [T, k, H, I]
-        result = (expert_mlp(x[:, None, :], w1, w2) * weights[..., None]).sum(dim=1)
+        result = (expert_mlp(x[:, None, :], w1, w2, activation) * weights[..., None]).sum(dim=1)
     else:
         dense = torch.zeros(x.shape[0], gate_up.shape[0], dtype=dtype, device=x.device).scatter(1, experts, weights)
         result = torch.zeros_like(x)
         for e in range(gate_up.shape[0]):
             w1, w2 = expert_weights(e)
-            result = result + expert_mlp(x, w1, w2) * dense[:, e, None]
+            result = result + expert_mlp(x, w1, w2, activation) * dense[:, e, None]
     result = result.view(shape)
     return result if out is None else out.copy_(result)
 
@@ -459,7 +482,7 @@ def register_tensorrt_plugin() -> tuple[str, ...]:
                 t = dict(zip(inputs, (_tensorrt_as_torch(a) for a in tensors)))
                 moe_kernel(t["hidden"], t["router_logits"], t["gate_up"], t["down"], t.get("gate_up_scales"),
                            t.get("down_scales"), values["top_k"], values["normalize"], values.get("bits", 0),
-                           out=_tensorrt_as_torch(outputs[0]))
+                           out=_tensorrt_as_torch(outputs[0]), activation=values.get("activation", SILU))
 
         # tensorrt.plugin reads the names and annotations of these functions' parameters from their signatures.
         import inspect
@@ -475,7 +498,7 @@ def register_tensorrt_plugin() -> tuple[str, ...]:
         trtp.register(plugin_id)(describe)
         trtp.impl(plugin_id)(run)
 
-    routed = {"top_k": int, "normalize": int}
+    routed = {"top_k": int, "normalize": int, "activation": int}
     register(TENSORRT_PLUGIN_IDS[0], ("hidden", "router_logits", "gate_up", "down"), routed)
     register(TENSORRT_PLUGIN_IDS[1], ("hidden", "router_logits", "gate_up", "gate_up_scales", "down", "down_scales"),
              {**routed, "bits": int})

@@ -75,6 +75,13 @@ FAMILIES = {
         intermediate_size=96, head_dim=32, global_head_dim=64, num_key_value_heads=1, attention_k_eq_v=False,
         hidden_size_per_layer_input=8, vocab_size_per_layer_input=262_208, num_kv_shared_layers=2,
         use_double_wide_mlp=True, final_logit_softcapping=30.0, tie_word_embeddings=True, initializer_range=0.02)),
+    # Gemma 4 with experts beside each layer's MLP (26B-A4B's block): 4 experts of width 32, top 2
+    "gemma4_moe": ("gemma3", "Gemma4TextConfig", dict(
+        num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2, sliding_window=WINDOW,
+        intermediate_size=96, head_dim=32, global_head_dim=64, num_key_value_heads=2, num_global_key_value_heads=1,
+        attention_k_eq_v=True, hidden_size_per_layer_input=8, vocab_size_per_layer_input=262_208,
+        num_kv_shared_layers=0, enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+        final_logit_softcapping=30.0, tie_word_embeddings=True, initializer_range=0.02)),
     # LFM2: short gated convolutions (with a bias) around one attention layer; its own tokenizer is
     # not packaged, Qwen3's serves a random checkpoint as well
     "lfm2": ("qwen3", "Lfm2Config", dict(
@@ -119,14 +126,18 @@ def make_family_model(family: str, directory, cache_dir, *, seed: int = 0, **ove
 
 
 def gemma4_nontrivial(model) -> None:
-    """What Gemma 4's init leaves trivial, random: each layer's scalar (ones) and both tables' pad rows
-    (zeros: an image's per-layer row is the pad row, which a wrong-row bug would then not show)."""
+    """What Gemma 4's init leaves trivial, random: each layer's scalar and its router's scales (ones), and
+    both tables' pad rows (zeros: an image's per-layer row is the pad row, which a wrong-row bug would
+    then not show)."""
     import torch
 
     text = model.model
     with torch.no_grad():
         for layer in text.layers:
             layer.layer_scalar.uniform_(0.5, 1.5)
+            if getattr(layer, "router", None) is not None:  # (init: ones) the experts' scales
+                layer.router.scale.uniform_(0.5, 1.5)
+                layer.router.per_expert_scale.uniform_(0.5, 1.5)
         pad = model.config.pad_token_id
         for table in (text.embed_tokens, text.embed_tokens_per_layer):
             table.weight[pad].normal_(0.0, 0.02)

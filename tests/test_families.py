@@ -19,7 +19,8 @@ from trt_llm.schemas.input_file import parse_input_dict
 
 NEW = 12
 TEXT = "The lighthouse keeper counted the ships that passed the rocks at night, one by one, in the rain."
-FAMILIES = ["gemma3", "gemma2", "mistral", "phi3", "qwen3_moe", "qwen3_5", "qwen3_next", "lfm2", "gemma4"]
+FAMILIES = ["gemma3", "gemma2", "mistral", "phi3", "qwen3_moe", "qwen3_5", "qwen3_next", "lfm2", "gemma4",
+            "gemma4_moe"]
 
 
 def requests_for(family: str) -> list[dict]:
@@ -50,8 +51,8 @@ def assert_transformers_tokens(model, responses):
 RUNNERS = {"static": {}, "continuous": {"scheduling": "continuous"},
            "chunked-reuse": {"prefill_chunk": 5, "context_reuse": True, "scheduling": "continuous"}}
 # Qwen3-Next and LFM2 share Qwen3.5's hybrid runtime, whose continuous rows tests/test_hybrid.py runs
-# for LFM2 too: static and chunked with reuse here.
-SHARED = ("qwen3_next", "lfm2")
+# for LFM2 too; Gemma 4 with experts shares dense Gemma 4's: static and chunked with reuse here.
+SHARED = ("qwen3_next", "lfm2", "gemma4_moe")
 
 
 @pytest.mark.parametrize("family, runner", [

@@ -225,3 +225,36 @@ def test_experts_quantize_by_the_linears_rule(bits, group):
         got = quantize_expert(weight, QuantSpec(bits, group), scale_dtype)
         want = op_blocks(quantize_rtn(weight, QuantSpec(bits, group), scale_dtype))
         assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_gelu_experts_are_gemma4s(tmp_path):
+    """activation 1 (Gemma 4's experts, GELU-tanh gates) against transformers' Gemma4TextExperts loop on
+    the op's own routing; exported, ONNX Runtime keeps the node's body (its kernels gate by SwiGLU only),
+    which equals the op."""
+    from transformers import Gemma4TextConfig
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4TextExperts
+
+    config = Gemma4TextConfig(hidden_size=HIDDEN, num_experts=EXPERTS, moe_intermediate_size=WIDTH,
+                              top_k_experts=TOP_K, enable_moe_block=True)
+    torch.manual_seed(0)
+    experts = Gemma4TextExperts(config).eval()
+    for parameter in experts.parameters():
+        torch.nn.init.normal_(parameter, std=0.2)
+    router = torch.randn(EXPERTS, HIDDEN) * 0.2
+    gates = [interleaved(*experts.gate_up_proj[e].detach().chunk(2, dim=0)) for e in range(EXPERTS)]
+    moe = SparseMoe(router, zip(gates, experts.down_proj.detach()), EXPERTS, TOP_K, True, 0, torch.float32,
+                    activation=op.GELU_TANH)
+    x = tokens(2, 5)
+    rows = x.reshape(-1, HIDDEN)
+    weights, chosen = op.route(torch.nn.functional.linear(rows, router), TOP_K, 1)
+    with torch.no_grad():
+        expected = experts(rows, chosen, weights).view(x.shape)
+        torch.testing.assert_close(moe(x), expected, rtol=1e-5, atol=1e-6)
+        silu = SparseMoe(router, zip(gates, experts.down_proj.detach()), EXPERTS, TOP_K, True, 0, torch.float32)
+        assert (silu(x) - expected).abs().max() > 1e-3  # the gate is what the test tells apart
+    path = export_graph(moe, (tokens(2, 3),), ["x"], ["y"], ({0: Dim("batch"), 1: Dim("seq")},), tmp_path / "moe.onnx")
+    engine = compile_cpu(path)
+    lowered = _session(engine, optimized_model_filepath=str(tmp_path / "optimized.onnx"))
+    kernels = {n.op_type for n in onnx.load(tmp_path / "optimized.onnx", load_external_data=False).graph.node}
+    assert "MoE" not in kernels, kernels
+    np.testing.assert_allclose(lowered.run(None, {"x": x.numpy()})[0], expected.numpy(), rtol=1e-5, atol=1e-5)

@@ -93,13 +93,14 @@ class SparseMoe(nn.Module):
     """Router linear + the MoE op. Build it with `from_hf`."""
 
     def __init__(self, router: Tensor, experts, count: int, top_k: int, normalize: bool, bits: int,
-                 dtype: torch.dtype):
+                 dtype: torch.dtype, activation: int = moe_op.SILU):
         """experts: `count` of them, each as the op stores it: float (gate_up [2I, H] with gate and
         up rows interleaved, down [H, I]), or with bits 4 / 8 (gate_up bytes, its scales, down bytes,
-        its scales), made as they are consumed (the streamed build reads them one by one)."""
+        its scales), made as they are consumed (the streamed build reads them one by one).
+        activation: the op's gate (moe_op.SILU, or GELU_TANH for Gemma 4's experts)."""
         super().__init__()
         self.router = frozen(router.to(dtype))
-        self.top_k, self.normalize, self.bits = top_k, int(normalize), bits
+        self.top_k, self.normalize, self.bits, self.activation = top_k, int(normalize), bits, activation
         stacked = Stacked(count)
         for e, tensors in enumerate(experts):
             stacked.put(e, *tensors)
@@ -116,21 +117,31 @@ class SparseMoe(nn.Module):
 
     @classmethod
     def from_hf(cls, block: nn.Module, spec: QuantSpec | None = None, dtype: torch.dtype = torch.float32,
-                weights=None, published: list | None = None) -> "SparseMoe":
+                weights=None, published: list | None = None, router: tuple[Tensor, int, bool] | None = None,
+                activation: int = moe_op.SILU, expert_scale: Tensor | None = None) -> "SparseMoe":
         """From a transformers Qwen3MoeSparseMoeBlock (its `gate`: weight [E, H], top_k, norm_topk_prob;
         its `experts`: gate_up_proj [E, 2I, H] as [gate | up] rows, down_proj [E, H, I]); spec None
         keeps the experts float. weights: a build.streamed_weights.StreamedWeights the experts are
         read from (the block's own tensors are then on the meta device). published: a GPTQ / AWQ
         checkpoint's blocks of each expert, (gate, up, down) QuantizedWeights, kept as they are when
-        `spec` takes them (fits_the_op), else quantized again from their dequantized weights."""
-        gate, experts = block.gate, block.experts
+        `spec` takes them (fits_the_op), else quantized again from their dequantized weights.
+        A family whose router is not a plain linear (Gemma 4) gives `router` (weight, top_k,
+        normalize) instead of the block's gate, its experts' `activation`, and `expert_scale` [E]: each
+        expert's output scaled (folded into its down rows, before any quantization)."""
+        experts = block.experts
         count = experts.gate_up_proj.shape[0]
+        if router is None:
+            if weights is not None:
+                weights.load(block.gate)
+            router = (block.gate.weight.detach(), block.gate.top_k, block.gate.norm_topk_prob)
         if weights is not None:
-            weights.load(gate)
             floats = weights.experts(experts)
         else:
             floats = ((*experts.gate_up_proj[e].detach().chunk(2, dim=0), experts.down_proj[e].detach())
                       for e in range(count))
+        if expert_scale is not None:
+            floats = ((g, u, d * expert_scale[e]) for e, (g, u, d) in enumerate(floats))
+            published = None  # (its blocks are the unscaled weights: quantized again, scaled)
         if spec is not None and published is not None and all(fits_the_op(parts, spec) for parts in published):
             each = ((*op_blocks(g, u), *op_blocks(d)) for g, u, d in published)
         elif spec is None:
@@ -138,11 +149,14 @@ class SparseMoe(nn.Module):
         else:
             each = ((*quantize_expert(interleaved(g, u), spec, dtype), *quantize_expert(d, spec, dtype))
                     for g, u, d in floats)
-        return cls(gate.weight.detach(), each, count, gate.top_k, gate.norm_topk_prob,
-                   0 if spec is None else spec.bits, dtype)
+        weight, top_k, normalize = router
+        return cls(weight, each, count, top_k, normalize, 0 if spec is None else spec.bits, dtype, activation)
 
     def forward(self, x: Tensor, lora: dict | None = None) -> Tensor:
         """lora: the decoder layer's LoRA pairs, none of which are the experts' (the build refuses them)."""
-        logits = F.linear(x, self.router)
+        return self.mix(x, F.linear(x, self.router))
+
+    def mix(self, x: Tensor, logits: Tensor) -> Tensor:
+        """The experts on x, routed by `logits` (a family whose router reads another input: Gemma 4's)."""
         return torch.ops.trt_llm.moe(x, logits, self.gate_up, self.down, self.gate_up_scales, self.down_scales,
-                                     self.top_k, self.normalize, self.bits)
+                                     self.top_k, self.normalize, self.bits, self.activation)

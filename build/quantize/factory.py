@@ -53,14 +53,15 @@ class LinearFactory:
                 "embedding": embedding, "quantized_linears": len(self.quantized),
                 "quantized_expert_layers": len(self.quantized_experts), "kept_blocks": kept}
 
-    def moe(self, block: nn.Module, weights=None) -> nn.Module:
+    def moe(self, block: nn.Module, weights=None, **routing) -> nn.Module:
         """A MoE block (transformers' sparse block) as build/models/moe.SparseMoe with its experts
         quantized as `spec` says, or the checkpoint's own expert blocks (`experts`) where it has them.
-        weights: the streamed checkpoint the experts are read from (build/streamed_weights.py)."""
+        weights: the streamed checkpoint the experts are read from (build/streamed_weights.py);
+        routing: SparseMoe.from_hf's router, activation and expert_scale (Gemma 4's)."""
         from trt_llm.build.models.moe import SparseMoe
 
         name = self.names.get(id(block.experts), "")
-        moe = SparseMoe.from_hf(block, self.spec, self.dtype, weights, self.experts.get(name))
+        moe = SparseMoe.from_hf(block, self.spec, self.dtype, weights, self.experts.get(name), **routing)
         self.quantized_experts.append(name)
         return moe
 

@@ -32,6 +32,9 @@ def gemma4(config, family) -> None:
         if per_layer_vocab < config.vocab_size:
             raise ConfigCheckError(f"vocab_size_per_layer_input: {per_layer_vocab} is less than vocab_size "
                                    f"({config.vocab_size}): a token past it has no per-layer row")
-    if config.enable_moe_block:
-        raise ConfigCheckError("enable_moe_block: Gemma 4's experts beside its MLP are not supported yet; "
-                               "a dense Gemma 4 is")
+    if config.enable_moe_block:  # experts beside the MLP, on every layer
+        count = whole_number(config, "num_experts", 1)
+        top = whole_number(config, "top_k_experts", 1)
+        if top > count:
+            raise ConfigCheckError(f"top_k_experts: {top} is more than num_experts ({count})")
+        whole_number(config, "moe_intermediate_size", 1)

@@ -19,16 +19,27 @@ What sets it apart from Gemma 3, each from its config:
   weight), an attention scale of 1, `attention_k_eq_v` (a global layer's values are its raw keys, before
   the k norm and rotary), a double-wide MLP on the shared layers (`use_double_wide_mlp`), and the global
   layers' "proportional" rope: a full-width rotation whose frequencies past the first quarter are zero
-  (transformers' own tables, so the spec's rotated dims are the head's).
+  (transformers' own tables, so the spec's rotated dims are the head's);
+- experts beside the MLP (`enable_moe_block`, 26B-A4B): both read the post-attention residual r; the MLP
+  as above, normed (post_feedforward_layernorm_1), plus the experts on pre_feedforward_layernorm_2(r),
+  normed (_2), then post_feedforward_layernorm of the sum. The experts are our MoE op with GELU-tanh
+  gates; the router's weightless norm stays in the graph, its `scale` * hidden**-0.5 is folded into the
+  router's columns and `per_expert_scale` into each expert's down rows (the op's softmax, top k and
+  renormalisation are transformers' router).
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trt_llm.build.models.layers import GatedMLP, activation, cast_floats, frozen, linear, rms_norm
+from trt_llm.build.models.moe import SparseMoe
 from trt_llm.build.models.skeleton import DecoderSkeleton, ModelDims, release, rotary_spec, text_decoder
+from trt_llm.plugins.moe import GELU_TANH
 from trt_llm.schemas.graph_spec import PER_LAYER_INPUTS, TREE_MASK, past, window_lengths
 from trt_llm.schemas.layer_spec import FullAttention, SlidingAttention, owns_cache, window_of
 
@@ -71,12 +82,24 @@ def plain_norm(x: Tensor, eps: float) -> Tensor:
     return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
+def experts_of(hf_layer, config, make_linear, dtype: torch.dtype, weights) -> SparseMoe:
+    """A layer's experts as the MoE op (float, or quantized as the linears are), its router folded in."""
+    router = hf_layer.router
+    column_scale = router.scale.detach().float() * config.hidden_size ** -0.5
+    routing = dict(router=(router.proj.weight.detach().float() * column_scale, config.top_k_experts, True),
+                   activation=GELU_TANH, expert_scale=router.per_expert_scale.detach().float())
+    block = SimpleNamespace(experts=hf_layer.experts)
+    if hasattr(make_linear, "moe"):  # a quantizing factory
+        return make_linear.moe(block, weights, **routing)
+    return SparseMoe.from_hf(block, None, dtype, weights, **routing)
+
+
 class Gemma4Layer(nn.Module):
     """One decoder layer: attention (its own keys and values, or its kv_source's), the MLP, the
     per-layer input, the layer scalar. forward -> (hidden, present_key, present_value, (k, v)): the new
     tokens' normed keys (before rotary) and values, which the layers reading this one's cache take."""
 
-    def __init__(self, hf_layer, spec, config, make_linear):
+    def __init__(self, hf_layer, spec, config, make_linear, experts: SparseMoe | None = None):
         super().__init__()
         attn = hf_layer.self_attn
         self.eps = config.rms_norm_eps
@@ -96,6 +119,11 @@ class Gemma4Layer(nn.Module):
         self.pre_mlp_norm = frozen(hf_layer.pre_feedforward_layernorm.weight)
         self.post_mlp_norm = frozen(hf_layer.post_feedforward_layernorm.weight)
         self.mlp = GatedMLP(hf_layer.mlp, activation(config), make_linear)
+        self.experts = experts
+        if experts is not None:
+            self.post_mlp_norm_1 = frozen(hf_layer.post_feedforward_layernorm_1.weight)
+            self.pre_experts_norm = frozen(hf_layer.pre_feedforward_layernorm_2.weight)
+            self.post_experts_norm = frozen(hf_layer.post_feedforward_layernorm_2.weight)
         self.act = activation(config)
         self.per_layer = bool(config.hidden_size_per_layer_input)
         if self.per_layer:
@@ -128,6 +156,10 @@ class Gemma4Layer(nn.Module):
         )
         hidden = hidden + rms_norm(self.o(attn, lora.get("o")), self.post_attention_norm, self.eps)
         out = self.mlp(rms_norm(hidden, self.pre_mlp_norm, self.eps), lora)
+        if self.experts is not None:  # beside the MLP, both from the residual
+            logits = F.linear(plain_norm(hidden, self.eps), self.experts.router)
+            mixed = self.experts.mix(rms_norm(hidden, self.pre_experts_norm, self.eps), logits)
+            out = rms_norm(out, self.post_mlp_norm_1, self.eps) + rms_norm(mixed, self.post_experts_norm, self.eps)
         hidden = hidden + rms_norm(out, self.post_mlp_norm, self.eps)
         if self.per_layer:
             gated = self.act(self.per_layer_gate(hidden)) * per_layer_input
@@ -167,7 +199,9 @@ class DecoderGraph(DecoderSkeleton):
         return layer_specs(config, max_positions)
 
     def make_layer(self, hf_layer, spec, config, family, make_linear) -> nn.Module:
-        return Gemma4Layer(hf_layer, spec, config, make_linear)
+        experts = experts_of(hf_layer, config, make_linear, self.build_dtype, self.weights) \
+            if config.enable_moe_block else None
+        return Gemma4Layer(hf_layer, spec, config, make_linear, experts)
 
     @staticmethod
     def final_norm_of(hf_model) -> nn.Module:
