@@ -157,13 +157,20 @@ def test_the_tower_module_gives_transformers_rows(pictures, kv_heads):
 
 
 def test_the_exported_tower_gives_transformers_rows_in_onnxruntime(pictures, tmp_path):
+    """And its graph builds a tensorrt-rtx plan ahead of time (no GPU), from one image of 1 soft token
+    to 8 of the largest budget."""
+    from trt_llm.build.tensorrt_backend import compile_tensorrt
+    from trt_llm.schemas.build_config import BuildConfig
+
     model = tiny_gemma4_vlm()
     processor = Gemma4ImageProcessor(max_soft_tokens=70)
     tower = Gemma4Tower(model, torch.float32).eval()
-    engine = compile_cpu(export_tower(tower, tmp_path / "model.onnx", torch.float32))
+    graph = export_tower(tower, tmp_path / "model.onnx", torch.float32)
+    engine = compile_cpu(graph)
     session = ort.InferenceSession(str(engine), providers=["CPUExecutionProvider"])
-    assert [(i.name, i.type) for i in session.get_inputs()] == [
-        ("pixel_values", "tensor(float)"), ("pixel_position_ids", "tensor(int64)"), ("cu_seqlens", "tensor(int32)")]
+    assert [(i.name, i.type, i.shape) for i in session.get_inputs()] == [
+        ("pixel_values", "tensor(float)", ["patches", 768]), ("pixel_position_ids", "tensor(int64)", ["patches", 2]),
+        ("cu_seqlens", "tensor(int32)", ["images_plus_one"])]
     for names in (list(TOWER_SIZES), ["b.png"]):  # several images of different sizes in one call; one alone
         images = [pictures[name] for name in names]
         expected, _ = transformers_rows(model, processor, images)
@@ -171,3 +178,8 @@ def test_the_exported_tower_gives_transformers_rows_in_onnxruntime(pictures, tmp
         (got,) = session.run(None, dict(zip(["pixel_values", "pixel_position_ids", "cu_seqlens"], feeds[:3])))
         assert got.shape == expected.shape
         np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+    (tmp_path / "plan").mkdir()
+    profile = {"patches": (9, 9 * 280, 8 * 9 * 1120), "images_plus_one": (2, 2, 9)}
+    plan = compile_tensorrt(graph, tmp_path / "plan", BuildConfig(model="tiny", output_dir=str(tmp_path / "out")),
+                            rtx=True, profiles=[profile])
+    assert plan.stat().st_size > 100_000

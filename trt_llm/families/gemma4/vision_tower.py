@@ -98,11 +98,7 @@ class Gemma4Tower(nn.Module):
         self.input_proj = vision.patch_embedder.input_proj
         self.position_table = vision.patch_embedder.position_embedding_table  # [2, size, D]: x rows, y rows
         self.layers = nn.ModuleList(_Layer(layer) for layer in vision.encoder.layers)
-        self.register_buffer("inv_freq", vision.encoder.rotary_emb.inv_freq.detach().clone().float())
         self.standardize = bool(config.standardize)
-        if self.standardize:
-            self.register_buffer("std_bias", vision.std_bias.detach().clone().float())
-            self.register_buffer("std_scale", vision.std_scale.detach().clone().float())
         self.embed_vision = inner.embed_vision
         self.head_dim = config.head_dim
         if self.head_dim % 4:
@@ -114,6 +110,11 @@ class Gemma4Tower(nn.Module):
         self.patch_size = config.patch_size
         self.to(dtype)
         self.dtype = dtype
+        # float32 whatever the dtype, as transformers computes the rope angles and standardizes
+        self.register_buffer("inv_freq", vision.encoder.rotary_emb.inv_freq.detach().clone().float())
+        if self.standardize:
+            self.register_buffer("std_bias", vision.std_bias.detach().clone().float())
+            self.register_buffer("std_scale", vision.std_scale.detach().clone().float())
 
     def _rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos, sin [N, 1, head_dim]: transformers' axial layout x-x-y-y (its "recomposition")."""
@@ -179,8 +180,24 @@ def export_tower(tower: Gemma4Tower, path, dtype: torch.dtype):
                torch.tensor([0, grids[0][0] * grids[0][1], patches], dtype=torch.int32))
     n = k2 * Dim("soft_tokens")
     shapes = ({0: n}, {0: n}, {0: Dim("images_plus_one")})
-    return export_graph(tower, example, ["pixel_values", "pixel_position_ids", "cu_seqlens"], ["image_embeds"],
+    path = export_graph(tower, example, ["pixel_values", "pixel_position_ids", "cu_seqlens"], ["image_embeds"],
                         shapes, path)
+    _rename_dim(path, f"{k2}*soft_tokens", "patches")
+    return path
+
+
+def _rename_dim(path, old: str, new: str) -> None:
+    """The exporter names the derived patch dimension by its expression ("9*soft_tokens"): one plain
+    name instead, so a TensorRT profile keys it as `patches` whatever the pooling."""
+    import onnx
+
+    model = onnx.load(path, load_external_data=False)
+    graph = model.graph
+    for info in [*graph.input, *graph.output, *graph.value_info]:
+        for dim in info.type.tensor_type.shape.dim:
+            if dim.dim_param == old:
+                dim.dim_param = new
+    onnx.save_model(model, path)
 
 
 def export_vision(hf_model, path, dtype: torch.dtype) -> dict:
