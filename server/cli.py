@@ -55,10 +55,11 @@ def parse_args(argv: list[str] | None):
                    help="while prompts go in, keep the running streams' time between tokens within this many "
                         "decode steps (chunks sized by measurement, decode steps in the same passes; 2 keeps them "
                         "within 2x, at the cost of the new prompts' time to first token)")
-    p.add_argument("--tool-call-parser", choices=("auto", "hermes", "llama3_json", "none"), default="auto",
+    p.add_argument("--tool-call-parser", choices=("auto", "hermes", "llama3_json", "gemma4", "none"), default="auto",
                    help="how an answer's tool calls are parsed (default auto: hermes when the chat template "
                         "mentions <tool_call>, llama3_json when it renders calls with their \"parameters\" "
-                        "(Llama 3.1 / 3.2); none: tools are refused)")
+                        "(Llama 3.1 / 3.2), gemma4 when it mentions <|tool_call> (Gemma 4's call:name{...}); "
+                        "none: tools are refused)")
     p.add_argument("--no-spec-decode", action="store_true", help="vanilla decoding even with an EAGLE draft")
     p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all physical cores)")
     p.add_argument("--ray-replicas", type=positive_int, default=None,

@@ -15,8 +15,9 @@ body is already whole. Streaming holds back only what could still be the start o
 `<tool_call>`, a call not yet closed) and whitespace that may turn out to precede one.
 
 The parser is chosen from the chat template (it mentions `<tool_call>`: hermes; it renders calls
-with their `"parameters"`: Llama 3's JSON, server/llama3_tool_calls.py), or by `--tool-call-parser`
-(hermes, llama3_json, none).
+with their `"parameters"`: Llama 3's JSON, server/llama3_tool_calls.py; `<|tool_call>`: Gemma 4's
+`call:name{...}`, server/gemma4_tool_calls.py), or by `--tool-call-parser` (hermes, llama3_json,
+gemma4, none).
 """
 
 from __future__ import annotations
@@ -26,17 +27,19 @@ import secrets
 from dataclasses import dataclass
 
 CALL_START, CALL_END = "<tool_call>", "</tool_call>"
-PARSERS = ("auto", "hermes", "llama3_json", "none")
+PARSERS = ("auto", "hermes", "llama3_json", "gemma4", "none")
 
 
 def tool_parser_for(template: str | None, choice: str = "auto") -> str | None:
-    """The parser for a chat template: "hermes", "llama3_json", or None (no tool calls are parsed)."""
+    """The parser for a chat template: "hermes", "llama3_json", "gemma4", or None (no tool calls are parsed)."""
     if choice == "none":
         return None
-    if choice in ("hermes", "llama3_json"):
+    if choice in ("hermes", "llama3_json", "gemma4"):
         return choice
     if not template:
         return None
+    if "<|tool_call>" in template:  # (Gemma 4's tag, before Hermes's: both name a tool_call)
+        return "gemma4"
     if CALL_START in template:
         return "hermes"
     # Llama 3.1 / 3.2: 'Respond in the format {"name": ..., "parameters": ...}', calls rendered so
@@ -51,6 +54,10 @@ def make_parser(name: str, parallel: bool = True):
         from trt_llm.server.llama3_tool_calls import Llama3JsonParser
 
         return Llama3JsonParser(parallel)
+    if name == "gemma4":
+        from trt_llm.server.gemma4_tool_calls import Gemma4Parser
+
+        return Gemma4Parser(parallel)
     return HermesParser(parallel)
 
 
@@ -96,7 +103,15 @@ def _held(text: str, tag: str) -> int:
 
 class HermesParser:
     """Content deltas in; (content delta, new calls) out. `parallel`: False keeps the first call only
-    (the later ones are dropped, as vLLM drops them)."""
+    (the later ones are dropped, as vLLM drops them). A format of another body between other tags
+    (Gemma 4's) is a subclass: its `start`, `end` and `parse`."""
+
+    start, end = CALL_START, CALL_END
+
+    @staticmethod
+    def parse(body: str, index: int) -> "ToolCall | None":
+        """A call's body (between the tags, stripped) as call `index`; None: not a call."""
+        return _call(body, index)
 
     def __init__(self, parallel: bool = True):
         self.parallel = parallel
@@ -112,20 +127,20 @@ class HermesParser:
         out, calls = [], []
         while self.buffer:
             if self.in_call:
-                end = self.buffer.find(CALL_END)
+                end = self.buffer.find(self.end)
                 if end < 0:
                     break
-                body, self.buffer = self.buffer[:end], self.buffer[end + len(CALL_END):]
+                body, self.buffer = self.buffer[:end], self.buffer[end + len(self.end):]
                 self.in_call = False
-                self._close(body, CALL_START + body + CALL_END, out, calls)
+                self._close(body, self.start + body + self.end, out, calls)
                 continue
-            start = self.buffer.find(CALL_START)
+            start = self.buffer.find(self.start)
             if start >= 0:
                 self._text(self.buffer[:start], out)
-                self.buffer = self.buffer[start + len(CALL_START):]
+                self.buffer = self.buffer[start + len(self.start):]
                 self.in_call = True
                 continue
-            keep = _held(self.buffer, CALL_START)
+            keep = _held(self.buffer, self.start)
             self._text(self.buffer[:len(self.buffer) - keep], out)
             self.buffer = self.buffer[len(self.buffer) - keep:]
             break
@@ -136,7 +151,7 @@ class HermesParser:
         rest, self.buffer = self.buffer, ""
         if self.in_call:  # cut short: a call if its body is whole already
             self.in_call = False
-            self._close(rest, CALL_START + rest, out, calls)
+            self._close(rest, self.start + rest, out, calls)
         else:
             self._text(rest, out)
         if not self.called:  # an answer that made a call ends without trailing whitespace
@@ -157,7 +172,7 @@ class HermesParser:
             self.space += text
 
     def _close(self, body: str, raw: str, out: list[str], calls: list[ToolCall]) -> None:
-        call = _call(body.strip(), len(self.calls))
+        call = self.parse(body.strip(), len(self.calls))
         if call is None:  # not a call after all: the model's text, as it wrote it
             self._text(raw, out)
             return

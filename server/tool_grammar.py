@@ -58,6 +58,9 @@ def tool_grammar(tools: list[dict], name: str | None, parallel: bool, literal, s
     (grammar.Grammars.literal: the special token where the vocabulary has one); syntax: the call
     format, "hermes" or "llama3_json" (Llama 3's `{"name": ..., "parameters": ...}`, calls joined by
     "; " as vLLM's llama3_json parser reads them)."""
+    if syntax not in ("hermes", "llama3_json"):  # (Gemma 4's call:name{...} has no grammar here yet)
+        raise ToolGrammarError(f"tool_choice: {'a named tool' if name else 'required'} is not supported with this "
+                               f"model's {syntax} call format yet; use tool_choice auto", "tool_choice")
     functions = [(i, tool["function"]) for i, tool in enumerate(tools)]
     if name is not None:
         functions = [(i, f) for i, f in functions if f["name"] == name]

@@ -203,3 +203,53 @@ def make_qwen3_5_vlm(text_dir, directory) -> Path:
     AutoTokenizer.from_pretrained(text_dir).save_pretrained(directory)
     shutil.copy(Path(text_dir) / "generation_config.json", directory)
     return directory
+
+
+# Gemma 4's chat tokens at the ids its vocabulary gives them where known (the tool tags at 46-52, vLLM's
+# gemma4 parser: <|tool_call> 48, <tool_call|> 49, <|"|> 52; the turn tags where Gemma 3's are), else at
+# unused slots of the Gemma 3 vocabulary it shares (the thought channel's here: 100, 101). Special tokens,
+# as Gemma 4's tokenizer makes them (its answers' parsers need them written out).
+GEMMA4_TOKENS = {46: "<|tool>", 47: "<tool|>", 48: "<|tool_call>", 49: "<tool_call|>", 50: "<|tool_response>",
+                 51: "<tool_response|>", 52: '<|"|>', 98: "<|think|>", 100: "<|channel>", 101: "<channel|>",
+                 105: "<|turn>", 106: "<turn|>"}
+
+# A chat template in Gemma 4's format (turns, the thinking switch in the system turn, tool declarations,
+# an assistant's calls as call:name{...}); our own, not Google's: enough to render the markup the parsers read.
+GEMMA4_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if tools or enable_thinking %}<|turn>system\n{% if enable_thinking %}<|think|>{% endif %}"
+    "{%- for tool in tools or [] %}<|tool>{{ tool.function | tojson }}<tool|>{% endfor %}<turn|>\n{% endif %}"
+    "{%- for message in messages %}"
+    "{%- set role = 'model' if message.role == 'assistant' else message.role %}"
+    "<|turn>{{ role }}\n"
+    "{% if message.tool_calls %}{% for call in message.tool_calls %}<|tool_call>call:{{ call.function.name }}"
+    "{{ '{' }}{% for key, value in call.function.arguments.items() %}{{ key }}:<|\"|>{{ value }}<|\"|>"
+    "{% if not loop.last %},{% endif %}{% endfor %}{{ '}' }}<tool_call|>{% endfor %}"
+    "{%- else %}{{ message.content }}{% endif %}<turn|>\n"
+    "{% endfor %}"
+    "{%- if add_generation_prompt %}<|turn>model\n{% endif %}")
+
+
+def make_gemma4_tokenizer(directory, cache_dir) -> Path:
+    """The Gemma 3 tokenizer asset with Gemma 4's chat tokens (GEMMA4_TOKENS, renamed in its vocabulary
+    and added tokens) and GEMMA4_TEMPLATE, saved into `directory`."""
+    import json
+
+    source = Path(assets.npm_tokenizer_dir("gemma3", cache_dir))
+    data = json.loads((source / "tokenizer.json").read_text())
+    renamed = {}
+    for token in data["added_tokens"]:
+        if token["id"] in GEMMA4_TOKENS:
+            renamed[token["content"]] = GEMMA4_TOKENS[token["id"]]
+            token.update(content=GEMMA4_TOKENS[token["id"]], special=True)
+    data["model"]["vocab"] = {renamed.get(piece, piece): i for piece, i in data["model"]["vocab"].items()}
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    for key, token in (config.get("added_tokens_decoder") or {}).items():
+        if int(key) in GEMMA4_TOKENS:
+            token.update(content=GEMMA4_TOKENS[int(key)], special=True)
+    config.update(chat_template=GEMMA4_TEMPLATE, eos_token="<turn|>")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False))
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False))
+    return directory

@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trt_llm.runtime.text.detokenizer import IncrementalDetokenizer
+from trt_llm.runtime.text.detokenizer import IncrementalDetokenizer, markup_ids
 from trt_llm.runtime.sampling.grammar import GrammarError, Grammars
 from trt_llm.runtime.requests.lora import LoraAdapter, LoraError, load_adapter
 from trt_llm.runtime.text.prompt import Prompt, PromptError, PromptFormatter
@@ -79,6 +79,7 @@ class RequestPreparer:
         audio: its AudioEncoder (runtime/media/audio/encoder.py), when it has an audio component; task: the
         family's (trt_llm/families/face.Family.task): "chat", or "transcription" (Whisper's prompts)."""
         self.tokenizer, self.token_bytes = tokenizer, token_bytes
+        self.markup = markup_ids(tokenizer)  # special tokens the answers' parsers read, written out
         self.vision, self.audio, self.task = vision, audio, task
         self.limits, self.vocab_size = limits, vocab_size
         self.lora_layout, self.dtype = lora_layout, dtype
@@ -152,7 +153,7 @@ class RequestPreparer:
                              f"(size {self.vocab_size})")
         params = SamplingParams(settings.temperature, settings.top_k, settings.top_p, bias or None,
                                 **request.resolved_penalties(settings))
-        detokenizer = IncrementalDetokenizer(self.token_bytes, request.stop_list())
+        detokenizer = IncrementalDetokenizer(self.token_bytes, request.stop_list(), self.markup)
         sequence = Sequence(prompt.token_ids, max_new, detokenizer, constraint=rules, media=media)
         if rules is None:  # (a transcription's constraint is its token rules)
             sequence.constraint = self._constraint(where, request, settings)

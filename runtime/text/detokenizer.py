@@ -1,7 +1,8 @@
 """Incremental detokenization with stop strings, one generated token at a time.
 
-The output is the UTF-8 decode of the concatenated token bytes (special tokens skipped),
-so a character split across tokens comes out whole. Stop strings are matched on the
+The output is the UTF-8 decode of the concatenated token bytes (special tokens skipped, but
+the markup a parser reads: `keep`, Gemma 4's thought channel and tool-call tags, which its
+tokenizer makes special tokens), so a character split across tokens comes out whole. Stop strings are matched on the
 decoded text, each step only in the window where a new match can be.
 """
 
@@ -21,8 +22,10 @@ class IncrementalDetokenizer:
     text is cut right before it.
     """
 
-    def __init__(self, token_bytes: TokenBytes, stop: str | list[str] | tuple[str, ...] = ()):
+    def __init__(self, token_bytes: TokenBytes, stop: str | list[str] | tuple[str, ...] = (),
+                 keep: frozenset[int] = frozenset()):
         self._tb = token_bytes
+        self._keep_ids = keep  # special tokens written out all the same (markup_ids)
         if isinstance(stop, str):  # the input format allows a single string
             stop = [stop]
         # An empty stop string would match before any output; it is ignored.
@@ -48,7 +51,7 @@ class IncrementalDetokenizer:
         """Append one generated token; True once a stop string appeared (halt generation)."""
         if self.stopped:
             return True
-        if not self._tb.is_special(token_id):
+        if not self._tb.is_special(token_id) or token_id in self._keep_ids:
             self._append(self._decoder.decode(self._tb.bytes_of(token_id)))
         return self.stopped
 
@@ -106,3 +109,15 @@ class IncrementalDetokenizer:
                 self._append(self._decoder.decode(b"", final=True))
             self._finished = self.text
         return self._finished
+
+
+# Tags a chat template's answers are parsed by (runtime/text/reasoning.py, server/gemma4_tool_calls.py)
+# that a tokenizer may make special tokens (Gemma 4's): written out when the template mentions them.
+MARKUP = ("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", '<|"|>')
+
+
+def markup_ids(tokenizer) -> frozenset[int]:
+    """The ids of the MARKUP tags some template of `tokenizer` mentions and its vocabulary has."""
+    templates = "".join(getattr(tokenizer, "templates", {}).values())
+    ids = (tokenizer.token_to_id(tag) for tag in MARKUP if tag in templates)
+    return frozenset(i for i in ids if i is not None)

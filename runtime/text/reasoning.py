@@ -1,7 +1,9 @@
 """A reasoning model's `<think>...</think>` block split from its answer, whole or delta by delta.
 
-The split applies when the chat template mentions `<think>` (Qwen3, DeepSeek-R1, QwQ, ...), and
-follows vLLM's qwen3 / deepseek_r1 reasoning parsers:
+The split applies when the chat template mentions `<think>` (Qwen3, DeepSeek-R1, QwQ, ...), or Gemma 4's
+thought channel, `<|channel>thought\n...<channel|>` (its template mentions `<|channel>`: the block's
+`thought` label line is not reasoning, as vLLM's gemma4 parser strips it), and follows vLLM's qwen3 /
+deepseek_r1 reasoning parsers:
 
 - the output opens its block itself (`<think>abc</think>xyz`, Qwen3 with thinking on): `abc` is the
   reasoning, `xyz` the answer; an output that does not start with `<think>` has no reasoning;
@@ -19,19 +21,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 THINK_START, THINK_END = "<think>", "</think>"
+CHANNEL_START, CHANNEL_END, CHANNEL_LABEL = "<|channel>", "<channel|>", "thought\n"  # Gemma 4's
 
 
 @dataclass(frozen=True)
 class ReasoningMode:
-    opened: bool  # the prompt left a <think> block open: the output starts inside it
+    opened: bool  # the prompt left a block open: the output starts inside it
+    start: str = THINK_START
+    end: str = THINK_END
+    label: str = ""  # a line the block opens with that is not reasoning (Gemma 4's "thought\n")
 
 
 def reasoning_mode(template: str | None, prompt_text: str) -> ReasoningMode | None:
     """The split for a prompt rendered with `template` (None: the template has no thinking block,
     or no template applied)."""
-    if not template or THINK_START not in template:
+    if not template:
         return None
-    return ReasoningMode(opened=prompt_text.rfind(THINK_START) > prompt_text.rfind(THINK_END))
+    if THINK_START in template:
+        start, end, label = THINK_START, THINK_END, ""
+    elif CHANNEL_START in template:
+        start, end, label = CHANNEL_START, CHANNEL_END, CHANNEL_LABEL
+    else:
+        return None
+    return ReasoningMode(prompt_text.rfind(start) > prompt_text.rfind(end), start, end, label)
 
 
 def _held(text: str, tag: str) -> int:
@@ -46,8 +58,9 @@ class ReasoningSplitter:
     """Text deltas in, (reasoning, content) deltas out; `finish` flushes what was held back."""
 
     def __init__(self, mode: ReasoningMode):
-        self.state = "start"  # "start": before the first non-tag text; then "reasoning" or "content"
+        self.state = "start"  # "start": before the first non-tag text; then "label", "reasoning" or "content"
         self.opened = mode.opened
+        self.start, self.end, self.label = mode.start, mode.end, mode.label
         self.buffer = ""
         self.block = False  # the output has a reasoning block (opened by the prompt or by itself)
 
@@ -56,21 +69,27 @@ class ReasoningSplitter:
         reasoning = content = ""
         while self.buffer:
             if self.state == "start":
-                if self.buffer.startswith(THINK_START):
-                    self.buffer = self.buffer[len(THINK_START):]
-                    self.state, self.block = "reasoning", True
-                elif THINK_START.startswith(self.buffer):
+                if self.buffer.startswith(self.start):
+                    self.buffer = self.buffer[len(self.start):]
+                    self.state, self.block = "label", True
+                elif self.start.startswith(self.buffer):
                     break  # maybe the tag, cut short
                 else:
-                    self.state, self.block = ("reasoning", True) if self.opened else ("content", False)
+                    self.state, self.block = ("label", True) if self.opened else ("content", False)
+            elif self.state == "label":  # the block's label line, when the format has one
+                if self.label and self.label.startswith(self.buffer) and self.buffer != self.label:
+                    break  # maybe the label, cut short
+                if self.label and self.buffer.startswith(self.label):
+                    self.buffer = self.buffer[len(self.label):]
+                self.state = "reasoning"
             elif self.state == "reasoning":
-                end = self.buffer.find(THINK_END)
+                end = self.buffer.find(self.end)
                 if end >= 0:
                     reasoning += self.buffer[:end]
-                    self.buffer = self.buffer[end + len(THINK_END):]
+                    self.buffer = self.buffer[end + len(self.end):]
                     self.state = "content"
                 else:
-                    keep = _held(self.buffer, THINK_END)
+                    keep = _held(self.buffer, self.end)
                     reasoning += self.buffer[:len(self.buffer) - keep]
                     self.buffer = self.buffer[len(self.buffer) - keep:]
                     break
@@ -84,7 +103,7 @@ class ReasoningSplitter:
         rest, self.buffer = self.buffer, ""
         if self.state == "start":
             self.state, self.block = ("reasoning", True) if self.opened else ("content", False)
-        return (rest, "") if self.state == "reasoning" else ("", rest)
+        return (rest, "") if self.state in ("label", "reasoning") else ("", rest)
 
 
 def split_reasoning(text: str, mode: ReasoningMode | None) -> tuple[str | None, str]:
