@@ -176,6 +176,10 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
                     raise BuildError(str(error)) from None
                 lora_layout = lora.layout(graphs.ModelDims(hf_config), hf_config.intermediate_size,
                                           config.lora.max_rank, targets, packed)
+            if config.draft and getattr(graphs, "NO_DRAFT", None):  # a family that says why it takes none
+                from trt_llm.build.compile import BuildError
+
+                raise BuildError(f"draft: {graphs.NO_DRAFT}; build without draft:")
             draft = load_eagle_draft(config, checkpoint) if config.draft else None
             graph = graphs.DecoderGraph(checkpoint.model, checkpoint.family, config.max_kv_cache_capacity, dtype,
                                         [g["name"] for g in lora_layout["groups"]] if lora_layout else [],

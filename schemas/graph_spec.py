@@ -47,6 +47,16 @@ def present(kind: str, layer: int) -> str:
     return f"present_{kind}_{layer}"
 
 
+SHARED = "/shared/"
+
+
+def shared_present(present_name: str, reader: int) -> str:
+    """The cpu engine's output of the reader-th layer that reads the cache whose present is
+    `present_name` (kv_source: `present_key_<source>/shared/<n>`; plugins/attention.py's lowering adds
+    it): the runtime binds it to the source's own buffer, so ONNX Runtime updates it in place."""
+    return f"{present_name}{SHARED}{reader}"
+
+
 def cross(kind: str, layer: int) -> str:
     """cross_key_<layer> / cross_value_<layer>: a Whisper decoder layer's keys / values of the encoder's
     output, which the encoder graph returns and the decoder graph takes."""
@@ -215,7 +225,9 @@ __all__ = [
     "lora_input",
     "lora_inputs",
     "past",
+    "SHARED",
     "present",
+    "shared_present",
     "window_capacity",
     "window_lengths",
     "whisper_encoder_spec",

@@ -85,6 +85,26 @@ def test_log_probabilities_are_transformers(gemma4, tmp_path):
         assert error < 1e-4, (step, error)
 
 
+def test_logits_at_every_position_are_transformers(gemma4):
+    """trt-llm-eval's pass asks for logits at every position of a chunk (the graph's readers then take all
+    of them, not only the last: run_layers' kept rows): each position's log-probabilities are transformers'
+    within 1e-4, relative to its top token, across the window and the shared layers."""
+    from trt_llm.runtime.app.evaluate import chunk_log_softmax, open_model
+
+    model, engine = gemma4
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    chunk = tokenizer(TEXT + " " + TEXT, add_special_tokens=True)["input_ids"][:40]
+    ours = chunk_log_softmax(open_model(EngineDir.open(engine), threads=1), chunk)
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    with torch.no_grad():
+        theirs = torch.log_softmax(hf(torch.tensor([chunk])).logits[0].double(), -1).numpy()
+    top = theirs.argmax(-1)
+    assert (ours.argmax(-1) == top).all()
+    rows = np.arange(len(chunk))
+    error = np.abs((ours - ours[rows, top][:, None]) - (theirs - theirs[rows, top][:, None]))[:, :1000].max()
+    assert error < 1e-4, error
+
+
 @pytest.mark.parametrize("weights", ["int8", "int4"])
 def test_quantized_builds_run(weights, gemma4, build_engine_for):
     """int8 / int4 weights (every linear, the per-layer projections too; the per-layer table stored as the
@@ -150,6 +170,8 @@ def test_what_it_cannot_take_is_refused_in_one_line(gemma4, build_engine_for, tm
     model, _ = gemma4
     with pytest.raises(BuildError, match="lora: not supported for Gemma4ForCausalLM"):
         build_engine_for(model, lora={"max_rank": 4})
+    with pytest.raises(BuildError, match=r"draft: an EAGLE draft on Gemma 4 \(its layers share keys and values\)"):
+        build_engine_for(model, draft={"model": str(tmp_path)})  # (refused before any draft is read)
     config = json.loads((model / "config.json").read_text())
     for edit, expected in ((dict(enable_moe_block=True, num_experts=4, top_k_experts=8, moe_intermediate_size=32),
                             "top_k_experts: 8 is more than num_experts (4)"),

@@ -130,6 +130,7 @@ class DecoderSkeleton(nn.Module):
     """inputs (by the graph spec's names) -> logits, [hidden_states], the caches' presents."""
 
     per_layer_width = 0  # the width of a per_layer_inputs input (Gemma 4's layers x P); 0: none
+    returns_kept = False  # run_layers returns the hidden states at logits_indices only (Gemma 4's)
 
     def __init__(self, hf_model, family, max_positions: int, dtype: torch.dtype, lora_groups: list[str] = (),
                  feature_layers: list[int] | None = None, make_linear=linear, release_layers: bool = False,
@@ -225,8 +226,10 @@ class DecoderSkeleton(nn.Module):
             tables, position_ids = [(cos, sin) for cos, sin, _ in rows], rows[0][2]
         hidden, presents, entering = self.run_layers(inputs, position_ids, tables)
         # The LM head runs only where logits are asked for: gather those positions first.
-        index = inputs["logits_indices"].long().unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
-        hidden = rms_norm(torch.gather(hidden, 1, index), self.final_norm, self.dims.rms_norm_eps)
+        if not self.returns_kept:
+            index = inputs["logits_indices"].long().unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
+            hidden = torch.gather(hidden, 1, index)
+        hidden = rms_norm(hidden, self.final_norm, self.dims.rms_norm_eps)
         logits = self.lm_head(hidden).float()
         if self.final_softcap:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap

@@ -11,7 +11,7 @@ import numpy as np
 
 from trt_llm.runtime.cache.cache_set import CacheSet, cache_set
 from trt_llm.runtime.engine.step import Step
-from trt_llm.schemas.graph_spec import past
+from trt_llm.schemas.graph_spec import SHARED, past
 from trt_llm.schemas.layer_spec import full_layers
 
 log = logging.getLogger(__name__)
@@ -147,6 +147,12 @@ class OrtEngine:
             layers = full_layers(layers, shape[1], shape[3])
         self.layers = list(layers)
         self.num_layers = len(self.layers)
+        # A layer reading another's cache (kv_source) outputs its present under a shared name
+        # (graph_spec.shared_present), bound to the source's buffer: updated in place, never copied.
+        self._shared: dict[str, list[str]] = {}
+        for output in self.session.get_outputs():
+            if SHARED in output.name:
+                self._shared.setdefault(output.name.split(SHARED)[0], []).append(output.name)
         self._binding = self.session.io_binding()
         self._bound = None  # what the cache bindings point at now: (cache ref, batch, generation, extra)
 
@@ -182,8 +188,8 @@ class OrtEngine:
                 # it in place); a recurrent state: one or the other (runtime/cache/recurrent_cache.py).
                 if name is not None:
                     binding.bind_input(name, "cpu", 0, buffer.dtype, buffer.shape, buffer.ctypes.data)
-                if output is not None:
-                    binding.bind_output(output, "cpu", 0, buffer.dtype, buffer.shape, buffer.ctypes.data)
+                for bound in ([output, *self._shared.get(output, ())] if output is not None else ()):
+                    binding.bind_output(bound, "cpu", 0, buffer.dtype, buffer.shape, buffer.ctypes.data)
             for name, array in extra.items():
                 binding.bind_input(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
             self._bound = (weakref.ref(cache), *state)

@@ -44,7 +44,11 @@ from trt_llm.schemas.graph_spec import PER_LAYER_INPUTS, TREE_MASK, past, window
 from trt_llm.schemas.layer_spec import FullAttention, SlidingAttention, owns_cache, window_of
 
 # What the build reads of a family's decoder module (build/bundle.py)
-__all__ = ["DecoderGraph", "LORA_TARGETS", "ModelDims", "layer_specs", "per_layer_embedding", "text_decoder"]
+__all__ = ["DecoderGraph", "LORA_TARGETS", "NO_DRAFT", "ModelDims", "layer_specs", "per_layer_embedding", "text_decoder"]
+
+# EAGLE: its graph computes the layers that read another's cache on the rows logits are asked for only,
+# each row's last (run_layers), which a draft tree's verification is not; and no EAGLE3 draft format for it.
+NO_DRAFT = "an EAGLE draft on Gemma 4 (its layers share keys and values) is not supported"
 
 # LoRA: the layers' projections differ in shape from layer to layer (the two head widths, the shared
 # layers' q alone and double-wide MLPs), which the uniform LoRA layout cannot take yet: refused.
@@ -180,6 +184,8 @@ class DecoderGraph(DecoderSkeleton):
                          release_layers, weights)
         # The embedding scale, sqrt(hidden) rounded to the model's dtype, is the runtime's (as Gemma 3's).
         self.embed_scale = float(torch.tensor(self.dims.hidden_size ** 0.5, dtype=dtype))
+        # run_layers returns the kept rows only when some layer reads another's cache (see run_layers)
+        self.returns_kept = any(not owns_cache(spec) for spec in self.layer_specs)
         self.per_layer_size = config.hidden_size_per_layer_input or 0
         self.per_layer_width = config.num_hidden_layers * self.per_layer_size
         if self.per_layer_width:
@@ -219,26 +225,51 @@ class DecoderGraph(DecoderSkeleton):
         return (context + rows.reshape(shape)) * 2.0 ** -0.5
 
     def run_layers(self, inputs: dict, position_ids, tables: list) -> tuple:
+        """The layers; from the first layer that reads another's cache on, only the rows logits are asked
+        for (see `_kept`): those layers write no cache, so nothing else after them is ever read."""
         past_lengths, query_lengths = inputs["past_lengths"], inputs["query_lengths"]
-        hidden = inputs["inputs_embeds"]
+        hidden, mask = inputs["inputs_embeds"], inputs.get(TREE_MASK)
         per_layer = self.per_layer_inputs(hidden, inputs[PER_LAYER_INPUTS]) if self.per_layer_width else None
-        presents, entering, written = [], {}, {}
+        presents, entering, written, shift = [], {}, {}, None
         for i, (layer, spec) in enumerate(zip(self.layers, self.layer_specs)):
+            source = spec.kv_source
+            if source is not None and shift is None:  # the first reader: keep the asked-for rows
+                hidden, per_layer, position_ids, mask, query_lengths, shift = self._kept(
+                    inputs["logits_indices"], hidden, per_layer, position_ids, mask, query_lengths)
             entering[i] = hidden
             window = window_of(spec)
             lengths = inputs[window_lengths(window)] if window else past_lengths
-            source = spec.kv_source
-            # A reader's past is its source's present (the op rewrites the same new keys and values).
-            past_key, past_value, new = written[source] if source is not None else (
-                inputs[past("key", i)], inputs[past("value", i)], None)
+            if source is None:
+                past_key, past_value, new = inputs[past("key", i)], inputs[past("value", i)], None
+            else:  # its past is its source's present; its new rows the source's at the kept positions
+                past_key, past_value, (keys, values) = written[source]
+                new = (_rows(keys, inputs["logits_indices"]), _rows(values, inputs["logits_indices"]))
+                lengths = lengths + shift
             hidden, key, value, mine = layer(hidden, past_key, past_value, lengths, query_lengths, position_ids,
-                                             *tables[self.table_of[i]], self.lora_of(inputs, i),
-                                             inputs.get(TREE_MASK), None if per_layer is None else per_layer[:, :, i],
-                                             new)
+                                             *tables[self.table_of[i]], self.lora_of(inputs, i), mask,
+                                             None if per_layer is None else per_layer[:, :, i], new)
             if source is None:
                 written[i] = (key, value, mine)
                 presents += [key, value]
         return hidden, presents, entering
+
+    @staticmethod
+    def _kept(kept, hidden, per_layer, position_ids, mask, query_lengths):
+        """The step's tensors at the K kept positions of each row (logits_indices [B, K]), which are its last
+        min(K, query length) new tokens whenever the runtime asks (a prefill pass: the last; a decode step:
+        the one; trt-llm-eval: all): the readers then take those as their new tokens, written after the
+        row's `shift` earlier ones (their slots, and what each sees, stay the row's)."""
+        queries = torch.minimum(query_lengths, torch.full_like(query_lengths, kept.shape[1]))
+        mask = None if mask is None else _rows(_rows(mask, kept).transpose(1, 2), kept).transpose(1, 2)
+        return (_rows(hidden, kept), None if per_layer is None else _rows(per_layer, kept),
+                torch.gather(position_ids, 1, kept.to(position_ids.dtype).long()), mask, queries,
+                query_lengths - queries)
+
+
+def _rows(tensor: Tensor, kept: Tensor) -> Tensor:
+    """tensor [B, S, ...] at the positions kept [B, K] -> [B, K, ...]."""
+    index = kept.long().reshape(*kept.shape, *[1] * (tensor.dim() - 2)).expand(*kept.shape, *tensor.shape[2:])
+    return torch.gather(tensor, 1, index)
 
 
 def per_layer_embedding(hf_model) -> nn.Embedding:
