@@ -10,7 +10,9 @@ What sets it apart from Gemma 3, each from its config:
   last earlier layer of their type (`kv_sharing_modes`: "store" then "reuse"); such a layer's spec has
   `kv_source` and owns no cache. In the graph it runs our attention op over the source's presents (its
   past) with the source's new keys and values in its packed input: the op's write is then the same
-  values into the same slots, and the layer's own presents are dropped;
+  values into the same slots, and the layer's own presents are dropped (the cpu engine binds them to the
+  source's buffer: plugins/attention.py). As transformers does, these layers (and everything after the
+  first of them) run only on the rows logits are asked for: they write no cache;
 - per-layer inputs (`hidden_size_per_layer_input` P): a second embedding table [vocab, layers * P]
   whose row of each token the runtime looks up (`per_layer_inputs`); the graph adds a projection of the
   token's embedding to it (normed per layer, both scaled by 2**-0.5) and each layer ends with
@@ -262,7 +264,7 @@ class DecoderGraph(DecoderSkeleton):
         queries = torch.minimum(query_lengths, torch.full_like(query_lengths, kept.shape[1]))
         mask = None if mask is None else _rows(_rows(mask, kept).transpose(1, 2), kept).transpose(1, 2)
         return (_rows(hidden, kept), None if per_layer is None else _rows(per_layer, kept),
-                torch.gather(position_ids, 1, kept.to(position_ids.dtype).long()), mask, queries,
+                torch.gather(position_ids, 1, kept.long()), mask, queries,
                 query_lengths - queries)
 
 
