@@ -28,10 +28,11 @@ def write_tokenizer(checkpoint, directory: Path) -> None:
     checkpoint.generation_config.to_json_file(directory / "generation_config.json")
 
 
-def write_embedding(checkpoint, path: Path, storage: str, blocks=None, module=None) -> None:
+def write_embedding(checkpoint, path: Path, storage: str, blocks=None, module=None, pad_rows=(), pad=None) -> None:
     """The runtime does the embedding lookup itself (so image/audio rows can be inserted later);
     storage: fp32, fp16, bf16 or int8 (quantization.embedding); blocks: a GGUF's own Q8_0 table.
-    module: another table than the token embedding (Gemma 4's per-layer one), stored the same way."""
+    module: another table than the token embedding (Gemma 4's per-layer one), stored the same way;
+    pad_rows: its rows that are the `pad` row's (its media tokens': transformers looks up pad for them)."""
     from safetensors.torch import save_file
 
     from trt_llm.build.quantize.embedding import embedding_tensors
@@ -40,6 +41,8 @@ def write_embedding(checkpoint, path: Path, storage: str, blocks=None, module=No
 
     dtype = TORCH_DTYPES.get(storage)  # int8: as stored, quantized in slices
     table = checkpoint.embedding_table(dtype) if module is None else checkpoint.module_weight(module, dtype)
+    for row in pad_rows:  # (in place: the checkpoint's table is read no more)
+        table[row] = table[pad]
     save_file(embedding_tensors(table, storage, blocks if storage == "int8" else None), str(path))
 
 
@@ -51,7 +54,9 @@ def per_layer_section(graph, graphs, checkpoint, directory: Path, storage: str, 
     import torch
 
     module = graphs.per_layer_embedding(checkpoint.model)
-    write_embedding(checkpoint, directory / "llm" / "per_layer_embedding.safetensors", storage, module=module)
+    media, pad = graphs.media_token_ids(checkpoint.model) if checkpoint.family.multimodal else ([], None)
+    write_embedding(checkpoint, directory / "llm" / "per_layer_embedding.safetensors", storage, module=module,
+                    pad_rows=media, pad=pad)
     width = graph.per_layer_size
     return {"layers": len(graph.layer_specs), "width": width, "vocab_size": module.num_embeddings,
             # transformers' scale, rounded to the weights' dtype as it rounds it

@@ -211,7 +211,10 @@ def make_qwen3_5_vlm(text_dir, directory) -> Path:
 # as Gemma 4's tokenizer makes them (its answers' parsers need them written out).
 GEMMA4_TOKENS = {46: "<|tool>", 47: "<tool|>", 48: "<|tool_call>", 49: "<tool_call|>", 50: "<|tool_response>",
                  51: "<tool_response|>", 52: '<|"|>', 98: "<|think|>", 100: "<|channel>", 101: "<channel|>",
-                 105: "<|turn>", 106: "<turn|>"}
+                 105: "<|turn>", 106: "<turn|>",
+                 # the media tokens at Gemma4Config's ids (image_token_id 258880, boi 255999, eoi 258882, ...)
+                 255999: "<|image>", 256000: "<|audio>", 258880: "<|image|>", 258881: "<|audio|>", 258882: "<image|>",
+                 258883: "<audio|>", 258884: "<|video|>"}
 
 # A chat template in Gemma 4's format (turns, the thinking switch in the system turn, tool declarations,
 # an assistant's calls as call:name{...}); our own, not Google's: enough to render the markup the parsers read.
@@ -225,7 +228,9 @@ GEMMA4_TEMPLATE = (
     "{% if message.tool_calls %}{% for call in message.tool_calls %}<|tool_call>call:{{ call.function.name }}"
     "{{ '{' }}{% for key, value in call.function.arguments.items() %}{{ key }}:<|\"|>{{ value }}<|\"|>"
     "{% if not loop.last %},{% endif %}{% endfor %}{{ '}' }}<tool_call|>{% endfor %}"
-    "{%- else %}{{ message.content }}{% endif %}<turn|>\n"
+    "{%- elif message.content is string %}{{ message.content }}"
+    "{%- else %}{% for part in message.content %}{% if part.type == 'image' %}<|image|>"
+    "{%- elif part.type == 'text' %}{{ part.text }}{% endif %}{% endfor %}{% endif %}<turn|>\n"
     "{% endfor %}"
     "{%- if add_generation_prompt %}<|turn>model\n{% endif %}")
 
@@ -252,4 +257,51 @@ def make_gemma4_tokenizer(directory, cache_dir) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False))
     (directory / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False))
+    return directory
+
+
+GEMMA4_PREPROCESSOR = {  # Gemma 4's image processor at its smallest budget: 70 soft tokens an image at most
+    "image_processor_type": "Gemma4ImageProcessor", "do_resize": True, "resample": 3, "do_rescale": True,
+    "rescale_factor": 1 / 255, "do_normalize": False, "image_mean": [0.0, 0.0, 0.0], "image_std": [1.0, 1.0, 1.0],
+    "do_convert_rgb": True, "patch_size": 16, "max_soft_tokens": 70, "pooling_kernel_size": 3}
+
+
+def make_gemma4_vlm(text_dir, directory, cache_dir) -> Path:
+    """A Gemma4ForConditionalGeneration checkpoint whose language model is the tiny Gemma 4 of `text_dir`
+    (FAMILIES["gemma4"]) with the vision mask on (use_bidirectional_attention "vision"), a tiny random
+    vision tower (2 layers of width 32, pooling 3, patches of 16, a position table of 64; what init leaves
+    trivial made random), no audio tower, the Gemma-4-shaped tokenizer and GEMMA4_PREPROCESSOR."""
+    import json
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, Gemma4Config, Gemma4ForConditionalGeneration
+
+    text = AutoConfig.from_pretrained(text_dir).to_dict()
+    text.update(use_bidirectional_attention="vision")
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=2, head_dim=16, pooling_kernel_size=3, patch_size=16,
+                  position_embedding_size=64, standardize=True)
+    config = Gemma4Config(text_config=text, vision_config=vision, audio_config=None)
+    torch.manual_seed(0)
+    model = Gemma4ForConditionalGeneration(config).eval()
+    tower = model.model.vision_tower
+    with torch.no_grad():
+        for name, param in tower.named_parameters():
+            if "norm" in name:
+                param.normal_(1.0, 0.3)
+            elif "position_embedding_table" in name:
+                param.normal_(0.0, 0.3)
+            else:
+                param.normal_(0.0, 0.9 / param.shape[-1] ** 0.5)
+        tower.std_bias.normal_(0.0, 1.0)
+        tower.std_scale.uniform_(0.5, 1.5)
+        assets.make_nontrivial(model.model.embed_vision)
+    source = AutoModelForCausalLM.from_pretrained(text_dir)
+    model.model.language_model.load_state_dict(source.model.state_dict())
+    directory = Path(directory)
+    model.save_pretrained(directory)
+    make_gemma4_tokenizer(directory, cache_dir)
+    shutil.copy(Path(text_dir) / "generation_config.json", directory)
+    (directory / "preprocessor_config.json").write_text(json.dumps(GEMMA4_PREPROCESSOR, indent=1))
     return directory

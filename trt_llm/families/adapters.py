@@ -21,6 +21,7 @@ ADAPTERS = {
     "qwen3_vl": "trt_llm.families.qwen_vl.host:InterpolatedTower",
     "smolvlm": "trt_llm.families.smolvlm.host:TiledTower",
     "gemma3": "trt_llm.families.gemma3.host:SoftTokenTower",
+    "gemma4": "trt_llm.families.gemma4.host:PatchTower",
 }
 
 

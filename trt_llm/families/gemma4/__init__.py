@@ -1,11 +1,17 @@
 """Gemma 4 (`Gemma4ForCausalLM`): a decoder of sliding and global layers of different widths, keys and
 values shared by its last layers, and per-layer embeddings (decoder.py; the per-layer table is looked
-up by the runtime, runtime/backends/embedding.py)."""
+up by the runtime, runtime/backends/embedding.py). As published (`Gemma4ForConditionalGeneration`), with
+its vision tower (vision_tower.py, processor.py, host.py): an image's soft tokens see each other both ways
+on the sliding layers when the config asks (use_bidirectional_attention "vision"). Its audio tower is not
+built yet: a clip is refused as on any engine without an audio encoder."""
 
-from trt_llm.families.face import Family
+from trt_llm.families.face import Component, Family
 
 DECODER = "trt_llm.families.gemma4.decoder"
+CHECKS = "trt_llm.families.gemma4.checks:gemma4"
 
 FAMILIES = (
-    Family("gemma4", "Gemma4ForCausalLM", DECODER, checks="trt_llm.families.gemma4.checks:gemma4"),
+    Family("gemma4", "Gemma4ForCausalLM", DECODER, checks=CHECKS),
+    Family("gemma4_vl", "Gemma4ForConditionalGeneration", DECODER, bidirectional_images=True,
+           vision=Component("trt_llm.families.gemma4.vision_tower", "gemma4"), checks=CHECKS),
 )

@@ -46,7 +46,11 @@ from trt_llm.schemas.graph_spec import PER_LAYER_INPUTS, TREE_MASK, past, window
 from trt_llm.schemas.layer_spec import FullAttention, SlidingAttention, owns_cache, window_of
 
 # What the build reads of a family's decoder module (build/bundle.py)
-__all__ = ["DecoderGraph", "LORA_TARGETS", "NO_DRAFT", "ModelDims", "layer_specs", "per_layer_embedding", "text_decoder"]
+__all__ = ["DecoderGraph", "LORA_TARGETS", "NO_DRAFT", "ModelDims", "layer_specs", "media_token_ids",
+           "per_layer_embedding", "text_decoder"]
+
+MAX_SOFT_TOKENS = 1120  # an image's soft tokens at the image processor's largest budget
+
 
 # EAGLE: its graph computes the layers that read another's cache on the rows logits are asked for only,
 # each row's last (run_layers), which a draft tree's verification is not; and no EAGLE3 draft format for it.
@@ -188,6 +192,10 @@ class DecoderGraph(DecoderSkeleton):
         self.embed_scale = float(torch.tensor(self.dims.hidden_size ** 0.5, dtype=dtype))
         # run_layers returns the kept rows only when some layer reads another's cache (see run_layers)
         self.returns_kept = any(not owns_cache(spec) for spec in self.layer_specs)
+        # An image's soft tokens see each other both ways (sliding layers only: Gemma4Layer) where the config
+        # asks; a run is at most the processor's largest budget
+        self.masked = self.masked and config.use_bidirectional_attention == "vision"
+        self.bidirectional_block = MAX_SOFT_TOKENS if self.masked else 0
         self.per_layer_size = config.hidden_size_per_layer_input or 0
         self.per_layer_width = config.num_hidden_layers * self.per_layer_size
         if self.per_layer_width:
@@ -277,3 +285,12 @@ def _rows(tensor: Tensor, kept: Tensor) -> Tensor:
 def per_layer_embedding(hf_model) -> nn.Embedding:
     """The checkpoint's per-layer table [vocab, layers * P] (the bundle writes it for the runtime)."""
     return text_decoder(hf_model).model.embed_tokens_per_layer
+
+
+def media_token_ids(hf_model) -> tuple[list[int], int]:
+    """(the soft tokens' ids of images, audio and video, the pad id): transformers looks up the pad row
+    of the per-layer table at those tokens (their rows there are the media's, not a token's), so the bundle
+    writes the pad row into theirs and the runtime looks up as for any token."""
+    config = hf_model.config
+    ids = [getattr(config, f"{kind}_token_id", None) for kind in ("image", "audio", "video")]
+    return [i for i in ids if i is not None], text_decoder(hf_model).config.pad_token_id

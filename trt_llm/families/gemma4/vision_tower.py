@@ -158,10 +158,11 @@ class Gemma4Tower(nn.Module):
 
 
 # transformers' Gemma4ImageProcessorPil defaults, where a checkpoint ships no preprocessor_config.json
-DEFAULT_PREPROCESSOR = {"gemma4": {
+DEFAULT_PREPROCESSOR = {"gemma4_vl": {  # (by the family's name: build/vision_stage.py)
     "image_processor_type": "Gemma4ImageProcessor", "do_resize": True, "resample": 3, "do_rescale": True,
     "rescale_factor": 1 / 255, "do_normalize": False, "image_mean": [0.0, 0.0, 0.0], "image_std": [1.0, 1.0, 1.0],
     "do_convert_rgb": True, "patch_size": 16, "max_soft_tokens": 280, "pooling_kernel_size": 3}}
+DEFAULT_PREPROCESSOR["gemma4"] = DEFAULT_PREPROCESSOR["gemma4_vl"]
 
 
 def export_tower(tower: Gemma4Tower, path, dtype: torch.dtype):
@@ -207,7 +208,7 @@ def export_vision(hf_model, path, dtype: torch.dtype) -> dict:
     tower = Gemma4Tower(hf_model, dtype)
     export_tower(tower, path, dtype)
     config = hf_model.config
-    return {"patch_size": tower.patch_size, "pooling_kernel_size": tower.pooling,
+    return {"patch_size": tower.patch_size, "pooling_kernel_size": tower.pooling, "merge_size": tower.pooling,
             "position_embedding_size": config.vision_config.position_embedding_size,
             "out_hidden_size": config.text_config.hidden_size, "image_token_id": config.image_token_id,
             "boi_token_id": config.boi_token_id, "eoi_token_id": config.eoi_token_id}
