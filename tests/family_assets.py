@@ -260,6 +260,24 @@ def make_gemma4_tokenizer(directory, cache_dir) -> Path:
     return directory
 
 
+def gemma4_tower_nontrivial(tower) -> None:
+    """A random Gemma 4 vision tower's weights as a trained one's would matter: norm weights (ones) and the
+    position table spread, each linear [out, in] ~ 0.9 / sqrt(in) (activations of order 1, the attention far
+    from uniform), std_bias / std_scale (zeros / ones) random."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in tower.named_parameters():
+            if "norm" in name:
+                param.normal_(1.0, 0.3)
+            elif "position_embedding_table" in name:
+                param.normal_(0.0, 0.3)
+            else:
+                param.normal_(0.0, 0.9 / param.shape[-1] ** 0.5)
+        tower.std_bias.normal_(0.0, 1.0)
+        tower.std_scale.uniform_(0.5, 1.5)
+
+
 GEMMA4_PREPROCESSOR = {  # Gemma 4's image processor at its smallest budget: 70 soft tokens an image at most
     "image_processor_type": "Gemma4ImageProcessor", "do_resize": True, "resample": 3, "do_rescale": True,
     "rescale_factor": 1 / 255, "do_normalize": False, "image_mean": [0.0, 0.0, 0.0], "image_std": [1.0, 1.0, 1.0],
@@ -285,18 +303,8 @@ def make_gemma4_vlm(text_dir, directory, cache_dir) -> Path:
     config = Gemma4Config(text_config=text, vision_config=vision, audio_config=None)
     torch.manual_seed(0)
     model = Gemma4ForConditionalGeneration(config).eval()
-    tower = model.model.vision_tower
-    with torch.no_grad():
-        for name, param in tower.named_parameters():
-            if "norm" in name:
-                param.normal_(1.0, 0.3)
-            elif "position_embedding_table" in name:
-                param.normal_(0.0, 0.3)
-            else:
-                param.normal_(0.0, 0.9 / param.shape[-1] ** 0.5)
-        tower.std_bias.normal_(0.0, 1.0)
-        tower.std_scale.uniform_(0.5, 1.5)
-        assets.make_nontrivial(model.model.embed_vision)
+    gemma4_tower_nontrivial(model.model.vision_tower)
+    assets.make_nontrivial(model.model.embed_vision)
     source = AutoModelForCausalLM.from_pretrained(text_dir)
     model.model.language_model.load_state_dict(source.model.state_dict())
     directory = Path(directory)
