@@ -25,6 +25,7 @@ import numpy as np
 from PIL import Image
 
 from trt_llm.runtime.media.sources import to_rgb
+from trt_llm.runtime.media.vision.config_values import positive_int
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -81,12 +82,6 @@ class ImageInputs(NamedTuple):
     image_grid_thw: np.ndarray  # [images, 3] int64: temporal patches, patch rows, patch columns
 
 
-def _positive_int(key: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"image processor config: {key} must be a positive integer, got {value!r}")
-    return value
-
-
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -123,7 +118,7 @@ class ImageProcessor:
         if not config.get("do_resize", True):
             raise ValueError("image processor config: do_resize false is not supported: the patch grid needs "
                              "sides that are multiples of patch_size * merge_size, which the resize makes")
-        fields = {key: _positive_int(key, config[key]) for key in ("patch_size", "temporal_patch_size", "merge_size")
+        fields = {key: positive_int(key, config[key]) for key in ("patch_size", "temporal_patch_size", "merge_size")
                   if key in config}
         fields.update({key: _per_channel(key, config[key]) for key in ("image_mean", "image_std") if key in config})
         fields.update({key: bool(config[key]) for key in ("do_rescale", "do_normalize") if key in config})
@@ -143,7 +138,7 @@ class ImageProcessor:
         fields.update({key: config[key] for key in ("min_pixels", "max_pixels") if config.get(key) is not None})
         for key in ("min_pixels", "max_pixels"):
             if key in fields:
-                _positive_int(key, fields[key])
+                positive_int(key, fields[key])
         return cls(**fields)
 
     def __post_init__(self):

@@ -41,6 +41,7 @@ import numpy as np
 from PIL import Image
 
 from trt_llm.runtime.media.sources import to_rgb
+from trt_llm.runtime.media.vision.config_values import flag, number, per_channel, positive_int
 from trt_llm.runtime.media.vision.processor import rescaled
 
 BILINEAR = 2  # PIL.Image.Resampling.BILINEAR, the processor's default
@@ -55,38 +56,13 @@ class FrameInputs(NamedTuple):
     image_grid_thw: np.ndarray  # [images, 3] int64: frames, patches a side, patches a side
 
 
-def _number(key: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"image processor config: {key} must be a number, got {value!r}")
-    return float(value)
-
-
-def _positive_int(key: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"image processor config: {key} must be a positive integer, got {value!r}")
-    return value
-
-
-def _flag(key: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"image processor config: {key} must be true or false, got {value!r}")
-    return value
-
-
-def _per_channel(key: str, value) -> tuple[float, float, float]:
-    values = [value] * 3 if isinstance(value, (int, float)) and not isinstance(value, bool) else value
-    if not isinstance(values, (list, tuple)) or len(values) != 3:
-        raise ValueError(f"image processor config: {key} must be a number or three (R, G, B), got {value!r}")
-    return tuple(_number(key, v) for v in values)
-
-
 def _frame_side(size, image_size: int) -> int:
     """The frame's side from `size` ({"height": S, "width": S}), which must be the tower's image_size."""
     if size is None:
         return image_size
     if not isinstance(size, dict) or set(size) != {"height", "width"}:
         raise ValueError(f'image processor config: size must be {{"height": pixels, "width": pixels}}, got {size!r}')
-    height, width = (_positive_int(f"size.{key}", size[key]) for key in ("height", "width"))
+    height, width = (positive_int(f"size.{key}", size[key]) for key in ("height", "width"))
     if height != image_size or width != image_size:
         raise ValueError(f"image processor config: size {width}x{height} is not the vision tower's image_size "
                          f"{image_size} square: its frames would not give the model's patch grid")
@@ -125,24 +101,24 @@ class Gemma3ImageProcessor:
         if config.get("do_resize", True) is not True:
             raise ValueError(f"image processor config: do_resize must be true (the tower takes {image_size}-pixel "
                              f"frames), got {config['do_resize']!r}")
-        fields = {"do_pan_and_scan": _flag("do_pan_and_scan", config.get("do_pan_and_scan", False))}
+        fields = {"do_pan_and_scan": flag("do_pan_and_scan", config.get("do_pan_and_scan", False))}
         for key in ("pan_and_scan_min_crop_size", "pan_and_scan_max_num_crops"):
             if key in config:
-                fields[key] = _positive_int(key, config[key])
+                fields[key] = positive_int(key, config[key])
         if "pan_and_scan_min_ratio_to_activate" in config:
-            fields["pan_and_scan_min_ratio_to_activate"] = _number("pan_and_scan_min_ratio_to_activate",
+            fields["pan_and_scan_min_ratio_to_activate"] = number("pan_and_scan_min_ratio_to_activate",
                                                                    config["pan_and_scan_min_ratio_to_activate"])
         if "resample" in config:
             if config["resample"] not in [r.value for r in Image.Resampling] or isinstance(config["resample"], bool):
                 raise ValueError(f"image processor config: resample must be a PIL resampling filter (0-5), "
                                  f"got {config['resample']!r}")
             fields["resample"] = int(config["resample"])
-        fields.update({key: _per_channel(key, config[key]) for key in ("image_mean", "image_std") if key in config})
+        fields.update({key: per_channel(key, config[key]) for key in ("image_mean", "image_std") if key in config})
         if any(s == 0 for s in fields.get("image_std", ())):
             raise ValueError(f"image processor config: image_std must not be 0, got {config['image_std']!r}")
-        fields.update({key: _flag(key, config[key]) for key in ("do_rescale", "do_normalize") if key in config})
+        fields.update({key: flag(key, config[key]) for key in ("do_rescale", "do_normalize") if key in config})
         if "rescale_factor" in config:
-            fields["rescale_factor"] = _number("rescale_factor", config["rescale_factor"])
+            fields["rescale_factor"] = number("rescale_factor", config["rescale_factor"])
         return cls(_frame_side(config.get("size"), image_size), patch_size, pooling, **fields)
 
     @property

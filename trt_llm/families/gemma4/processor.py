@@ -30,6 +30,7 @@ import numpy as np
 from PIL import Image
 
 from trt_llm.runtime.media.sources import to_rgb
+from trt_llm.runtime.media.vision.config_values import flag, number, per_channel, positive_int
 from trt_llm.runtime.media.vision.processor import rescaled
 
 BICUBIC = 3  # PIL.Image.Resampling.BICUBIC, the processor's default
@@ -49,31 +50,6 @@ class TowerInputs(NamedTuple):
     pixel_position_ids: np.ndarray  # [N, 2] int64 (x, y)
     cu_seqlens: np.ndarray  # [images + 1] int32, image boundaries in patches
     num_soft_tokens: np.ndarray  # [images] int64: the graph gives sum() rows, image by image
-
-
-def _positive_int(key: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"image processor config: {key} must be a positive integer, got {value!r}")
-    return value
-
-
-def _number(key: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"image processor config: {key} must be a number, got {value!r}")
-    return float(value)
-
-
-def _flag(key: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"image processor config: {key} must be true or false, got {value!r}")
-    return value
-
-
-def _per_channel(key: str, value) -> tuple[float, float, float]:
-    values = [value] * 3 if isinstance(value, (int, float)) and not isinstance(value, bool) else value
-    if not isinstance(values, (list, tuple)) or len(values) != 3:
-        raise ValueError(f"image processor config: {key} must be a number or three (R, G, B), got {value!r}")
-    return tuple(_number(key, v) for v in values)
 
 
 @dataclass(frozen=True)
@@ -101,17 +77,17 @@ class Gemma4ImageProcessor:
         if config.get("do_resize", True) is not True:
             raise ValueError(f"image processor config: do_resize must be true (the patch budget needs the resize), "
                              f"got {config['do_resize']!r}")
-        fields = {key: _positive_int(key, config[key])
+        fields = {key: positive_int(key, config[key])
                   for key in ("patch_size", "pooling_kernel_size", "max_soft_tokens") if key in config}
         if "resample" in config:
             if isinstance(config["resample"], bool) or config["resample"] not in [r.value for r in Image.Resampling]:
                 raise ValueError(f"image processor config: resample must be a PIL resampling filter (0-5), "
                                  f"got {config['resample']!r}")
             fields["resample"] = int(config["resample"])
-        fields.update({key: _flag(key, config[key]) for key in ("do_rescale", "do_normalize") if key in config})
+        fields.update({key: flag(key, config[key]) for key in ("do_rescale", "do_normalize") if key in config})
         if "rescale_factor" in config:
-            fields["rescale_factor"] = _number("rescale_factor", config["rescale_factor"])
-        fields.update({key: _per_channel(key, config[key]) for key in ("image_mean", "image_std") if key in config})
+            fields["rescale_factor"] = number("rescale_factor", config["rescale_factor"])
+        fields.update({key: per_channel(key, config[key]) for key in ("image_mean", "image_std") if key in config})
         if any(s == 0 for s in fields.get("image_std", ())):
             raise ValueError(f"image processor config: image_std must not be 0, got {config['image_std']!r}")
         return cls(**fields)
