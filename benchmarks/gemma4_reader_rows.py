@@ -75,19 +75,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         args.prompt, args.rounds = 64, 1
-    from trt_llm.runtime.backends.embedding import engine_embedding, engine_per_layer_table
-    from trt_llm.runtime.backends.engines import open_engine
-    from trt_llm.runtime.engine.model import model_of
+    from trt_llm.runtime.app.evaluate import open_model
     from trt_llm.runtime.engine_dir import EngineDir
 
     checkpoint = shared.checkpoint(args.work_dir / "checkpoint")
     folders = {"kept rows": shared.engine(checkpoint, args.work_dir / "engine", 4096),
                "every row": every_row_engine(checkpoint, args.work_dir / "engine-every-row", 4096)}
-    models = {}
-    for name, folder in folders.items():
-        engine_dir = EngineDir.open(folder)
-        models[name] = model_of(engine_dir, open_engine(engine_dir, threads=2), engine_embedding(engine_dir),
-                                engine_per_layer_table(engine_dir))
+    models = {name: open_model(EngineDir.open(folder), threads=2) for name, folder in folders.items()}
     times: dict[tuple[str, int], list[float]] = {}
     for round_ in range(args.rounds):
         for batch in args.batches:

@@ -68,15 +68,11 @@ def engine(model: Path, folder: Path, capacity: int) -> Path:
 
 
 def models(engine_dir_path: Path):
-    from trt_llm.runtime.backends.embedding import engine_embedding, engine_per_layer_table
-    from trt_llm.runtime.backends.engines import open_engine
-    from trt_llm.runtime.engine.model import model_of
+    from trt_llm.runtime.app.evaluate import open_model
     from trt_llm.runtime.engine_dir import EngineDir
 
     engine_dir = EngineDir.open(engine_dir_path)
-    embedding, per_layer = engine_embedding(engine_dir), engine_per_layer_table(engine_dir)
-    in_place = model_of(engine_dir, open_engine(engine_dir, threads=2), embedding, per_layer)
-    copied = model_of(engine_dir, open_engine(engine_dir, threads=2), embedding, per_layer)
+    in_place, copied = open_model(engine_dir, threads=2), open_model(engine_dir, threads=2)
     assert in_place.engine._shared, "the engine's graph has no shared outputs"
     copied.engine._shared = {}  # the readers' presents unbound: ONNX Runtime's own buffers, filled by copying
     return {"in place": in_place, "copied": copied}
