@@ -31,6 +31,14 @@ def random_pictures(folder: Path, sizes: dict[str, tuple[int, int]]) -> dict[str
     return {name: folder / name for name in sizes}
 
 
+def image_request(*parts, **image_options) -> dict:
+    """A user message of parts: a str is a text part, a path an image part (with image_options, e.g.
+    Gemma 3's pan_and_scan)."""
+    content = [{"type": "text", "text": p} if isinstance(p, str) else {"type": "image", "image": str(p), **image_options}
+               for p in parts]
+    return {"messages": [{"role": "user", "content": content}]}
+
+
 def chat_request(text: str, **extra) -> dict:
     return {"messages": [{"role": "user", "content": text}], **extra}
 

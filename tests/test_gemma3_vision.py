@@ -42,12 +42,8 @@ def images(tmp_path_factory):
 
 
 def image_request(*parts, pan_and_scan: bool | None = None) -> dict:
-    """A user message of parts: a path is an image, a str a text part; pan_and_scan: each image's."""
-    def image(path):
-        return {"type": "image", "image": str(path), **({} if pan_and_scan is None else {"pan_and_scan": pan_and_scan})}
-
-    content = [{"type": "text", "text": p} if isinstance(p, str) else image(p) for p in parts]
-    return {"messages": [{"role": "user", "content": content}]}
+    """helpers.image_request, each image part with its pan_and_scan where one is given."""
+    return helpers.image_request(*parts, **({} if pan_and_scan is None else {"pan_and_scan": pan_and_scan}))
 
 
 def run_file(engine, folder, requests: list[dict], batch_size=None, **options):

@@ -39,12 +39,6 @@ def images(tmp_path_factory):
     return helpers.random_pictures(tmp_path_factory.mktemp("images"), SIZES)
 
 
-def image_request(*parts) -> dict:
-    content = [{"type": "text", "text": p} if isinstance(p, str) else {"type": "image", "image": str(p)}
-               for p in parts]
-    return {"messages": [{"role": "user", "content": content}]}
-
-
 def run_file(engine, folder, requests: list[dict], batch_size=None, **options):
     path = folder / "input.json"
     path.write_text(json.dumps({"batch_size": batch_size or len(requests), "temperature": 0.0,
@@ -101,8 +95,8 @@ def test_greedy_tokens_with_images_are_transformers(gemma4_vlm, images, tmp_path
     """Images of three shapes, two in one request, a text-only request beside them: the prompt's token ids
     are the processor's and the tokens transformers'; static, continuous and chunked with reuse alike."""
     folder, engine = gemma4_vlm
-    requests = [image_request(images["wide.png"], "What is this?"),
-                image_request("Compare", images["square.png"], "and", images["tall.png"]),
+    requests = [helpers.image_request(images["wide.png"], "What is this?"),
+                helpers.image_request("Compare", images["square.png"], "and", images["tall.png"]),
                 {"messages": [{"role": "user", "content": "Say something."}]}]
     expected = [transformers_greedy(folder, request) for request in requests]
     assert all(len(set(tokens)) > 1 for tokens in expected)
@@ -118,7 +112,7 @@ def test_log_probabilities_see_the_mask_and_the_pad_rows(gemma4_vlm, images, tmp
     """The first token's top-5 log-probabilities within 1e-4 of transformers' (relative to the top one), and
     far from what transformers gives without the image mask (token types off): the test tells them apart."""
     folder, engine = gemma4_vlm
-    request = {**image_request(images["square.png"], "Describe it."), "num_logprobs": 5}
+    request = {**helpers.image_request(images["square.png"], "Describe it."), "num_logprobs": 5}
     response = run_file(engine, tmp_path, [request]).responses[0]
     ours = {c.token_id: c.logprob for c in response.logprobs[0]}
     model, inputs = oracle_inputs(folder, request)

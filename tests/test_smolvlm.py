@@ -41,13 +41,6 @@ def images(tmp_path_factory):
     return helpers.random_pictures(tmp_path_factory.mktemp("images"), SIZES)
 
 
-def image_request(*parts) -> dict:
-    """A user message of parts: a path is an image, a str a text part."""
-    content = [{"type": "text", "text": p} if isinstance(p, str) else {"type": "image", "image": str(p)}
-               for p in parts]
-    return {"messages": [{"role": "user", "content": content}]}
-
-
 def run_file(engine, folder, requests: list[dict], **options):
     path = folder / "input.json"
     path.write_text(json.dumps({"batch_size": len(requests), "temperature": 0.0, "max_generate_length": MAX_NEW,
@@ -118,8 +111,8 @@ def test_prompt_tokens_are_the_processors(smolvlm, images, tmp_path):
     """An image's <image> becomes the tiles' row / column tokens, their image tokens and the newlines
     between rows, token for token Idefics3Processor's, for split images and beside text."""
     folder, engine = smolvlm
-    for request in (image_request(images["wide.png"], "and", images["small.png"], "Compare them."),
-                    image_request("Look:", images["thin.png"]), image_request(images["tiny.png"])):
+    for request in (helpers.image_request(images["wide.png"], "and", images["small.png"], "Compare them."),
+                    helpers.image_request("Look:", images["thin.png"]), helpers.image_request(images["tiny.png"])):
         _, inputs = oracle_inputs(folder, request)
         assert our_prompt(engine, tmp_path, request) == inputs["input_ids"][0].tolist()
     # an image sent whole (a processor without splitting): one frame, the global view's tokens alone
@@ -142,7 +135,7 @@ def test_the_tower_matches_transformers(smolvlm, images):
     pending = [encoder.pending(images[name].read_bytes(), name) for name in ("wide.png", "tiny.png")]
     encoded = encoder.encode(pending)
     frames = encoder.processor.preprocess([image.picture for image in pending]).pixel_values
-    model, _ = oracle_inputs(folder, image_request(images["tiny.png"]))
+    model, _ = oracle_inputs(folder, helpers.image_request(images["tiny.png"]))
     with torch.no_grad():
         expected = model.model.get_image_features(torch.from_numpy(frames)[None]).pooler_output[0].numpy()
     ours = np.concatenate([image.embeds for image in encoded])
@@ -154,10 +147,10 @@ def test_images_and_text_in_one_batch_match_transformers(smolvlm, images, tmp_pa
     """Two images in one request (one split 2 x 3, a small one upscaled), three, one, and text alone,
     batched: greedy tokens identical to transformers generate."""
     folder, engine = smolvlm
-    requests = [image_request(images["wide.png"], "and", images["small.png"], "Compare them."),
+    requests = [helpers.image_request(images["wide.png"], "and", images["small.png"], "Compare them."),
                 {"messages": [{"role": "user", "content": "Hello there"}]},
-                image_request(images["tiny.png"], images["thin.png"], images["wide.png"], "Which is odd?"),
-                image_request(images["small.png"], "Describe this.")]
+                helpers.image_request(images["tiny.png"], images["thin.png"], images["wide.png"], "Which is odd?"),
+                helpers.image_request(images["small.png"], "Describe this.")]
     output = run_file(engine, tmp_path, requests)
     for request, response in zip(requests, output.responses):
         assert response.finish_reason in ("end-of-sequence", "max-length"), response.error
@@ -166,8 +159,8 @@ def test_images_and_text_in_one_batch_match_transformers(smolvlm, images, tmp_pa
 
 def test_continuous_scheduling_gives_the_static_runs_tokens(smolvlm, images, tmp_path):
     _, engine = smolvlm
-    requests = [image_request(images["wide.png"], "One."), {"messages": [{"role": "user", "content": "Two"}]},
-                image_request(images["small.png"], images["tiny.png"], "Three."), image_request(images["thin.png"], "Four.")]
+    requests = [helpers.image_request(images["wide.png"], "One."), {"messages": [{"role": "user", "content": "Two"}]},
+                helpers.image_request(images["small.png"], images["tiny.png"], "Three."), helpers.image_request(images["thin.png"], "Four.")]
     path = tmp_path / "input.json"
     path.write_text(json.dumps({"batch_size": 2, "temperature": 0.0, "max_generate_length": MAX_NEW,
                                 "requests": requests}))
@@ -186,8 +179,8 @@ def test_context_reuse_tells_images_apart_and_restores_the_same_one(smolvlm, ima
     twin = tmp_path / "twin.png"
     Image.fromarray(255 - np.asarray(Image.open(images["wide.png"]).convert("RGB"))).save(twin)
     question = "Describe this picture in a few words, please."
-    requests = [image_request(images["wide.png"], question), image_request(images["wide.png"], question),
-                image_request(twin, question), image_request(images["wide.png"], "What colour is it?")]
+    requests = [helpers.image_request(images["wide.png"], question), helpers.image_request(images["wide.png"], question),
+                helpers.image_request(twin, question), helpers.image_request(images["wide.png"], "What colour is it?")]
     responses, prompts = helpers.reuse_run(engine, tmp_path, requests, MAX_NEW)
     bypassed = helpers.tokens_of_bypass(engine, tmp_path, requests, MAX_NEW)
     for i, request in enumerate(requests):
@@ -206,7 +199,7 @@ def test_an_image_over_the_token_limit_fails_its_request_alone(smolvlm, images, 
     runner.vision.processor = dataclasses.replace(runner.vision.processor, max_tokens=20)
     path = tmp_path / "input.json"
     path.write_text(json.dumps({"max_generate_length": 4, "requests": [
-        image_request(images["thin.png"], "Fine."), image_request("Look:", images["wide.png"])]}))
+        helpers.image_request(images["thin.png"], "Fine."), helpers.image_request("Look:", images["wide.png"])]}))
     loaded = load_input_file(path)
     fine, refused = runner.run(loaded, loaded.settings).responses
     assert fine.finish_reason in ("end-of-sequence", "max-length") and fine.output_token_ids
@@ -220,7 +213,7 @@ def test_idefics3_is_the_same_path(tmp_path_factory, smollm2_dir, build_engine_f
     folder = smolvlm_assets.make_tiny_smolvlm("idefics3", tmp_path_factory.mktemp("idefics3"), smollm2_dir, seed=1)
     engine = build_engine_for(folder, max_batch_size=1, max_input_len=256, max_kv_cache_capacity=384)
     assert json.loads((engine / "manifest.json").read_text())["model"]["family"] == "idefics3"
-    request = image_request(images["small.png"], "and", images["wide.png"], "Compare them.")
+    request = helpers.image_request(images["small.png"], "and", images["wide.png"], "Compare them.")
     (response,) = run_file(engine, tmp_path, [request]).responses
     assert response.output_token_ids == transformers_greedy(folder, request)
 
@@ -251,7 +244,7 @@ def test_the_server_takes_an_image_as_a_data_url(smolvlm, images, tmp_path):
 
     _, engine = smolvlm
     data_url = "data:image/png;base64," + base64.b64encode(images["wide.png"].read_bytes()).decode()
-    expected = run_file(engine, tmp_path, [image_request(images["wide.png"], "What is it?")]).responses[0]
+    expected = run_file(engine, tmp_path, [helpers.image_request(images["wide.png"], "What is it?")]).responses[0]
     live = LiveServer(create_app(Runner(EngineDir.open(engine), threads=1, scheduling="continuous"),
                                  ServerConfig(model_name="tiny", max_rows=2)))
     try:
@@ -268,9 +261,9 @@ def test_the_server_takes_an_image_as_a_data_url(smolvlm, images, tmp_path):
 def test_pan_and_scan_is_refused_by_a_tower_that_cuts_no_crops(smolvlm, images, tmp_path):
     """An image part's pan_and_scan (Gemma 3's) on SmolVLM's tower fails its request alone, naming the field."""
     _, engine = smolvlm
-    asked = image_request(images["small.png"], "What is it?")
+    asked = helpers.image_request(images["small.png"], "What is it?")
     asked["messages"][0]["content"][0]["pan_and_scan"] = True
-    output = run_file(engine, tmp_path, [asked, image_request(images["small.png"], "What is it?")])
+    output = run_file(engine, tmp_path, [asked, helpers.image_request(images["small.png"], "What is it?")])
     assert output.responses[0].finish_reason == "error"
     assert "requests[0].messages[0].content[0].pan_and_scan" in output.responses[0].error
     assert output.responses[1].finish_reason in ("end-of-sequence", "max-length")
