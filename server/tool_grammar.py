@@ -10,7 +10,9 @@ with each function's `parameters` JSON Schema for its arguments (written as the 
 writes them: ", " and ": ", no other whitespace). `required`: one call of any of the tools, or with
 parallel_tool_calls several, one per line as the template joins them; a named function: exactly one
 call of it. The answer is then nothing but calls and end-of-sequence, and the Hermes parser
-(tool_calls.py) reads it into `message.tool_calls` as it reads a free answer's.
+(tool_calls.py) reads it into `message.tool_calls` as it reads a free answer's. Gemma 4's
+`<|tool_call>call:name{key:<|"|>text<|"|>,...}<tool_call|>` is not JSON: server/gemma4_tool_grammar.py
+writes its grammar (the schema in its value syntax, keys in the template's order).
 
 The grammar is the request's guided decoding (`ebnf`), so it takes the same path as the input
 file's grammars: compiled once per text (the same tools, the same grammar) and cached
@@ -56,9 +58,13 @@ def tool_grammar(tools: list[dict], name: str | None, parallel: bool, literal, s
     function: {name, parameters}}); name: the named function (None: `required`, any tool); parallel:
     several calls allowed (`required` only); literal(text): the Lark terminal of a tag
     (grammar.Grammars.literal: the special token where the vocabulary has one); syntax: the call
-    format, "hermes" or "llama3_json" (Llama 3's `{"name": ..., "parameters": ...}`, calls joined by
-    "; " as vLLM's llama3_json parser reads them)."""
-    if syntax not in ("hermes", "llama3_json"):  # (Gemma 4's call:name{...} has no grammar here yet)
+    format, "hermes", "llama3_json" (Llama 3's `{"name": ..., "parameters": ...}`, calls joined by
+    "; " as vLLM's llama3_json parser reads them) or "gemma4" (server/gemma4_tool_grammar.py)."""
+    if syntax == "gemma4":  # call:name{key:value,...}: not JSON, its own schema translation
+        from trt_llm.server.gemma4_tool_grammar import gemma4_tool_grammar
+
+        return gemma4_tool_grammar(tools, name, parallel, literal)
+    if syntax not in ("hermes", "llama3_json"):
         raise ToolGrammarError(f"tool_choice: {'a named tool' if name else 'required'} is not supported with this "
                                f"model's {syntax} call format yet; use tool_choice auto", "tool_choice")
     functions = [(i, tool["function"]) for i, tool in enumerate(tools)]
