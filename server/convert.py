@@ -106,7 +106,7 @@ def tool_choice(body: ChatCompletionRequest) -> str:
 
 def force_tool_calls(converted: Converted, body: ChatCompletionRequest, grammars, syntax: str = "hermes") -> Request:
     """The converted request with its answer forced to be tool calls (tool_choice required or named):
-    a grammar over the call syntax of the parser `syntax` (hermes, llama3_json) as its guided decoding
+    a grammar over the call syntax of the parser `syntax` (hermes, llama3_json, gemma4) as its guided decoding
     (server/tool_grammar.py). grammars: the engine's grammar.Grammars (the tags as its tokenizer
     writes them)."""
     from trt_llm.server.tool_grammar import ToolGrammarError, tool_grammar

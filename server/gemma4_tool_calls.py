@@ -8,7 +8,8 @@ delta by delta, the same either way: tool_calls.HermesParser's streaming and whi
 these tags. Inside the braces: keys unquoted, strings between `<|"|>` marks (the string-escape token:
 its text may hold quotes, braces and commas), numbers, true / false / null, nested {...} objects and
 [...] arrays. A body that is not `call:<name>{...}` or whose arguments do not parse is left in the
-content as the model wrote it, never an error.
+content as the model wrote it, never an error. tool_choice `required` and a named function make the answer
+such calls with a grammar (server/gemma4_tool_grammar.py: the arguments as the template writes them).
 
 The tags are special tokens in Gemma 4's vocabulary: the detokenizer writes them out because the
 template mentions them (runtime/text/detokenizer.markup_ids).
