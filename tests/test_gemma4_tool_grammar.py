@@ -35,7 +35,13 @@ BOOK = {"type": "function", "function": {"name": "book", "parameters": {
 NOW = {"type": "function", "function": {"name": "now", "parameters": {
     "type": "object", "properties": {}, "additionalProperties": False}}}
 FREE = {"type": "function", "function": {"name": "note"}}  # no parameters: any object
-TOOLS = [WEATHER, BOOK, NOW, FREE]
+OPTIONAL = {"type": "function", "function": {"name": "opts", "parameters": {  # no key required
+    "type": "object", "properties": {
+        "a": {"type": "boolean"}, "B": {"type": ["number", "null"], "exclusiveMinimum": 0},
+        "c": {"type": "array", "items": {"oneOf": [{"type": "string", "minLength": 2}, {"$ref": "#/$defs/pair"}]},
+              "maxItems": 2}},
+    "$defs": {"pair": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2}}}}}
+TOOLS = [WEATHER, BOOK, NOW, FREE, OPTIONAL]
 
 # An assistant's calls as Gemma 4's template writes them (its macro's rules, our own Jinja).
 CALLS = jinja2.Environment().from_string(
@@ -61,6 +67,10 @@ ARGUMENTS = [  # (function, arguments): each inside its schema
     ("book", {"who": "Bo", "when": {"slots": [1, 2, 3], "day": "Tue"}, "mode": None}),
     ("now", {}),
     ("note", {"zeta": [1, "x", {"b": True}, []], "alpha": -0.0025, "m": {}}),
+    ("opts", {}),
+    ("opts", {"c": ["xy", [1, 2]]}),
+    ("opts", {"c": [], "a": True, "B": 2.5}),
+    ("opts", {"B": None, "c": ["abc"]}),
 ]
 
 
@@ -140,6 +150,10 @@ REFUSED = {  # answers outside the schemas (or outside what the template writes)
     "a quoted key": call("get_weather", f"{Q}city{Q}:{Q}Paris{Q}"),
     "arguments for a function without": call("now", "x:1"),
     "an unclosed call": "<|tool_call>call:now{}",
+    "a key twice": call("opts", "a:true,a:false"),
+    "an exclusive minimum": call("opts", "B:0"),
+    "an item in neither branch": call("opts", f"c:[{Q}x{Q}]"),
+    "a pair of three": call("opts", "c:[[1,2,3]]"),
 }
 
 
