@@ -172,22 +172,28 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
             elif config.lora:
                 first = graphs.text_decoder(checkpoint.model).model.layers[0]
                 packed = hasattr(first.self_attn, "qkv_proj")
+                # experts in place of the MLP take no adapters; Gemma 4's run beside a dense MLP, which does
+                experts = (getattr(hf_config, "num_experts", 0) or 0) > 0 and not getattr(graphs, "MLP_BESIDE_EXPERTS",
+                                                                                         False)
                 try:
-                    targets = lora.targets_of(config.lora.target_modules, packed,
-                                              experts=getattr(hf_config, "num_experts", 0) > 0)
+                    targets = lora.targets_of(config.lora.target_modules, packed, experts=experts)
                 except ValueError as error:
                     from trt_llm.build.compile import BuildError
 
                     raise BuildError(str(error)) from None
-                lora_layout = lora.layout(graphs.ModelDims(hf_config), hf_config.intermediate_size,
-                                          config.lora.max_rank, targets, packed)
+                if getattr(graphs, "LORA_PER_LAYER", False):  # layers of different shapes: each its own groups
+                    lora_layout = lora.layered_layout(graphs.text_decoder(checkpoint.model).model.layers,
+                                                      config.lora.max_rank, targets)
+                else:
+                    lora_layout = lora.layout(graphs.ModelDims(hf_config), hf_config.intermediate_size,
+                                              config.lora.max_rank, targets, packed)
             if config.draft and getattr(graphs, "NO_DRAFT", None):  # a family that says why it takes none
                 from trt_llm.build.compile import BuildError
 
                 raise BuildError(f"draft: {graphs.NO_DRAFT}; build without draft:")
             draft = load_eagle_draft(config, checkpoint) if config.draft else None
             graph = graphs.DecoderGraph(checkpoint.model, checkpoint.family, config.max_kv_cache_capacity, dtype,
-                                        [g["name"] for g in lora_layout["groups"]] if lora_layout else [],
+                                        lora.graph_groups(lora_layout),
                                         feature_layers=draft.aux_layer_ids if draft is not None else None,
                                         make_linear=make_linear, release_layers=True, weights=checkpoint.weights)
             dims, graph_deepstack, layers = graph.dims.to_dict(), graph.deepstack_layers, graph.layer_specs

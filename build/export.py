@@ -12,8 +12,8 @@ import torch
 from torch.export import Dim
 
 from trt_llm.build.models.skeleton import DecoderSkeleton
-from trt_llm.schemas.graph_spec import (DEEPSTACK, PER_LAYER_INPUTS, TREE_MASK, decoder_spec, draft_spec, lora_input,
-                                        past, window_lengths)
+from trt_llm.schemas.graph_spec import (DEEPSTACK, PER_LAYER_INPUTS, TREE_MASK, decoder_spec, draft_spec,
+                                        lora_groups_at, lora_input, past, window_lengths)
 from trt_llm.schemas.layer_spec import owns_cache, window_of
 from trt_llm import plugins
 from trt_llm.plugins.attention import LOOKAHEAD_KEY
@@ -57,9 +57,9 @@ def _example_inputs(graph: DecoderSkeleton, dtype: torch.dtype, spec, lora_layou
         else:
             examples.update({past(kind, i): torch.zeros(batch, layer.kv_heads, slots[window_of(layer)],
                                                         layer.head_dim, dtype=dtype) for kind in ("key", "value")})
-    for group in (lora_layout or {}).get("groups", []):
-        rank = _EXAMPLE_RANKS[group["name"]]
-        for i in range(d.num_layers):
+    for i in range(d.num_layers if lora_layout else 0):
+        for group in lora_groups_at(lora_layout, i):
+            rank = _EXAMPLE_RANKS[group["name"]]
             examples[lora_input(group["name"], "a", i)] = torch.zeros(batch, rank, group["in_features"], dtype=dtype)
             examples[lora_input(group["name"], "b", i)] = torch.zeros(batch, group["out_features"], rank, dtype=dtype)
     return tuple(examples[name] for name in spec.input_names)

@@ -142,13 +142,21 @@ def _window_inputs(layers) -> list[TensorSpec]:
     return [TensorSpec(window_lengths(w), "int32", ("batch",)) for w in windows]
 
 
+def lora_groups_at(lora_layout: dict, layer: int) -> list[dict]:
+    """Layer `layer`'s packed groups with LoRA inputs: the layout's `groups`, the same on every layer,
+    unless its `layer_groups` gives each layer its own (Gemma 4: two head widths, the shared layers'
+    q alone, double-wide MLPs)."""
+    per_layer = lora_layout.get("layer_groups")
+    return per_layer[layer] if per_layer else lora_layout["groups"]
+
+
 def lora_inputs(lora_layout: dict | None) -> list[TensorSpec]:
     """The LoRA pairs, per layer and packed group (build/lora.py's layout); the ranks are dynamic."""
     if not lora_layout:
         return []
     specs = []
     for layer in range(lora_layout["num_layers"]):
-        for group in lora_layout["groups"]:
+        for group in lora_groups_at(lora_layout, layer):
             rank = f"lora_rank_{group['name']}"
             specs += [TensorSpec(lora_input(group["name"], "a", layer), MODEL_DTYPE, ("batch", rank, None)),
                       TensorSpec(lora_input(group["name"], "b", layer), MODEL_DTYPE, ("batch", None, rank))]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 from ._errors import format_errors, json_type
@@ -171,7 +171,15 @@ class LoraLayout(BaseModel):
     max_rank: PositiveInt
     target_modules: list[str]
     num_layers: PositiveInt
-    groups: list[LoraGroup]
+    groups: list[LoraGroup]  # every layer's, unless layer_groups is set
+    layer_groups: list[list[LoraGroup]] | None = None  # each layer its own (layers of different shapes)
+
+    @model_validator(mode="after")
+    def _one_list_per_layer(self) -> "LoraLayout":
+        if self.layer_groups is not None and len(self.layer_groups) != self.num_layers:
+            raise PydanticCustomError("lora_layers", "layer_groups has {got} lists, one per layer of num_layers {want}",
+                                      {"got": len(self.layer_groups), "want": self.num_layers})
+        return self
 
 
 class Manifest(BaseModel):

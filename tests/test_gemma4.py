@@ -153,6 +153,28 @@ def test_quantized_experts_run_their_gelu_body(family_model, build_engine_for):
         assert response.finish_reason == "max-length" and len(response.output_token_ids) == NEW
 
 
+@pytest.mark.parametrize("family", ["gemma4", "gemma4_moe"])
+def test_lora_adapters_on_layers_of_different_shapes_are_peft(family, family_model, build_engine_for, tmp_path):
+    """PEFT adapters on every module each layer has: the two head widths, k_eq_v's global layers (no
+    v_proj), the shared layers (q_proj alone, double-wide MLPs), the dense MLP beside the experts; a row
+    with the adapter gives PEFT's tokens, a row without it the base model's, in one batch."""
+    pytest.importorskip("peft")
+    from helpers import LORA_MODULES, assert_adapter_rows_are_peft, make_adapter
+
+    model = family_model(family)
+    engine = build_engine_for(model, lora={"max_rank": 4})
+    manifest = json.loads((engine / "manifest.json").read_text())
+    groups = manifest["lora"]["layer_groups"]
+    keys_are_values = json.loads((model / "config.json").read_text()).get("attention_k_eq_v")
+    for layer, spec in zip(groups, manifest["model"]["layers"]):
+        qkv = (["q_proj"] if spec["kv_source"] is not None else  # a shared layer: q alone
+               ["q_proj", "k_proj"] if spec["kind"] == "full" and keys_are_values else ["q_proj", "k_proj", "v_proj"])
+        assert [g["modules"] for g in layer] == [qkv, ["o_proj"], ["gate_proj", "up_proj"], ["down_proj"]]
+        assert layer[0]["out_features"] == (spec["kv_heads"] * (len(qkv) - 1) + 4) * spec["head_dim"]  # 4 q heads
+    adapter = make_adapter(model, tmp_path / "adapter", seed=3, rank=4, targets=LORA_MODULES)
+    assert_adapter_rows_are_peft(model, engine, adapter, TEXT, NEW)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="TensorRT-RTX is not installed")
 def test_tensorrt_rtx_plan_builds_ahead_of_time(gemma4, build_engine_for):
     """TensorRT-RTX parses the graph (the shared layers' attention over their source's presents, the
@@ -168,8 +190,6 @@ def test_what_it_cannot_take_is_refused_in_one_line(gemma4, build_engine_for, tm
     from trt_llm.build.compile import BuildError
 
     model, _ = gemma4
-    with pytest.raises(BuildError, match="lora: not supported for Gemma4ForCausalLM"):
-        build_engine_for(model, lora={"max_rank": 4})
     with pytest.raises(BuildError, match=r"draft: an EAGLE draft on Gemma 4 \(its layers share keys and values\)"):
         build_engine_for(model, draft={"model": str(tmp_path)})  # (refused before any draft is read)
     config = json.loads((model / "config.json").read_text())

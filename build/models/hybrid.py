@@ -56,7 +56,7 @@ class HybridGraph(DecoderSkeleton):
 
     name = "this hybrid family"
 
-    def __init__(self, hf_model, family, max_positions: int, dtype: torch.dtype, lora_groups: list[str] = (),
+    def __init__(self, hf_model, family, max_positions: int, dtype: torch.dtype, lora_groups: list[list[str]] = (),
                  feature_layers: list[int] | None = None, make_linear=linear, release_layers: bool = False,
                  weights=None):
         from trt_llm.build.compile import BuildError
@@ -64,7 +64,7 @@ class HybridGraph(DecoderSkeleton):
         if feature_layers is not None:
             raise BuildError("draft: an EAGLE draft on a hybrid (recurrent) model is not supported: the rejected "
                              "nodes of a tree would stay in the recurrent states; build without draft:")
-        if set(lora_groups) - {"gate_up", "down"}:
+        if {g for names in lora_groups for g in names} - {"gate_up", "down"}:
             raise BuildError(f"lora: {self.name}'s adapters go on its MLPs only; build without lora:")
         super().__init__(hf_model, family, max_positions, dtype, lora_groups, feature_layers, make_linear,
                          release_layers, weights)

@@ -132,7 +132,7 @@ class DecoderSkeleton(nn.Module):
     per_layer_width = 0  # the width of a per_layer_inputs input (Gemma 4's layers x P); 0: none
     returns_kept = False  # run_layers returns the hidden states at logits_indices only (Gemma 4's)
 
-    def __init__(self, hf_model, family, max_positions: int, dtype: torch.dtype, lora_groups: list[str] = (),
+    def __init__(self, hf_model, family, max_positions: int, dtype: torch.dtype, lora_groups: list[list[str]] = (),
                  feature_layers: list[int] | None = None, make_linear=linear, release_layers: bool = False,
                  weights=None):
         """make_linear: every linear, the LM head included, is built by it (`linear`, or a
@@ -150,7 +150,8 @@ class DecoderSkeleton(nn.Module):
         self.dims = ModelDims(config)
         self.layer_specs = self.layer_specs_of(config, family, max_positions)
         self.windows = sorted({window_of(spec) for spec in self.layer_specs} - {0})
-        self.lora_groups = list(lora_groups)  # packed projections with LoRA inputs, per layer
+        # per layer, its packed projections with LoRA inputs (build/lora.graph_groups; none: no LoRA)
+        self.lora_groups = [list(names) for names in lora_groups] or [[] for _ in range(config.num_hidden_layers)]
         self.feature_layers = list(feature_layers) if feature_layers else None
         self.deepstack_layers = len(getattr(vision_config, "deepstack_visual_indexes", None) or [])
         self.mrope = family.mrope
@@ -211,8 +212,8 @@ class DecoderSkeleton(nn.Module):
     @property
     def input_names(self) -> list[str]:
         """The graph's inputs in the spec's order (what the exporter passes, by these names)."""
-        lora = {"num_layers": len(self.layers), "groups": [{"name": g} for g in self.lora_groups]}
-        return decoder_spec(self.layer_specs, self.feature_layers is not None, lora if self.lora_groups else None,
+        lora = {"num_layers": len(self.layers), "layer_groups": [[{"name": g} for g in names] for names in self.lora_groups]}
+        return decoder_spec(self.layer_specs, self.feature_layers is not None, lora if any(self.lora_groups) else None,
                             self.mrope is not None, self.deepstack_layers, self.masked,
                             self.per_layer_width).input_names
 
@@ -239,7 +240,7 @@ class DecoderSkeleton(nn.Module):
 
     def lora_of(self, inputs: dict, layer: int) -> dict:
         """Layer `layer`'s LoRA pairs by packed group."""
-        return {g: (inputs[lora_input(g, "a", layer)], inputs[lora_input(g, "b", layer)]) for g in self.lora_groups}
+        return {g: (inputs[lora_input(g, "a", layer)], inputs[lora_input(g, "b", layer)]) for g in self.lora_groups[layer]}
 
     def run_layers(self, inputs: dict, position_ids, tables: list) -> tuple:
         """The layer loop: (the last layer's hidden states, the caches' presents in the spec's order,

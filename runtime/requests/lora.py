@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_llm.schemas.graph_spec import lora_input
+from trt_llm.schemas.graph_spec import lora_groups_at, lora_input
 
 _TENSOR = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.\w+)?\.weight$")
 
@@ -75,7 +75,10 @@ def load_adapter(name: str, path: str, layout: dict, dtype=np.float32) -> LoraAd
     if config.get("bias", "none") != "none":
         raise LoraError(f"LoRA adapter {name!r}: bias={config['bias']!r} adapters are not supported")
 
-    shapes = {m: (g["in_features"], g["module_out_features"][m]) for g in layout["groups"] for m in g["modules"]}
+    # (layer, module) -> (in, out): the layers may differ (build/lora.py's layer_groups)
+    shapes = {(layer, m): (g["in_features"], g["module_out_features"][m]) for layer in range(layout["num_layers"])
+              for g in lora_groups_at(layout, layer) for m in g["modules"]}
+    targeted = {m for _, m in shapes}
     pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     for tensor_name, tensor in tensors.items():
         match = _TENSOR.search(tensor_name)
@@ -83,12 +86,15 @@ def load_adapter(name: str, path: str, layout: dict, dtype=np.float32) -> LoraAd
             raise LoraError(f"LoRA adapter {name!r}: tensor {tensor_name!r} is not a LoRA weight of a "
                             "decoder layer projection (embedding or lm_head adapters are not supported)")
         layer, module, which = int(match[1]), match[2], match[3]
-        if module not in shapes:
+        if module not in targeted:
             raise LoraError(f"LoRA adapter {name!r}: tensor {tensor_name!r} targets {module}, but the engine "
                             f"was built with LoRA on {', '.join(layout['target_modules'])}")
         if layer >= layout["num_layers"]:
             raise LoraError(f"LoRA adapter {name!r}: tensor {tensor_name!r} is for layer {layer}; the model "
                             f"has {layout['num_layers']}")
+        if (layer, module) not in shapes:
+            raise LoraError(f"LoRA adapter {name!r}: tensor {tensor_name!r} targets {module}, which layer {layer} "
+                            "of this model does not have")
         pairs.setdefault((layer, module), {})[which] = tensor
 
     alpha_pattern, rank_pattern = config.get("alpha_pattern") or {}, config.get("rank_pattern") or {}
@@ -99,7 +105,7 @@ def load_adapter(name: str, path: str, layout: dict, dtype=np.float32) -> LoraAd
                             "but not its partner")
         a, b = pair["A"].astype(np.float32), pair["B"].astype(np.float32)
         rank = a.shape[0]
-        in_features, out_features = shapes[module]
+        in_features, out_features = shapes[(layer, module)]
         if a.shape != (rank, in_features) or b.shape != (out_features, rank):
             raise LoraError(f"LoRA adapter {name!r}: layer {layer} {module}: A {tuple(a.shape)} and B "
                             f"{tuple(b.shape)} do not match the base model's ({rank}, {in_features}) and "
@@ -123,7 +129,7 @@ def batch_inputs(adapters: list[LoraAdapter | None], layout: dict, dtype=np.floa
     batch = len(adapters)
     inputs = {}
     for layer in range(layout["num_layers"]):
-        for group in layout["groups"]:
+        for group in lora_groups_at(layout, layer):
             modules = group["modules"]
             a = np.zeros((batch, rank * len(modules), group["in_features"]), dtype)
             b = np.zeros((batch, group["out_features"], rank * len(modules)), dtype)

@@ -46,8 +46,8 @@ from trt_llm.schemas.graph_spec import PER_LAYER_INPUTS, TREE_MASK, past, window
 from trt_llm.schemas.layer_spec import FullAttention, SlidingAttention, owns_cache, window_of
 
 # What the build reads of a family's decoder module (build/bundle.py)
-__all__ = ["DecoderGraph", "LORA_TARGETS", "NO_DRAFT", "ModelDims", "layer_specs", "media_token_ids",
-           "per_layer_embedding", "text_decoder"]
+__all__ = ["DecoderGraph", "LORA_PER_LAYER", "MLP_BESIDE_EXPERTS", "NO_DRAFT", "ModelDims", "layer_specs",
+           "media_token_ids", "per_layer_embedding", "text_decoder"]
 
 MAX_SOFT_TOKENS = 1120  # an image's soft tokens at the image processor's largest budget
 
@@ -57,8 +57,10 @@ MAX_SOFT_TOKENS = 1120  # an image's soft tokens at the image processor's larges
 NO_DRAFT = "an EAGLE draft on Gemma 4 (its layers share keys and values) is not supported"
 
 # LoRA: the layers' projections differ in shape from layer to layer (the two head widths, the shared
-# layers' q alone and double-wide MLPs), which the uniform LoRA layout cannot take yet: refused.
-LORA_TARGETS = ()
+# layers' q alone, k_eq_v's keys without values, double-wide MLPs): each layer gets its own groups
+# (build/lora.layered_layout); the dense MLP beside the experts takes adapters as any MLP.
+LORA_PER_LAYER = True
+MLP_BESIDE_EXPERTS = True
 
 
 def kv_sources(config) -> list[int | None]:
@@ -181,7 +183,7 @@ class DecoderGraph(DecoderSkeleton):
     """Gemma 4's decoder: the skeleton's inputs, head and hooks, its own layer loop (per-layer inputs,
     layers reading another's keys and values)."""
 
-    def __init__(self, hf_model, family, max_positions: int, dtype: torch.dtype, lora_groups: list[str] = (),
+    def __init__(self, hf_model, family, max_positions: int, dtype: torch.dtype, lora_groups: list[list[str]] = (),
                  feature_layers: list[int] | None = None, make_linear=linear, release_layers: bool = False,
                  weights=None):
         decoder = text_decoder(hf_model)
