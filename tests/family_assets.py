@@ -226,8 +226,10 @@ GEMMA4_TEMPLATE = (
     "{%- set role = 'model' if message.role == 'assistant' else message.role %}"
     "<|turn>{{ role }}\n"
     "{% if message.tool_calls %}{% for call in message.tool_calls %}<|tool_call>call:{{ call.function.name }}"
-    "{{ '{' }}{% for key, value in call.function.arguments.items() %}{{ key }}:<|\"|>{{ value }}<|\"|>"
-    "{% if not loop.last %},{% endif %}{% endfor %}{{ '}' }}<tool_call|>{% endfor %}"
+    # its arguments as Gemma 4's format_argument writes scalars: keys sorted, strings between <|"|>, the rest bare
+    "{{ '{' }}{% for key, value in call.function.arguments | dictsort %}{{ key }}:"
+    "{% if value is string %}<|\"|>{{ value }}<|\"|>{% elif value is boolean %}{{ 'true' if value else 'false' }}"
+    "{% else %}{{ value }}{% endif %}{% if not loop.last %},{% endif %}{% endfor %}{{ '}' }}<tool_call|>{% endfor %}"
     "{%- elif message.content is string %}{{ message.content }}"
     "{%- else %}{% for part in message.content %}{% if part.type == 'image' %}<|image|>"
     "{%- elif part.type == 'text' %}{{ part.text }}{% endif %}{% endfor %}{% endif %}<turn|>\n"

@@ -139,9 +139,12 @@ def test_an_assistant_call_renders_as_the_parser_reads_it(tokenizer):
     """The template's own rendering of an assistant's call parses back to that call."""
     messages = [{"role": "user", "content": "Weather?"},
                 {"role": "assistant", "content": "", "tool_calls": [
-                    {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}]
+                    {"type": "function", "function": {"name": "get_weather",
+                                                      "arguments": {"days": 3, "city": "Paris", "metric": True}}}]}]
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
     rendered = tokenizer.apply_chat_template(messages, tools=tools)
     turn = rendered.split("<|turn>model\n")[1].split("<turn|>")[0]
+    assert turn == f"<|tool_call>call:get_weather{{city:{Q}Paris{Q},days:3,metric:true}}<tool_call|>"  # keys sorted
     _, calls = parse_tool_calls(turn, name="gemma4")
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris", "days": 3, "metric": True})]
