@@ -90,7 +90,7 @@ class Model:
         mask = np.broadcast_to(np.tril(np.ones((width, width), dtype=bool)), (len(sequences), width, width)).copy()
         for row, s in enumerate(sequences):
             media = getattr(s, "media", None)
-            for first, tokens, _ in media.spans() if media is not None else ():
+            for first, tokens in media.blocks() if media is not None else ():
                 a, b = max(first - int(past[row]), 0), min(first + tokens - int(past[row]), width)
                 if a < b:
                     mask[row, a:b, a:b] = True
@@ -104,7 +104,7 @@ class Model:
         if not self.bidirectional_block or media is None or take <= 0:  # (a row given nothing this pass waits)
             return take
         end = start + take
-        for first, tokens, _ in media.spans():
+        for first, tokens in media.blocks():
             if first < end < first + tokens:
                 end = first if first > start else first + tokens
         return end - start

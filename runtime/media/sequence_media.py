@@ -29,6 +29,21 @@ class SequenceMedia:
         """(first token, tokens, content hash) of each image or clip."""
         return tuple((offset, part.tokens, key) for (offset, part), key in zip(self.rows, self.keys))
 
+    def blocks(self) -> tuple[tuple[int, int], ...]:
+        """(first token, tokens) of each part whose tokens may see each other both ways (an image's, on a
+        model that asks for it; never an audio clip's: EncodedClip.both_ways)."""
+        return tuple((offset, part.tokens) for offset, part in self.rows if getattr(part, "both_ways", True))
+
+    def joined(self, later: "SequenceMedia", moved: Callable[[int], int]) -> "SequenceMedia":
+        """These rows, each moved where `moved` says its first token went when the prompt was widened for
+        `later`'s parts (a prompt with images and audio clips: Gemma 4's), with `later`'s rows, in
+        prompt order. 1-D positions only (neither has mRoPE positions or cross-attention)."""
+        if self.rope is not None or later.rope is not None or self.cross or later.cross:
+            raise ValueError("media: images and audio clips in one prompt take 1-D positions")
+        items = sorted([((moved(offset), part), key) for (offset, part), key in zip(self.rows, self.keys)]
+                       + list(zip(later.rows, later.keys)), key=lambda item: item[0][0])
+        return SequenceMedia([row for row, _ in items], keys=tuple(key for _, key in items))
+
     def write_rows(self, embeds: np.ndarray, deepstack: np.ndarray | None, start: int, count: int) -> None:
         """Write the rows of prompt tokens start .. start + count - 1 that are placeholder tokens into
         one row of a step's inputs_embeds [S, H] (and deepstack_embeds [k, S, H])."""
@@ -41,17 +56,26 @@ class SequenceMedia:
                 deepstack[:, first - start: last - start] = part.deepstack[:, first - offset: last - offset]
 
 
-def widen_placeholders(token_ids: list[int], placeholder: int, counts: list[int]) -> tuple[list[int], list[int]]:
+def widen_placeholders(token_ids: list[int], placeholder: int, counts: list[int],
+                       wrap: tuple[int, int] | None = None) -> tuple[list[int], list[int]]:
     """The prompt with its i-th `placeholder` token repeated counts[i] times (the chat template writes
-    one per image or clip; transformers' processors widen it so), and where each run starts."""
+    one per image or clip; transformers' processors widen it so), between wrap's (begin, end) tokens
+    where given (Gemma 4's <|audio> ... <audio|>), and where each run of placeholders starts."""
     widened, offsets, sizes = [], [], iter(counts)
     for token in token_ids:
         if token == placeholder:
+            widened += [wrap[0]] if wrap else []
             offsets.append(len(widened))
-            widened += [token] * next(sizes)
+            widened += [token] * next(sizes) + ([wrap[1]] if wrap else [])
         else:
             widened.append(token)
     return widened, offsets
+
+
+def widened_position(token_ids: list[int], placeholder: int, widths: list[int]) -> Callable[[int], int]:
+    """Where a token of `token_ids` lands once its i-th `placeholder` became widths[i] tokens."""
+    growth = list(zip([i for i, token in enumerate(token_ids) if token == placeholder], [w - 1 for w in widths]))
+    return lambda position: position + sum(g for at, g in growth if at < position)
 
 
 def media_parts(messages, kind: str) -> list[tuple[int, int, object]]:

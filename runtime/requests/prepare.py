@@ -133,7 +133,7 @@ class RequestPreparer:
             from trt_llm.runtime.media.audio.prompt import attach_audio
 
             ids, media = attach_audio(self.audio, request.messages, prompt.token_ids, formatter.media_dir, where,
-                                      self.limits["max_input_len"])
+                                      self.limits["max_input_len"], media)
             prompt = dataclasses.replace(prompt, token_ids=ids)
         prompt_len, max_input = len(prompt.token_ids), self.limits["max_input_len"]
         if prompt_len > max_input:

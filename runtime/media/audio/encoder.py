@@ -50,6 +50,7 @@ class EncodedClip:
     embeds: np.ndarray | None = None
     cross: list[tuple[np.ndarray, np.ndarray]] | None = None
     deepstack = None  # SequenceMedia's interface: audio rows have no early-layer features
+    both_ways = False  # nor do a clip's tokens see each other both ways (Gemma 4: images' do, clips' not)
 
     @property
     def tokens(self) -> int:
