@@ -29,6 +29,8 @@ own steps run in float64.
   mel bin normalised to zero mean and unit (n - 1) variance over the clip's frames ((n + 2 *
   (n_fft // 2) - n_fft) // hop of the 1 + n // hop), std + 1e-5 in the denominator, and the frames
   past them zeroed. Layout [frames, mel bins].
+- gemma4 (`Gemma4AudioFeatureExtractor`): runtime/media/audio/gemma4_features.py (its keys there:
+  frame_length_ms, hop_length_ms, mel_floor, ...). Layout [frames, mel bins], the clip's frames only.
 
 `extractor_for(config)` picks one from the audio settings of an engine (`audio/config.json`):
 
@@ -56,7 +58,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-FAMILIES = ("whisper", "parakeet", "qwen3_asr")
+from trt_llm.runtime.media.audio import gemma4_features
+
+FAMILIES = ("whisper", "parakeet", "qwen3_asr", "gemma4")
 WHISPER_MAX_FREQUENCY = 8000.0  # WhisperFeatureExtractor's, whatever the sampling rate
 WHISPER_MEL_FLOOR = 1e-10
 WHISPER_DYNAMIC_RANGE = 8.0  # log10 units kept below the maximum: 80 dB
@@ -366,7 +370,7 @@ _PARAKEET_KEYS = ("num_mel_bins", "sampling_rate", "n_fft", "hop_length", "win_l
 _QWEN3_ASR_KEYS = ("num_mel_bins", "sampling_rate", "n_fft", "hop_length", "n_window", "min_length")
 
 
-def extractor_for(config: dict) -> WhisperFeatures | ParakeetFeatures | Qwen3ASRFeatures:
+def extractor_for(config: dict):
     """The feature extractor an engine's audio config names (keys in the module docstring)."""
     if not isinstance(config, dict):
         raise TypeError(f"audio config: expected a JSON object, got {type(config).__name__}")
@@ -380,13 +384,16 @@ def extractor_for(config: dict) -> WhisperFeatures | ParakeetFeatures | Qwen3ASR
         return ParakeetFeatures(**{key: config[key] for key in _PARAKEET_KEYS if key in config})
     if family == "qwen3_asr":
         return Qwen3ASRFeatures(**{key: config[key] for key in _QWEN3_ASR_KEYS if key in config})
+    if family == "gemma4":
+        return gemma4_features.from_config(config)
     raise ValueError(f"audio config: feature_extractor must be one of {', '.join(map(repr, FAMILIES))}, "
                      f"got {family!r}")
 
 
 _PREPROCESSOR_TYPES = {"WhisperFeatureExtractor": "whisper", "ParakeetFeatureExtractor": "parakeet",
-                       "Qwen3ASRFeatureExtractor": "qwen3_asr"}
-_FAMILY_KEYS = {"whisper": _WHISPER_KEYS, "parakeet": _PARAKEET_KEYS, "qwen3_asr": _QWEN3_ASR_KEYS}
+                       "Qwen3ASRFeatureExtractor": "qwen3_asr", "Gemma4AudioFeatureExtractor": "gemma4"}
+_FAMILY_KEYS = {"whisper": _WHISPER_KEYS, "parakeet": _PARAKEET_KEYS, "qwen3_asr": _QWEN3_ASR_KEYS,
+                "gemma4": gemma4_features.KEYS}
 
 
 def config_from_preprocessor(preprocessor: dict) -> dict:
