@@ -315,3 +315,70 @@ def make_gemma4_vlm(text_dir, directory, cache_dir) -> Path:
     shutil.copy(Path(text_dir) / "generation_config.json", directory)
     (directory / "preprocessor_config.json").write_text(json.dumps(GEMMA4_PREPROCESSOR, indent=1))
     return directory
+
+
+# The plan's tiny Gemma 4 audio tower (docs/plans/gemma4.md section 4): width 32, 2 conformer layers of 2
+# heads, subsampling channels [128, 4] (the first must be the 128 mel bins: transformers sizes its
+# projection from it), output_proj to 48; chunk 12, left context 13, clipped linears, as published.
+GEMMA4_AUDIO = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, subsampling_conv_channels=[128, 4],
+                    output_proj_dims=48)
+
+
+def gemma4_audio_nontrivial(model, bound: float = 1.5) -> None:
+    """A random Gemma 4 audio tower and embed_audio as a trained one's would matter: every weight ~ 0.9 /
+    sqrt(fan-in) (activations of order 1, the attention far from uniform), norm and LayerNorm weights
+    (ones) and output_proj's bias spread, per_dim_scale (zeros) random, and the clipped linears' bounds
+    (infinite) at +-`bound`, tight enough to clip some inputs and outputs."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in [*model.model.audio_tower.named_parameters(), *model.model.embed_audio.named_parameters()]:
+            if "norm" in name:
+                param.normal_(1.0, 0.3)
+            elif name.endswith("per_dim_scale"):
+                param.normal_(0.0, 1.0)
+            elif param.dim() == 1:
+                param.normal_(0.0, 0.3)
+            else:
+                param.normal_(0.0, 0.9 / param[0].numel() ** 0.5)
+        for name, buffer in model.model.audio_tower.named_buffers():
+            if name.endswith(("_min", "_max")):
+                buffer.fill_(-bound if name.endswith("_min") else bound)
+
+
+def make_gemma4_audio_vlm(text_dir, directory, cache_dir) -> Path:
+    """make_gemma4_vlm's checkpoint with an audio tower too (GEMMA4_AUDIO, made non-trivial by
+    gemma4_audio_nontrivial; the text model the same, the towers' draws not make_gemma4_vlm's). Beside GEMMA4_PREPROCESSOR (preprocessor_config.json, the image processor the vision stage reads) it
+    writes processor_config.json as transformers 5 saves a Gemma4Processor: the feature extractor's
+    settings (Gemma4AudioFeatureExtractor's defaults: 128 mel bins, 20 ms frames every 10 ms) and the
+    image processor's, with the processor's audio_seq_length / audio_ms_per_token."""
+    import json
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, Gemma4Config, Gemma4ForConditionalGeneration
+    from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
+
+    text = AutoConfig.from_pretrained(text_dir).to_dict()
+    text.update(use_bidirectional_attention="vision")
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=2, head_dim=16, pooling_kernel_size=3, patch_size=16,
+                  position_embedding_size=64, standardize=True)
+    config = Gemma4Config(text_config=text, vision_config=vision, audio_config=GEMMA4_AUDIO)
+    torch.manual_seed(0)
+    model = Gemma4ForConditionalGeneration(config).eval()
+    gemma4_tower_nontrivial(model.model.vision_tower)
+    assets.make_nontrivial(model.model.embed_vision)
+    gemma4_audio_nontrivial(model)
+    source = AutoModelForCausalLM.from_pretrained(text_dir)
+    model.model.language_model.load_state_dict(source.model.state_dict())
+    directory = Path(directory)
+    model.save_pretrained(directory)
+    make_gemma4_tokenizer(directory, cache_dir)
+    shutil.copy(Path(text_dir) / "generation_config.json", directory)
+    (directory / "preprocessor_config.json").write_text(json.dumps(GEMMA4_PREPROCESSOR, indent=1))
+    processor = {"processor_class": "Gemma4Processor", "audio_seq_length": 750, "audio_ms_per_token": 40,
+                 "feature_extractor": json.loads(Gemma4AudioFeatureExtractor().to_json_string()),
+                 "image_processor": GEMMA4_PREPROCESSOR}
+    (directory / "processor_config.json").write_text(json.dumps(processor, indent=1))
+    return directory

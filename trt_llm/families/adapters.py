@@ -22,6 +22,7 @@ ADAPTERS = {
     "smolvlm": "trt_llm.families.smolvlm.host:TiledTower",
     "gemma3": "trt_llm.families.gemma3.host:SoftTokenTower",
     "gemma4": "trt_llm.families.gemma4.host:PatchTower",
+    "gemma4_audio": "trt_llm.families.gemma4.audio_host:AudioSoftTokens",
 }
 
 
