@@ -54,19 +54,16 @@ def export_audio_component(checkpoint, config, directory: Path, dtype: torch.dty
 
 
 def _preprocessor_config(checkpoint, num_mel_bins: int) -> dict:
-    """The checkpoint folder's preprocessor_config.json (or the feature extractor's entry of its
-    processor_config.json, where transformers 5 saves a processor's parts: Qwen3-ASR's), else
-    WhisperFeatureExtractor's settings with the encoder's mel bins."""
-    folder = Path(checkpoint.source).expanduser()
-    path = folder / "preprocessor_config.json"
-    processor = folder / "processor_config.json"
-    if not path.is_file() and processor.is_file() and "feature_extractor" in json.loads(processor.read_text()):
-        path = processor
-    if path.is_file():
-        preprocessor = json.loads(path.read_text())
-        preprocessor = preprocessor.get("feature_extractor", preprocessor) if path == processor else preprocessor
-        if preprocessor.get("feature_size", num_mel_bins) != num_mel_bins:
-            raise ValueError(f"{path}: feature_size {preprocessor['feature_size']} is not the audio encoder's "
-                             f"num_mel_bins {num_mel_bins}")
-        return preprocessor
-    return {**WHISPER_PREPROCESSOR, "feature_size": num_mel_bins}
+    """The checkpoint's feature extractor settings (build/processor_files.py: the feature extractor's entry of
+    its processor_config.json, where transformers 5 saves a processor's parts: Qwen3-ASR's, Gemma 4's,
+    else its preprocessor_config.json), else WhisperFeatureExtractor's settings with the encoder's mel bins."""
+    from trt_llm.build.processor_files import processor_part
+
+    found = processor_part(checkpoint.source, "feature_extractor")
+    if found is None:
+        return {**WHISPER_PREPROCESSOR, "feature_size": num_mel_bins}
+    preprocessor, path = found
+    if preprocessor.get("feature_size", num_mel_bins) != num_mel_bins:
+        raise ValueError(f"{path}: feature_size {preprocessor['feature_size']} is not the audio encoder's "
+                         f"num_mel_bins {num_mel_bins}")
+    return preprocessor

@@ -130,6 +130,12 @@ def hybrid_lora_layout(config: BuildConfig, checkpoint, graphs, hf_config) -> di
     return lora.layout(graphs.ModelDims(hf_config), hf_config.intermediate_size, config.lora.max_rank, targets)
 
 
+def has_tower(checkpoint, kind: str) -> bool:
+    """Whether the checkpoint has its face's `kind` ("vision", "audio") tower: a model may be published
+    without one its architecture can hold (Gemma 4's 26B and 31B have no audio tower: audio_config null)."""
+    return getattr(checkpoint.model.config, f"{kind}_config", True) is not None
+
+
 def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
     """Write the bundle of `config` into the empty folder `directory`; returns its manifest.
 
@@ -207,11 +213,11 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
                       "tokenizer": {"dir": "tokenizer"}}
         if per_layer is not None:
             components["llm"]["per_layer_embedding"] = "llm/per_layer_embedding.safetensors"
-        if checkpoint.family.vision:
+        if checkpoint.family.vision and has_tower(checkpoint, "vision"):
             from trt_llm.build.vision_stage import export_vision_component
 
             components["vision"] = export_vision_component(checkpoint, config, directory / "vision", dtype)
-        if checkpoint.family.audio:
+        if checkpoint.family.audio and has_tower(checkpoint, "audio"):
             from trt_llm.build.audio_stage import export_audio_component
 
             # Whisper's encoder takes the decoder's linear factory (quantized with it); the others stay float.

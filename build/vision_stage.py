@@ -34,8 +34,9 @@ def export_vision_component(checkpoint, config, directory: Path, dtype: torch.dt
 
 
 def _preprocessor_config(checkpoint, defaults: dict) -> dict:
-    """The checkpoint folder's preprocessor_config.json, else the family's defaults."""
-    path = Path(checkpoint.source).expanduser() / "preprocessor_config.json"
-    if path.is_file():
-        return json.loads(path.read_text())
-    return dict(defaults[checkpoint.family.name])
+    """The checkpoint's image processor settings (build/processor_files.py: the image processor's entry of
+    its processor_config.json, else its preprocessor_config.json), else the family's defaults."""
+    from trt_llm.build.processor_files import processor_part
+
+    found = processor_part(checkpoint.source, "image_processor")
+    return found[0] if found is not None else dict(defaults[checkpoint.family.name])

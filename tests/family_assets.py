@@ -232,6 +232,7 @@ GEMMA4_TEMPLATE = (
     "{% else %}{{ value }}{% endif %}{% if not loop.last %},{% endif %}{% endfor %}{{ '}' }}<tool_call|>{% endfor %}"
     "{%- elif message.content is string %}{{ message.content }}"
     "{%- else %}{% for part in message.content %}{% if part.type == 'image' %}<|image|>"
+    "{%- elif part.type == 'audio' %}<|audio|>"
     "{%- elif part.type == 'text' %}{{ part.text }}{% endif %}{% endfor %}{% endif %}<turn|>\n"
     "{% endfor %}"
     "{%- if add_generation_prompt %}<|turn>model\n{% endif %}")
