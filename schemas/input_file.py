@@ -513,6 +513,10 @@ class InputSettings(BaseModel):
         "its prompt and generated tokens, or its prompt only (prefill_state_only).")
     whisper: WhisperSettings = Field(default_factory=WhisperSettings,
                                      description="Transcription settings of a Whisper engine.")
+    speculation: Literal["prompt-lookup", "prompt_lookup", "eagle", "mtp", "none"] | None = Field(
+        None, description="Extension: the run's decoding strategy (trt-llm-run --speculation wins over it): "
+        "prompt-lookup (guesses from the request's own text, verified by the base), eagle (the engine's draft), "
+        "none; unset: the engine's draft if it has one, else none. Tokens are vanilla's whichever runs.")
 
 
 class InputFile(InputSettings):

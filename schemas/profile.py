@@ -39,9 +39,12 @@ class GenerationStats(BaseModel):
 
 class SpeculativeStats(BaseModel):
     model_config = _FORBID
-    iterations: int = Field(ge=0)
-    generated_tokens: int = Field(ge=0)
-    mean_accepted_length: float = Field(ge=0)
+    iterations: int = Field(ge=0, description="Verification passes, counted per row (EAGLE: every round; prompt "
+                                               "lookup: the rows' passes that had a proposal).")
+    generated_tokens: int = Field(ge=0, description="Tokens those passes emitted.")
+    mean_accepted_length: float = Field(ge=0, description="generated_tokens / iterations.")
+    proposed_tokens: int = Field(0, ge=0, description="Prompt lookup: tokens proposed from the rows' own text.")
+    accepted_tokens: int = Field(0, ge=0, description="Prompt lookup: of them, the tokens the base took.")
 
 
 class MultimodalStats(BaseModel):

@@ -61,6 +61,10 @@ def parse_args(argv: list[str] | None):
                         "(Llama 3.1 / 3.2), gemma4 when it mentions <|tool_call> (Gemma 4's call:name{...}); "
                         "none: tools are refused)")
     p.add_argument("--no-spec-decode", action="store_true", help="vanilla decoding even with an EAGLE draft")
+    p.add_argument("--speculation", choices=("prompt-lookup", "prompt_lookup", "eagle", "mtp", "none"),
+                   help="the decoding strategy: prompt-lookup (guesses from each request's own text, verified by the "
+                        "base), eagle, none (default: the engine's EAGLE draft if it has one, else none); a body's "
+                        "disable_spec_decode still turns it off for that request")
     p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all physical cores)")
     p.add_argument("--ray-replicas", type=positive_int, default=None,
                    help="serve N replicas on Ray Serve (the `ray` extra) instead of one process")
@@ -129,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             from trt_llm.server.ray_app import serve_on_ray
 
             return serve_on_ray(args, config)
-        app = build_app(engine_dir, config, capped_threads(args.threads) or 0, not args.no_spec_decode)
+        app = build_app(engine_dir, config, capped_threads(args.threads) or 0, not args.no_spec_decode,
+                        args.speculation)
     except (EngineDirError, ValueError) as error:
         log.error("%s", error)
         return EXIT_UNUSABLE
@@ -164,7 +169,7 @@ def _announcing(server_class):
     return Announcing
 
 
-def build_app(engine_dir, config, threads: int, spec_decode: bool = True):
+def build_app(engine_dir, config, threads: int, spec_decode: bool = True, speculation: str | None = None):
     """The app on a fresh LoadedEngine (the model loaded once, its draft when it has one)."""
     from trt_llm.runtime.cache.context_cache import ContextCache
     from trt_llm.runtime.requests.loaded_engine import LoadedEngine
@@ -175,7 +180,8 @@ def build_app(engine_dir, config, threads: int, spec_decode: bool = True):
             raise ValueError(f"--lora {name}={path}: no such folder")
     context = ContextCache(engine_dir.identity, config.kv_cache_budget)
     runner = LoadedEngine(engine_dir, threads=threads, prefix_cache=context, spec_decode=spec_decode,
-                          prefill_chunk=config.prefill_chunk, latency_target=config.latency_target)
+                          prefill_chunk=config.prefill_chunk, latency_target=config.latency_target,
+                          speculation=speculation)
     return create_app(runner, config)
 
 

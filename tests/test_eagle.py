@@ -490,3 +490,24 @@ def test_chunked_prefill_under_speculation_equals_vanilla(engine, scheduling):
                     prefill_chunk=7)
     assert_same(runner.run(loaded, loaded.settings).responses, vanilla)
     assert runner.spec_stats.rounds > 0
+
+
+@pytest.mark.parametrize("mode", list(SETTINGS))
+def test_prompt_lookup_on_an_eagle_base_is_vanilla_and_profiled(engine, mode, tmp_path):
+    """The input file's "speculation": prompt lookup instead of the engine's draft (its passes take the
+    base's feature output at their width): vanilla's tokens, log-probabilities and text, greedy and seeded,
+    logit bias and a stop string on; the profile counts the proposals and the tokens taken."""
+    from trt_llm.runtime.app.run_cli import main as run_main
+
+    data = {**SETTINGS[mode], "batch_size": 4, "max_generate_length": 40, "num_logprobs": 2,
+            "logit_bias": {"100": 30.0, "200": 30.0, "300": 30.0}, "speculation": "prompt_lookup",
+            "requests": [chat_request(p) for p in PROMPTS]}
+    looked, stats = run(engine, data)
+    assert stats.rounds == 0  # not EAGLE's
+    assert_same(looked, run(engine, data, spec_decode=False)[0])
+    (tmp_path / "in.json").write_text(json.dumps(data))
+    assert run_main([str(tmp_path / "in.json"), "--engine-dir", str(engine), "-o", str(tmp_path / "out.json"),
+                     "--threads", "1", "--profile-output", str(tmp_path / "profile.json")]) == 0
+    speculative = json.loads((tmp_path / "profile.json").read_text())["speculative"]
+    assert speculative["proposed_tokens"] > speculative["accepted_tokens"] > 0
+    assert speculative["mean_accepted_length"] > 1.0

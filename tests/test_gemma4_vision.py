@@ -125,3 +125,21 @@ def test_log_probabilities_see_the_mask_and_the_pad_rows(gemma4_vlm, images, tmp
     moved = max(abs((causal[i] - causal[top]) - (both_ways[i] - both_ways[top])) for i in ours)
     assert error < 1e-4 and moved > 10 * max(error, 1e-5), (error, moved)
     assert np.isfinite(list(ours.values())).all()
+
+
+def test_prompt_lookup_with_images_decodes_vanillas_tokens(gemma4_vlm, images, tmp_path):
+    """Prompt lookup's verification passes give the decoder's tree_mask (its images' blocks) a causal
+    [B, w, w] for the generated tokens: the tokens of vanilla decoding. A logit bias keeps a random model's
+    answer to three tokens, so its n-grams recur."""
+    _, engine = gemma4_vlm
+    path = tmp_path / "input.json"
+    path.write_text(json.dumps({"batch_size": 2, "temperature": 0.0, "max_generate_length": 40,
+                                "logit_bias": {"100": 40.0, "200": 40.0, "300": 40.0},
+                                "requests": [helpers.image_request(images["wide.png"], "What is this?"),
+                                             helpers.image_request(images["square.png"], "and", images["tall.png"])]}))
+    loaded = load_input_file(path)
+    vanilla = Runner(EngineDir.open(engine), threads=1).run(loaded, loaded.settings).responses
+    runner = Runner(EngineDir.open(engine), threads=1, speculation="prompt-lookup")
+    looked = runner.run(loaded, loaded.settings).responses
+    assert [r.output_token_ids for r in looked] == [r.output_token_ids for r in vanilla]
+    assert runner.lookup_stats.accepted > 0

@@ -429,3 +429,22 @@ def test_continuous_scheduling_with_reuse_gives_the_static_runs_tokens_with_imag
     assert [r.output_token_ids for r in continuous] == [r.output_token_ids for r in static_reused] == static
     # (whether request 6 restores request 5's first image depends on whether they are admitted together)
     assert [continuous[i].reused_tokens > 0 for i in (0, 1, 2, 3, 4, 5, 7)] == [False] * 3 + [True] * 2 + [False, True]
+
+
+def test_prompt_lookup_with_images_decodes_vanillas_tokens(vlm, images, tmp_path):
+    """Prompt lookup's verification passes (runtime/decoding/lookup.py) take the generated tokens' mRoPE
+    positions (after the images' rows) and Qwen3-VL's deepstack input at their width: the tokens of vanilla
+    decoding. A logit bias keeps a random model's answer to three tokens, so its n-grams recur."""
+    _, _, engine = vlm
+    data = {"batch_size": 2, "temperature": 0.0, "max_generate_length": 40,
+            "logit_bias": {"100": 40.0, "200": 40.0, "300": 40.0},
+            "requests": [image_request(images["tall.png"], ("text", "Describe this.")),
+                         image_request(images["wide.png"], ("text", "and"), images["tall.png"])]}
+    path = tmp_path / "input.json"
+    path.write_text(json.dumps(data))
+    loaded = load_input_file(path)
+    vanilla = Runner(EngineDir.open(engine), threads=1).run(loaded, loaded.settings).responses
+    runner = Runner(EngineDir.open(engine), threads=1, speculation="prompt-lookup")
+    looked = runner.run(loaded, loaded.settings).responses
+    assert [r.output_token_ids for r in looked] == [r.output_token_ids for r in vanilla]
+    assert runner.lookup_stats.accepted > 0

@@ -61,6 +61,10 @@ def parse_args(argv: list[str] | None):
                              "decode steps (chunks sized by measurement, decode steps in the same passes)")
     parser.add_argument("--no-spec-decode", action="store_true",
                         help="vanilla decoding even when the engine has an EAGLE draft")
+    parser.add_argument("--speculation", choices=("prompt-lookup", "prompt_lookup", "eagle", "mtp", "none"),
+                        help="the decoding strategy (wins over the input file's \"speculation\"): prompt-lookup guesses "
+                             "the next tokens from the request's own text and the base verifies them in one pass; "
+                             "default: the engine's EAGLE draft if it has one, else none. Tokens are vanilla's either way")
     parser.add_argument("--draft-top-k", type=positive_int,
                         help="children kept per drafted node (default: the engine's, 3 on cpu, 10 on TensorRT)")
     parser.add_argument("--draft-steps", type=positive_int,
@@ -185,7 +189,7 @@ def _run(args, log, progress: _Progress) -> int:
                         context_reuse=args.context_reuse,
                         prefill_chunk=args.prefill_chunk or (DEFAULT_PREFILL_CHUNK if args.scheduling == "continuous"
                                                              else None),
-                        latency_target=args.prefill_latency_target)
+                        latency_target=args.prefill_latency_target, speculation=args.speculation)
         log.info("engine %s: %s backend, %s threads, %d requests in batches of %d (%s scheduling)",
                  engine_dir.path, engine_dir.manifest["backend"], threads or "default", len(loaded.requests),
                  settings.batch_size, args.scheduling)

@@ -109,14 +109,14 @@ class Model:
                 end = first if first > start else first + tokens
         return end - start
 
-    def decode_extras(self, batch: int) -> dict:
-        """A decode step's deepstack input (zeros: generated tokens are text) and tree_mask (a token
-        sees itself)."""
+    def decode_extras(self, batch: int, width: int = 1) -> dict:
+        """A decode step's deepstack input (zeros: generated tokens are text) and tree_mask (causal: a
+        step of `width` generated tokens, prompt lookup's verification, sees no image)."""
         extras = {}
         if self.deepstack:
-            extras[DEEPSTACK] = np.zeros((self.deepstack, batch, 1, self.dims["hidden_size"]), self.embedding.dtype)
+            extras[DEEPSTACK] = np.zeros((self.deepstack, batch, width, self.dims["hidden_size"]), self.embedding.dtype)
         if self.bidirectional_block:
-            extras[TREE_MASK] = np.ones((batch, 1, 1), dtype=bool)
+            extras[TREE_MASK] = np.broadcast_to(np.tril(np.ones((width, width), dtype=bool)), (batch, width, width)).copy()
         return extras
 
     @property

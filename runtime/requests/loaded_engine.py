@@ -12,7 +12,9 @@ from trt_llm.runtime.cache.cache_set import cache_bytes
 from trt_llm.runtime.cache.context_cache import ContextCache
 from trt_llm.runtime.cache.reuse import ContextRequest
 from trt_llm.runtime.decoding.draft import SpecStats, check_spec, load_draft_engine
+from trt_llm.runtime.decoding.choice import normalised, resolved
 from trt_llm.runtime.decoding.eagle import Eagle
+from trt_llm.runtime.decoding.lookup import LookupStats, PromptLookup
 from trt_llm.runtime.decoding.spec_config import SpecConfig, resolve_spec
 from trt_llm.runtime.decoding.vanilla import Vanilla
 from trt_llm.runtime.engine.engine_core import EngineCore, EngineRequest
@@ -38,8 +40,10 @@ class LoadedEngine:
     def __init__(self, engine_dir: EngineDir, threads: int = 0, prefix_cache: ContextCache | None = None,
                  profiler: Profiler | None = None, spec: SpecConfig | None = None, spec_decode: bool = True,
                  context_reuse: bool = False, prefill_chunk: int | None = None,
-                 latency_target: float | None = None):
-        """prefix_cache: the context cache (runtime/cache/context_cache.py; a new one of the default
+                 latency_target: float | None = None, speculation: str | None = None):
+        """speculation: the decoding strategy (runtime/decoding/choice.py: prompt-lookup, eagle, mtp,
+        none; None: the engine's EAGLE draft if it has one, else none, unless an input file says
+        otherwise); spec_decode False: none whatever either says. prefix_cache: the context cache (runtime/cache/context_cache.py; a new one of the default
         budget when None); context_reuse: requests restore their longest cached prefix and commit their
         tokens (their context_cache_* policies say how); without it only system prompts saved with
         save_system_prompt_kv_cache are reused. prefill_chunk: prompts are prefilled this many
@@ -62,6 +66,8 @@ class LoadedEngine:
             with loading("per-layer embedding", engine_dir.component_path("llm", "per_layer_embedding")):
                 per_layer = engine_per_layer_table(engine_dir)
         eagle = engine_dir.manifest["model"].get("eagle") or {}
+        self.speculation_flag = normalised(speculation) if spec_decode else "none"
+        spec_decode = spec_decode and self.speculation_flag in (None, "eagle")  # the draft is loaded
         # Under speculation the base and the draft sessions alternate: neither may spin (measured on
         # 2 cores: EAGLE3 0.53x -> 1.07x vanilla). Vanilla decoding spins briefly (OrtEngine.SPIN_US).
         with self._stage("load_session"), loading("engine", engine_dir.component_path("llm", "engine")):
@@ -74,7 +80,9 @@ class LoadedEngine:
         if self.draft is not None and spec is None:  # the tree the engine's build recorded for its backend
             spec = resolve_spec(engine_dir.manifest["components"]["draft"], engine_dir.manifest["backend"])
         self.spec = check_spec(spec, engine_dir) if self.draft else None
-        self.spec_stats = SpecStats()
+        self.spec_stats, self.lookup_stats = SpecStats(), LookupStats()
+        self.file_speculation = None  # an input file's "speculation" while its run lasts (Runner.run)
+        self.speculation = self.strategy_name()  # (a flag the engine cannot take is refused now)
         with self._stage("load_tokenizer"), loading("tokenizer", engine_dir.tokenizer_dir):
             self.tokenizer = Tokenizer.from_dir(engine_dir.tokenizer_dir)
         self.token_bytes = TokenBytes(self.tokenizer, vocab_size=dims["vocab_size"])
@@ -108,10 +116,23 @@ class LoadedEngine:
                                         engine_dir.eos_token_ids, self.vision, self.audio, self.family.task)
         self.responses = ResponseBuilder(self.token_bytes)
 
+    def strategy_name(self, file_value: str | None = None) -> str:
+        """The run's decoding strategy: the --speculation flag, else the input file's, else the default
+        (runtime/decoding/choice.py); SpeculationError names why where the engine cannot take it."""
+        if self.family.task == "transcription":  # Whisper's decodes follow their timestamp rules: vanilla
+            return "none"
+        return resolved(self.speculation_flag or file_value, self.draft is not None, self.engine_dir.layers())
+
     def engine_core(self, max_rows: int, policy: str, speculate: bool = True) -> EngineCore:
-        """An EngineCore on this runner's model, with EAGLE when the engine has a draft (and
-        `speculate`), else vanilla decoding."""
-        strategy = Eagle(self.draft, self.spec, self.spec_stats) if self.draft is not None and speculate else Vanilla()
+        """An EngineCore on this runner's model with the run's strategy (`strategy_name`): EAGLE with the
+        engine's draft, prompt lookup, or (also where not `speculate`) vanilla decoding."""
+        name = self.strategy_name(self.file_speculation) if speculate else "none"
+        if name == "eagle":
+            strategy = Eagle(self.draft, self.spec, self.spec_stats)
+        elif name == "prompt-lookup":
+            strategy = PromptLookup(stats=self.lookup_stats)
+        else:
+            strategy = Vanilla()
         sampler = None
         if self.family.task == "transcription":
             # Whisper: its windows' decodes carry their logits rules. The speech modules are imported

@@ -18,6 +18,7 @@ from trt_llm.runtime.engine.engine_core import EngineCore
 from trt_llm.runtime.engine.profiler import Profiler
 from trt_llm.runtime.engine.threads import leaves_cores_to_the_engine
 from trt_llm.runtime.engine_dir import EngineDir
+from trt_llm.runtime.decoding.choice import SpeculationError
 from trt_llm.runtime.requests.loaded_engine import LoadedEngine
 from trt_llm.runtime.requests.prepare import Prepared, apply_batch_rules
 from trt_llm.runtime.requests.responses import interrupted_output
@@ -41,10 +42,10 @@ class Runner(LoadedEngine):
     def __init__(self, engine_dir: EngineDir, threads: int = 0, prefix_cache: ContextCache | None = None,
                  profiler: Profiler | None = None, spec: SpecConfig | None = None, spec_decode: bool = True,
                  scheduling: str = "static", context_reuse: bool = False, prefill_chunk: int | None = None,
-                 latency_target: float | None = None):
+                 latency_target: float | None = None, speculation: str | None = None):
         """See LoadedEngine (runtime/requests/loaded_engine.py); scheduling: "static" or "continuous"."""
         super().__init__(engine_dir, threads, prefix_cache, profiler, spec, spec_decode, context_reuse,
-                         prefill_chunk, latency_target)
+                         prefill_chunk, latency_target, speculation)
         self.scheduling = scheduling
 
     def run(self, loaded: LoadedInput, settings: InputSettings,
@@ -54,6 +55,11 @@ class Runner(LoadedEngine):
         if settings.batch_size > self.limits["max_batch_size"]:
             raise RunError(f"batch_size {settings.batch_size} exceeds the engine's max_batch_size "
                            f"{self.limits['max_batch_size']}")
+        try:  # the file's strategy, where the command line names none
+            self.strategy_name(settings.speculation)
+        except SpeculationError as error:
+            raise RunError(str(error)) from None
+        self.file_speculation = settings.speculation
         formatter = self.formatter(settings, loaded.source)
         responses = [] if finished is None else finished
         if self.scheduling == "continuous":

@@ -1,0 +1,230 @@
+"""Prompt lookup speculation: a row's next tokens guessed from its own prompt and output, verified by the
+base in one pass. No draft model: what summaries, extractive answers, code edits and corrected transcripts
+copy from their prompts comes at the cost of one pass for several tokens.
+
+Each step, per decoding row:
+ 1. propose: the longest suffix of the row's tokens (`NGRAM_MAX` down to `NGRAM_MIN` tokens) that occurred
+    before, at its latest earlier place, and the tokens that followed it there: up to the row's budget
+    (`_Row.budget`, at most `max_tokens`), a chain;
+ 2. verify: one base pass over [the last token] + the chain, logits at every position (a prefill chunk
+    of the row, causal: the chain's tokens sit at their own positions and slots, so sliding windows
+    count them right);
+ 3. accept: walking the chain, the base samples each next token with the request's own sampler (greedy =
+    argmax; else its seeded generator, one draw a token, as vanilla draws it) from the logits after the
+    tokens accepted so far; while the sampled token is the proposed one the walk goes on, and the first
+    that is not ends the step as the bonus token. Every emitted token is vanilla's, sampled or greedy: the
+    proposals only decide how many one pass yields. The rejected tokens' keys and values lie past the
+    row's length, where the next pass overwrites them.
+
+Adaptive, per row: a step that accepts every proposed token doubles the row's budget (up to
+max_tokens), one that accepts none halves it; at zero the row stops proposing for `PAUSE` steps (then
+tries one token), so a request that copies nothing runs vanilla's single-token steps. A row that must
+not speculate (EngineRequest.speculate False) never proposes.
+
+Refused (`unsupported`): recurrent layers (a pass would leave the rejected tokens in their states).
+LongRoPE: a row's chain never crosses the original context (the core recomputes a row that steps
+past it by one token, engine_core._long_rope_switch).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trt_llm.runtime.engine.sequence import Sequence, append_token, record_step
+from trt_llm.runtime.engine.step import Step
+from trt_llm.runtime.sampling.grammar import mask_logits
+
+NGRAM_MAX, NGRAM_MIN = 3, 2  # suffix lengths tried, longest first (1-grams propose too often in free text)
+MAX_TOKENS = 8  # the default chain (on 2 CPU cores a pass of 9 tokens costs about 1.6 single-token steps)
+PAUSE = 8  # steps a row stops proposing after its budget fell to zero
+
+
+def unsupported(layers) -> str | None:
+    """Why prompt lookup cannot run on a model of these layer specs (None: it can)."""
+    if any(getattr(layer, "kind", None) == "recurrent" for layer in layers):
+        return ("prompt lookup on a model with recurrent layers is not supported yet (a verification pass would "
+                "leave the rejected tokens in their states); run with --speculation none")
+    return None
+
+
+class NgramIndex:
+    """Where each n-gram (NGRAM_MIN .. NGRAM_MAX tokens) of a token list last occurred with a token after it:
+    updated token by token, so a lookup costs a dictionary probe per suffix length, not a scan."""
+
+    def __init__(self):
+        self.tokens: list[int] = []
+        self.after: dict[tuple[int, ...], int] = {}  # n-gram -> the index of the token that followed it
+
+    def extend(self, tokens: list[int]) -> None:
+        for token in tokens:
+            end = len(self.tokens)  # the n-grams ending before this token now have a continuation
+            for n in range(NGRAM_MIN, NGRAM_MAX + 1):
+                if end >= n:
+                    self.after[tuple(self.tokens[end - n:end])] = end
+            self.tokens.append(token)
+
+    def propose(self, limit: int) -> list[int]:
+        """Up to `limit` tokens that followed the longest suffix's latest earlier occurrence."""
+        if limit <= 0:
+            return []
+        for n in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
+            if len(self.tokens) < n:
+                continue
+            start = self.after.get(tuple(self.tokens[-n:]))
+            if start is not None:
+                return self.tokens[start:start + limit]
+        return []
+
+
+@dataclass
+class _Row:
+    sequence: Sequence
+    index: NgramIndex = field(default_factory=NgramIndex)
+    budget: int = MAX_TOKENS
+    paused: int = 0  # steps left without proposing
+
+    def sync(self) -> None:
+        """The index up to the row's last token (the prompt, then each emitted token)."""
+        s = self.sequence
+        known = len(self.index.tokens)
+        total = len(s.prompt_ids) + len(s.generated)
+        if known < len(s.prompt_ids):
+            self.index.extend(s.prompt_ids[known:])
+            known = len(s.prompt_ids)
+        self.index.extend(s.generated[known - len(s.prompt_ids): total - len(s.prompt_ids)])
+
+
+@dataclass
+class LookupStats:
+    rounds: int = 0  # verification passes with a proposal, counted per row
+    proposed: int = 0  # tokens proposed
+    accepted: int = 0  # of them, accepted
+    emitted: int = 0  # tokens those passes emitted (accepted + each pass's bonus)
+
+
+class PromptLookup:
+    replays_context = False
+
+    def __init__(self, max_tokens: int = MAX_TOKENS, stats: LookupStats | None = None):
+        if max_tokens < 1:
+            raise ValueError(f"prompt lookup: max_tokens must be >= 1, got {max_tokens}")
+        self.max_tokens = max_tokens
+        self.extra_slots = max_tokens  # a verification writes the chain after the last token
+        self.stats = stats if stats is not None else LookupStats()
+        self.rows: list[_Row] = []  # one per decoding request, in the same order
+
+    def reserve(self, core, need: int) -> None:
+        pass
+
+    def prefill(self, core, rows, start: int) -> list[int]:
+        done = core.prefill(rows, start)
+        complete = rows[: done.complete]
+        finished = core.sample(complete, done.logits[: done.complete, 0], first=start)
+        # the rows that complete their prompts join the decoding rows, in order (the core's leave() then
+        # drops the ones that finished on their first token)
+        self.rows += [_Row(r.sequence) for r in complete]
+        return finished
+
+    def cached(self, core, index: int) -> int:
+        return core.scheduler.running[index].sequence.length - 1  # all but the last token, not yet fed
+
+    def leave(self, keep: list[int]) -> None:
+        self.rows = [self.rows[i] for i in keep]
+
+    def _proposal(self, request, r: _Row, model) -> list[int]:
+        if not request.speculate:
+            return []
+        if r.paused:
+            r.paused -= 1
+            return []
+        s = r.sequence
+        limit = min(r.budget, s.max_new_tokens - len(s.generated) - 1)  # the bonus token is always one
+        if model.long_rope is not None and s.length <= model.long_rope[0]:
+            limit = min(limit, model.long_rope[0] - s.length)  # land at most one past the original context
+        r.sync()
+        return r.index.propose(limit)
+
+    def step(self, core) -> list[int]:
+        running, model = core.decoding, core.model
+        with core.stage("propose"):
+            proposals = [self._proposal(request, r, model) for request, r in zip(running, self.rows)]
+        counts = np.array([1 + len(p) for p in proposals], dtype=np.int32)
+        width, batch = int(counts.max()), len(running)
+        tokens = np.zeros((batch, width), dtype=np.int64)
+        for i, (request, p) in enumerate(zip(running, proposals)):
+            tokens[i, : counts[i]] = [request.sequence.generated[-1], *p]
+        past = np.array([r.sequence.length - 1 for r in running], dtype=np.int32)
+        embeds, extras = model.embed(tokens)
+        step = Step(embeds, past[:, None] + np.arange(width, dtype=np.int32)[None, :], past, counts,
+                    np.broadcast_to(np.arange(width, dtype=np.int32), (batch, width)),
+                    np.empty((batch, width, model.vocab_size), dtype=np.float32))
+        step.inputs, step.outputs = model.eagle_io(batch, width)
+        step.inputs.update(extras)
+        if model.positions_vary:
+            step.position_ids = model.positions([r.sequence for r in running], past, width)
+        step.inputs.update(model.decode_extras(batch, width))
+        with core.stage("decode_step"):
+            model.engine.run(step, core.cache, core.lora_inputs)
+        finished, emitted_total, rounds, speculated, proposed, accepted = [], 0, 0, 0, 0, 0
+        with core.stage("accept"):
+            for index, (request, r, proposal) in enumerate(zip(running, self.rows, proposals)):
+                emitted, done = _accept(model, request, proposal, step.logits[index], core.sampler)
+                emitted_total += len(emitted)
+                if done:
+                    finished.append(index)
+                if proposal:
+                    taken = _matched(proposal, emitted)
+                    rounds, speculated = rounds + 1, speculated + len(emitted)
+                    proposed, accepted = proposed + len(proposal), accepted + taken
+                    _adapt(r, len(proposal), taken, self.max_tokens)
+        self.stats.rounds += rounds
+        self.stats.proposed += proposed
+        self.stats.accepted += accepted
+        self.stats.emitted += speculated
+        if core.profiler:
+            core.profiler.count("decode_tokens", emitted_total)
+            for name, value in (("spec_rounds", rounds), ("spec_emitted", speculated), ("lookup_proposed", proposed),
+                                ("lookup_accepted", accepted)):
+                core.profiler.count(name, value)
+        return finished
+
+
+def _matched(proposal: list[int], emitted: list[int]) -> int:
+    """How many of the proposed tokens the emitted ones took, from the first."""
+    n = 0
+    while n < len(proposal) and n < len(emitted) and proposal[n] == emitted[n]:
+        n += 1
+    return n
+
+
+def _adapt(r: _Row, proposed: int, taken: int, max_tokens: int) -> None:
+    """Every proposed token taken: twice the budget next time; none: half (at zero, a pause)."""
+    if taken == proposed:
+        r.budget = min(max(2 * r.budget, 1), max_tokens)
+    elif taken == 0:
+        r.budget //= 2
+        if r.budget == 0:
+            r.paused, r.budget = PAUSE, 1
+
+
+def _accept(model, request, proposal: list[int], logits: np.ndarray, sampler) -> tuple[list[int], bool]:
+    """Walk the verified chain; returns (emitted tokens, finished)."""
+    s, row, num_logprobs = request.sequence, request.row, request.num_logprobs
+    emitted = []
+    for position in range(len(proposal) + 1):
+        step_logits = logits[position]
+        # Structured output masks each verified token in turn and the penalties see the counts of the tokens
+        # before it (append_token keeps them), as vanilla's steps do.
+        counts = [s.counts if sampler.params[row].penalised else None]
+        token = int(sampler.sample(mask_logits(step_logits[None], [s.constraint]), [row], counts)[0])
+        if num_logprobs:
+            record_step(s, step_logits, token, num_logprobs)
+        emitted.append(token)
+        if append_token(model.eos, s, token, time.perf_counter()):
+            return emitted, True
+        if position == len(proposal) or token != proposal[position]:
+            return emitted, False
+    return emitted, False

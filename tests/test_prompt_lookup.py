@@ -1,0 +1,96 @@
+"""Prompt lookup speculation (runtime/decoding/lookup.py, issue 45): the proposer on hand-made token lists,
+and against vanilla decoding on the same engine, the independent oracle here (its tokens are transformers'
+elsewhere): greedy tokens identical on SmolLM2 copying a passage (where proposals are taken) and chatting,
+static and continuous; seeded samples identical (one draw a token, as vanilla draws it); the tiny families
+with sliding windows and layers of two widths; what it cannot take refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import run_input
+from trt_llm.runtime.decoding.choice import SpeculationError
+from trt_llm.runtime.decoding.lookup import NgramIndex
+from trt_llm.runtime.engine_dir import EngineDir
+from trt_llm.runtime.requests.runner import Runner, RunError
+from trt_llm.schemas.input_file import parse_input_dict
+
+PASSAGE = ("The lighthouse at Pointe Noire was built in 1902 from granite quarried on the island. Its lamp, "
+           "first lit by kerosene, was electrified in 1934 and automated in 1987, when the last keeper, "
+           "Marthe Dubois, moved to the mainland. The tower is 34 metres tall and its light reaches 22 nautical "
+           "miles. Visitors may climb its 181 steps from May to September.")
+COPYING = [f"Copy this text exactly, word for word:\n\n{PASSAGE}",
+           f"{PASSAGE}\n\nWho was the last keeper, and when was the lamp automated? Quote the sentence."]
+FREE = "Write a short poem about autumn."
+
+
+def test_the_index_proposes_what_followed_the_longest_suffix_last():
+    index = NgramIndex()
+    index.extend([5, 6, 7, 8, 9, 5, 6, 7, 1, 2, 6, 7])
+    assert index.propose(3) == [1, 2, 6]  # "6 7" last followed at index 8 (not "5 6 7" at 1: not the suffix)
+    index.extend([5, 6])  # suffix "7 5 6": never seen; "5 6" last followed by 7 at index 7
+    assert index.propose(2) == [7, 1]
+    index.extend([42])
+    assert index.propose(4) == []  # "6 42" never occurred before
+    assert index.propose(0) == []
+
+
+def run(engine, requests, speculation=None, scheduling="static", **settings):
+    """The requests' responses (and the runner) with a strategy (None: the engine's default)."""
+    data = {"batch_size": len(requests), "temperature": 0.0, "max_generate_length": 48, **settings,
+            "requests": [{"messages": [{"role": "user", "content": text}]} for text in requests]}
+    loaded = parse_input_dict(json.loads(json.dumps(data)), source="<test>")
+    runner = Runner(EngineDir.open(engine), threads=1, speculation=speculation, scheduling=scheduling)
+    return runner.run(loaded, loaded.settings).responses, runner
+
+
+@pytest.mark.parametrize("scheduling", ["static", "continuous"])
+def test_smollm2_copies_with_vanilla_tokens(smollm2_engine, scheduling):
+    """Copying requests beside a free one in one batch: the same tokens as vanilla decoding, and proposals
+    were taken (the test would pass without speculating otherwise)."""
+    requests = COPYING + [FREE]
+    vanilla, _ = run(smollm2_engine, requests, "none")
+    looked, runner = run(smollm2_engine, requests, "prompt-lookup", scheduling=scheduling)
+    for ours, theirs in zip(looked, vanilla):
+        assert ours.finish_reason == theirs.finish_reason and ours.output_token_ids == theirs.output_token_ids
+    stats = runner.lookup_stats
+    assert stats.accepted > 20 and stats.emitted > stats.rounds  # more than one token a pass where it copied
+
+
+def test_seeded_samples_are_vanillas(smollm2_engine):
+    """Sampling draws each emitted token once from the base's distribution with the row's generator, as
+    vanilla does: with one seed, the same samples (penalties and top-k / top-p on)."""
+    settings = dict(temperature=0.8, top_p=0.9, top_k=40, seed=11, repetition_penalty=1.1)
+    vanilla, _ = run(smollm2_engine, COPYING, "none", **settings)
+    looked, runner = run(smollm2_engine, COPYING, "prompt_lookup", **settings)
+    assert [r.output_token_ids for r in looked] == [r.output_token_ids for r in vanilla]
+    assert runner.lookup_stats.rounds > 0
+
+
+@pytest.mark.parametrize("family", ["gemma3", "mistral", "gemma4"])
+def test_the_families_decode_vanillas_tokens(family, family_model, build_engine_for):
+    """Sliding windows (a chain's tokens sit at their own slots, past the window here), layers of two widths
+    and shared keys and values (Gemma 4's readers take every position of a pass): the tokens of vanilla
+    decoding. A random model copies nothing, so a logit bias keeps its answers to three tokens, which it
+    orders by its own logits: their n-grams recur, proposals are taken and refused."""
+    engine = build_engine_for(family_model(family))
+    requests = ["one two three four one two three four one two", "Say something long."]
+    settings = dict(max_generate_length=60, logit_bias={"100": 40.0, "200": 40.0, "300": 40.0})
+    vanilla, _ = run(engine, requests, "none", **settings)
+    looked, runner = run(engine, requests, "prompt-lookup", **settings)
+    assert [r.output_token_ids for r in looked] == [r.output_token_ids for r in vanilla]
+    stats = runner.lookup_stats
+    assert stats.accepted > 0 and stats.proposed > stats.accepted, stats
+
+
+def test_what_it_cannot_take_is_refused_in_one_line(family_model, build_engine_for, smollm2_engine):
+    hybrid = EngineDir.open(build_engine_for(family_model("qwen3_5")))
+    with pytest.raises(SpeculationError, match="recurrent layers"):
+        Runner(hybrid, threads=1, speculation="prompt-lookup")
+    with pytest.raises(SpeculationError, match="'eagle' needs an engine built with an EAGLE draft"):
+        Runner(EngineDir.open(smollm2_engine), threads=1, speculation="eagle")
+    data = {"speculation": "mtp", "requests": [{"messages": [{"role": "user", "content": "hi"}]}]}
+    with pytest.raises(RunError, match="speculation: 'mtp'"):
+        run_input(smollm2_engine, data)
