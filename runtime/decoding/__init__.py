@@ -15,7 +15,8 @@ A strategy is one object with:
     leave(keep)                      running rows `keep` stay (ascending): drop the others' state
 
 `vanilla.py` emits one token per row per step; `eagle.py` drafts a tree with the EAGLE3 draft and
-verifies it in one base pass. Both draw every token from the base model's own distribution with the
-request's sampler, so they emit the same tokens. A new strategy is one file here, chosen where the
-loaded engine makes its EngineCore (`LoadedEngine.engine_core`).
+verifies it in one base pass; `lookup.py` proposes a chain from the row's own prompt and output and
+verifies it the same way. All draw every token from the base model's own distribution with the
+request's sampler, so they emit the same tokens. A new strategy is one file here, named in `choice.py`
+and made where the loaded engine makes its EngineCore (`LoadedEngine.engine_core`).
 """
