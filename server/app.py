@@ -109,6 +109,7 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
     """runner: a runtime.runner.Runner on the engine directory (its model, draft, tokenizer)."""
     metrics = Metrics()
     metrics.watch_context_cache(runner.prefix_cache)
+    metrics.watch_speculation(runner)
     # A chat client resends the whole conversation each turn: the turns before it are restored.
     runner.context_reuse = config.save_prefixes
     engine = ServingEngine(runner, config.max_rows, config.max_waiting, metrics, config.save_prefixes)

@@ -42,6 +42,10 @@ class Metrics:
         """Report the context cache (runtime/cache/context_cache.py) at every scrape."""
         self.registry.register(_ContextCacheCollector(cache))
 
+    def watch_speculation(self, runner) -> None:
+        """Report the speculation of `runner` (a LoadedEngine: its EAGLE and prompt lookup counts) at every scrape."""
+        self.registry.register(_SpeculationCollector(runner))
+
     def watch_memory(self, engine) -> None:
         """Report the process's memory and the KV pools of `engine` (a server.engine.ServingEngine)."""
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, ...: read from /proc
@@ -61,6 +65,33 @@ class _ContextCacheCollector:
             yield CounterMetricFamily(f"trt_llm_context_cache_{name}", help_text, value=value)
         yield GaugeMetricFamily("trt_llm_context_cache_bytes", "Bytes of keys and values held", value=cache.size_bytes)
         yield GaugeMetricFamily("trt_llm_context_cache_entries", "Blocks and kept system prompts held", value=len(cache))
+
+
+class _SpeculationCollector:
+    """vLLM's spec_decode counters, by strategy: verification passes (per row), the tokens they emitted, and
+    for prompt lookup the tokens proposed and accepted (its acceptance rate: accepted / draft tokens)."""
+
+    def __init__(self, runner):
+        self.runner = runner
+
+    def collect(self):
+        from trt_llm.runtime.decoding.draft import SpecStats
+        from trt_llm.runtime.decoding.lookup import LookupStats
+
+        eagle = getattr(self.runner, "spec_stats", None) or SpecStats()
+        lookup = getattr(self.runner, "lookup_stats", None) or LookupStats()
+        for name, help_text, values in (
+                ("num_drafts", "Verification passes with a proposal, counted per row",
+                 {"eagle": eagle.rounds, "prompt-lookup": lookup.rounds}),
+                ("num_emitted_tokens", "Tokens those passes emitted", {"eagle": eagle.emitted,
+                                                                      "prompt-lookup": lookup.emitted}),
+                ("num_draft_tokens", "Tokens proposed (prompt lookup)", {"prompt-lookup": lookup.proposed}),
+                ("num_accepted_tokens", "Proposed tokens the base took (prompt lookup)",
+                 {"prompt-lookup": lookup.accepted})):
+            family = CounterMetricFamily(f"trt_llm_spec_decode_{name}", help_text, labels=["strategy"])
+            for strategy, value in values.items():
+                family.add_metric([strategy], value)
+            yield family
 
 
 class _MemoryCollector:

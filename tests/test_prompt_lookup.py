@@ -94,3 +94,28 @@ def test_what_it_cannot_take_is_refused_in_one_line(family_model, build_engine_f
     data = {"speculation": "mtp", "requests": [{"messages": [{"role": "user", "content": "hi"}]}]}
     with pytest.raises(RunError, match="speculation: 'mtp'"):
         run_input(smollm2_engine, data)
+
+
+def test_the_server_speculates_by_lookup_and_reports_it(smollm2_engine):
+    """trt-llm-serve's engine with prompt lookup: a copying chat answer is vanilla's, and /metrics counts the
+    tokens proposed and taken."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("uvicorn")
+    from test_server import LiveServer
+    from trt_llm.server.app import ServerConfig, create_app
+
+    body = {"model": "tiny", "messages": [{"role": "user", "content": COPYING[0]}], "max_tokens": 40,
+            "temperature": 0.0}
+    answers = {}
+    for speculation in ("none", "prompt-lookup"):
+        runner = Runner(EngineDir.open(smollm2_engine), threads=1, scheduling="continuous", speculation=speculation)
+        live = LiveServer(create_app(runner, ServerConfig(model_name="tiny", max_rows=2)))
+        try:
+            answers[speculation] = httpx.post(f"{live.url}/v1/chat/completions", json=body, timeout=120).json()
+            metrics = httpx.get(f"{live.url}/metrics", timeout=30).text
+        finally:
+            live.close()
+    assert answers["prompt-lookup"]["choices"][0]["message"] == answers["none"]["choices"][0]["message"]
+    accepted = [line for line in metrics.splitlines()
+                if line.startswith('trt_llm_spec_decode_num_accepted_tokens_total{strategy="prompt-lookup"}')]
+    assert accepted and float(accepted[0].split()[-1]) > 0, metrics
