@@ -69,11 +69,12 @@ def test_seeded_samples_are_vanillas(smollm2_engine):
     assert runner.lookup_stats.rounds > 0
 
 
-@pytest.mark.parametrize("family", ["gemma3", "mistral", "gemma4"])
+@pytest.mark.parametrize("family", ["gemma3", "mistral", "gemma4", "qwen3_5", "lfm2"])
 def test_the_families_decode_vanillas_tokens(family, family_model, build_engine_for):
     """Sliding windows (a chain's tokens sit at their own slots, past the window here), layers of two widths
-    and shared keys and values (Gemma 4's readers take every position of a pass): the tokens of vanilla
-    decoding. A random model copies nothing, so a logit bias keeps its answers to three tokens, which it
+    and shared keys and values (Gemma 4's readers take every position of a pass), recurrent layers (Qwen3.5's
+    Gated DeltaNet, LFM2's convolutions: a row that refused part of its chain gets its states back and its
+    taken tokens passed again): the tokens of vanilla decoding. A random model copies nothing, so a logit bias keeps its answers to three tokens, which it
     orders by its own logits: their n-grams recur, proposals are taken and refused."""
     engine = build_engine_for(family_model(family))
     requests = ["one two three four one two three four one two", "Say something long."]
@@ -85,10 +86,24 @@ def test_the_families_decode_vanillas_tokens(family, family_model, build_engine_
     assert stats.accepted > 0 and stats.proposed > stats.accepted, stats
 
 
-def test_what_it_cannot_take_is_refused_in_one_line(family_model, build_engine_for, smollm2_engine):
-    hybrid = EngineDir.open(build_engine_for(family_model("qwen3_5")))
-    with pytest.raises(SpeculationError, match="recurrent layers"):
-        Runner(hybrid, threads=1, speculation="prompt-lookup")
+def test_a_hybrid_with_context_reuse_decodes_vanillas_tokens(family_model, build_engine_for):
+    """Qwen3.5 with its generated tokens committed to the context cache (their states snapshotted at each
+    block's end, where a chain stops), the second request restoring what the first left: vanilla's tokens."""
+    engine = build_engine_for(family_model("qwen3_5"))
+    data = {"batch_size": 1, "temperature": 0.0, "max_generate_length": 60,
+            "logit_bias": {"100": 40.0, "200": 40.0, "300": 40.0},
+            "requests": [{"messages": [{"role": "user", "content": "one two three four one two three four"}]}] * 2}
+    outputs = {}
+    for speculation in ("none", "prompt-lookup"):
+        loaded = parse_input_dict(json.loads(json.dumps(data)), source="<test>")
+        runner = Runner(EngineDir.open(engine), threads=1, speculation=speculation, scheduling="continuous",
+                        context_reuse=True)
+        outputs[speculation] = [r.output_token_ids for r in runner.run(loaded, loaded.settings).responses]
+    assert outputs["prompt-lookup"] == outputs["none"] and runner.lookup_stats.accepted > 0
+    assert runner.prefix_stats["hits"] > 0
+
+
+def test_what_it_cannot_take_is_refused_in_one_line(smollm2_engine):
     with pytest.raises(SpeculationError, match="'eagle' needs an engine built with an EAGLE draft"):
         Runner(EngineDir.open(smollm2_engine), threads=1, speculation="eagle")
     data = {"speculation": "mtp", "requests": [{"messages": [{"role": "user", "content": "hi"}]}]}

@@ -150,6 +150,14 @@ class CacheSet:
                 group.load(row, states[:count])
                 states = states[count:]
 
+    def load_states(self, row: int, states: list) -> None:
+        """Put back `row`'s recurrent states (a `snapshot`), its keys and values untouched: prompt lookup
+        takes a row's states back to before a pass whose last tokens were refused."""
+        for group in self._recurrent_groups():
+            count = len(group.layers) * len(group.states)
+            group.load(row, states[:count])
+            states = states[count:]
+
     def snapshot(self, row: int) -> list | None:
         """Copies of `row`'s recurrent states (every recurrent group's, in order); None without any."""
         if not self.recurrent:

@@ -22,11 +22,9 @@ def normalised(value: str | None) -> str | None:
     return name
 
 
-def resolved(asked: str | None, has_draft: bool, layers) -> str:
-    """The strategy a run takes on an engine (`has_draft`: it has an EAGLE draft, loaded; layers: its layer
-    specs); SpeculationError, one line naming why, where it cannot."""
-    from trt_llm.runtime.decoding.lookup import unsupported
-
+def resolved(asked: str | None, has_draft: bool) -> str:
+    """The strategy a run takes on an engine (`has_draft`: it has an EAGLE draft, loaded); SpeculationError,
+    one line naming why, where it cannot."""
     name = normalised(asked)
     if name is None:
         return "eagle" if has_draft else "none"
@@ -36,6 +34,4 @@ def resolved(asked: str | None, has_draft: bool, layers) -> str:
     if name == "mtp":
         raise SpeculationError("speculation: 'mtp': this engine has no multi-token-prediction heads (MTP drafts are "
                                "not built yet); use prompt-lookup")
-    if name == "prompt-lookup" and unsupported(layers):
-        raise SpeculationError(f"speculation: {unsupported(layers)}")
     return name

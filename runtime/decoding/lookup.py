@@ -14,16 +14,20 @@ Each step, per decoding row:
     tokens accepted so far; while the sampled token is the proposed one the walk goes on, and the first
     that is not ends the step as the bonus token. Every emitted token is vanilla's, sampled or greedy: the
     proposals only decide how many one pass yields. The rejected tokens' keys and values lie past the
-    row's length, where the next pass overwrites them.
+    row's length, where the next pass overwrites them. Recurrent layers (Qwen3.5, LFM2) replace their
+    states at every token, so a row that refused some of its chain gets its states back from before the
+    pass (a snapshot) and a second pass of the tokens it took, alone (`_replay`); a row that took its whole
+    chain needs none.
 
 Adaptive, per row: a step that accepts every proposed token doubles the row's budget (up to
 max_tokens), one that accepts none halves it; at zero the row stops proposing for `PAUSE` steps (then
 tries one token), so a request that copies nothing runs vanilla's single-token steps. A row that must
 not speculate (EngineRequest.speculate False) never proposes.
 
-Refused (`unsupported`): recurrent layers (a pass would leave the rejected tokens in their states).
-LongRoPE: a row's chain never crosses the original context (the core recomputes a row that steps
-past it by one token, engine_core._long_rope_switch).
+A chain never crosses a LongRoPE model's original context (the core recomputes a row that steps past
+it by one token, engine_core._long_rope_switch), nor, on a recurrent model whose row commits its
+generated tokens to the context cache, a block's end (its states are snapshotted there,
+reuse.snapshot_decoded).
 """
 
 from __future__ import annotations
@@ -40,14 +44,6 @@ from trt_llm.runtime.sampling.grammar import mask_logits
 NGRAM_MAX, NGRAM_MIN = 3, 2  # suffix lengths tried, longest first (1-grams propose too often in free text)
 MAX_TOKENS = 8  # the default chain (on 2 CPU cores a pass of 9 tokens costs about 1.6 single-token steps)
 PAUSE = 8  # steps a row stops proposing after its budget fell to zero
-
-
-def unsupported(layers) -> str | None:
-    """Why prompt lookup cannot run on a model of these layer specs (None: it can)."""
-    if any(getattr(layer, "kind", None) == "recurrent" for layer in layers):
-        return ("prompt lookup on a model with recurrent layers is not supported yet (a verification pass would "
-                "leave the rejected tokens in their states); run with --speculation none")
-    return None
 
 
 class NgramIndex:
@@ -134,7 +130,7 @@ class PromptLookup:
     def leave(self, keep: list[int]) -> None:
         self.rows = [self.rows[i] for i in keep]
 
-    def _proposal(self, request, r: _Row, model) -> list[int]:
+    def _proposal(self, request, r: _Row, model, core) -> list[int]:
         if not request.speculate:
             return []
         if r.paused:
@@ -144,13 +140,18 @@ class PromptLookup:
         limit = min(r.budget, s.max_new_tokens - len(s.generated) - 1)  # the bonus token is always one
         if model.long_rope is not None and s.length <= model.long_rope[0]:
             limit = min(limit, model.long_rope[0] - s.length)  # land at most one past the original context
+        plan = s.context
+        if core.cache.recurrent and plan is not None and plan.commit == "generated":
+            block = core.context.block_tokens  # stop at the block's end, where the states are snapshotted
+            limit = min(limit, block - s.length % block)
         r.sync()
         return r.index.propose(limit)
 
     def step(self, core) -> list[int]:
         running, model = core.decoding, core.model
         with core.stage("propose"):
-            proposals = [self._proposal(request, r, model) for request, r in zip(running, self.rows)]
+            proposals = [self._proposal(request, r, model, core) for request, r in zip(running, self.rows)]
+            states = {i: core.cache.snapshot(i) for i, p in enumerate(proposals) if p and core.cache.recurrent}
         counts = np.array([1 + len(p) for p in proposals], dtype=np.int32)
         width, batch = int(counts.max()), len(running)
         tokens = np.zeros((batch, width), dtype=np.int64)
@@ -180,6 +181,8 @@ class PromptLookup:
                     rounds, speculated = rounds + 1, speculated + len(emitted)
                     proposed, accepted = proposed + len(proposal), accepted + taken
                     _adapt(r, len(proposal), taken, self.max_tokens)
+                    if index in states and not done and taken < len(proposal):
+                        _replay(core, index, tokens[index, : 1 + taken], int(past[index]), states[index])
         self.stats.rounds += rounds
         self.stats.proposed += proposed
         self.stats.accepted += accepted
@@ -190,6 +193,26 @@ class PromptLookup:
                                 ("lookup_accepted", accepted)):
                 core.profiler.count(name, value)
         return finished
+
+
+def _replay(core, index: int, tokens: np.ndarray, past: int, states: list) -> None:
+    """A recurrent row that refused part of its chain: its states back from before the pass, and the
+    tokens it took (its last token and the accepted ones) passed again, alone, to bring them to after
+    the last of them (the attention layers rewrite the same keys and values at the same slots)."""
+    model, width = core.model, len(tokens)
+    window = core.cache.window(index, index + 1)
+    window.load_states(0, states)
+    embeds, extras = model.embed(tokens[None])
+    step = Step(embeds, np.arange(past, past + width, dtype=np.int32)[None], np.array([past], np.int32),
+                np.array([width], np.int32), np.array([[width - 1]], np.int32),
+                np.empty((1, 1, model.vocab_size), dtype=np.float32))
+    step.inputs, step.outputs = model.eagle_io(1, width)
+    step.inputs.update(extras)
+    if model.positions_vary:
+        step.position_ids = model.positions([core.decoding[index].sequence], step.past_lengths, width)
+    step.inputs.update(model.decode_extras(1, width))
+    with core.stage("lookup_replay"):
+        model.engine.run(step, window, core.lora_rows(index, index + 1))
 
 
 def _matched(proposal: list[int], emitted: list[int]) -> int:

@@ -121,7 +121,7 @@ class LoadedEngine:
         (runtime/decoding/choice.py); SpeculationError names why where the engine cannot take it."""
         if self.family.task == "transcription":  # Whisper's decodes follow their timestamp rules: vanilla
             return "none"
-        return resolved(self.speculation_flag or file_value, self.draft is not None, self.engine_dir.layers())
+        return resolved(self.speculation_flag or file_value, self.draft is not None)
 
     def engine_core(self, max_rows: int, policy: str, speculate: bool = True) -> EngineCore:
         """An EngineCore on this runner's model with the run's strategy (`strategy_name`): EAGLE with the
