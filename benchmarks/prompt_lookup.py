@@ -114,6 +114,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--quantization", action="append", choices=["none", "int8", "int4"],
                         help="the engines' weights (repeatable; default none and int4)")
+    parser.add_argument("--batch", action="append", type=int, help="batch sizes (repeatable; default 1 and 4)")
     parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache/trt-llm-bench")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -130,7 +131,7 @@ def main() -> None:
         runners = {"vanilla": Runner(engine_dir, args.threads, speculation="none"),
                    "prompt-lookup": Runner(engine_dir, args.threads, speculation="prompt-lookup")}
         for workload, prompts in (("copying", COPYING), ("free chat", FREE)):
-            for batch in (1, 4):
+            for batch in args.batch or [1, 4]:
                 data = {"temperature": 0.0, "batch_size": batch, "max_generate_length": args.new_tokens,
                         "requests": [{"messages": [{"role": "user", "content": p}]} for p in prompts]}
                 loaded = parse_input_dict(data)

@@ -46,13 +46,12 @@ def run(engine, requests, speculation=None, scheduling="static", **settings):
     return runner.run(loaded, loaded.settings).responses, runner
 
 
-@pytest.mark.parametrize("scheduling", ["static", "continuous"])
-def test_smollm2_copies_with_vanilla_tokens(smollm2_engine, scheduling):
-    """Copying requests beside a free one in one batch: the same tokens as vanilla decoding, and proposals
-    were taken (the test would pass without speculating otherwise)."""
+def test_smollm2_copies_with_vanilla_tokens(smollm2_engine):
+    """Copying requests beside a free one, continuous (the seeded test below is a static batch): the same
+    tokens as vanilla decoding, and proposals were taken (the test would pass without speculating otherwise)."""
     requests = COPYING + [FREE]
     vanilla, _ = run(smollm2_engine, requests, "none")
-    looked, runner = run(smollm2_engine, requests, "prompt-lookup", scheduling=scheduling)
+    looked, runner = run(smollm2_engine, requests, "prompt-lookup", scheduling="continuous")
     for ours, theirs in zip(looked, vanilla):
         assert ours.finish_reason == theirs.finish_reason and ours.output_token_ids == theirs.output_token_ids
     stats = runner.lookup_stats
@@ -69,7 +68,7 @@ def test_seeded_samples_are_vanillas(smollm2_engine):
     assert runner.lookup_stats.rounds > 0
 
 
-@pytest.mark.parametrize("family", ["gemma3", "mistral", "gemma4", "qwen3_5", "lfm2"])
+@pytest.mark.parametrize("family", ["gemma3", "gemma4", "qwen3_5", "lfm2"])
 def test_the_families_decode_vanillas_tokens(family, family_model, build_engine_for):
     """Sliding windows (a chain's tokens sit at their own slots, past the window here), layers of two widths
     and shared keys and values (Gemma 4's readers take every position of a pass), recurrent layers (Qwen3.5's
