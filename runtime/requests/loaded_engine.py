@@ -43,8 +43,8 @@ class LoadedEngine:
                  latency_target: float | None = None, speculation: str | None = None):
         """speculation: the decoding strategy (runtime/decoding/choice.py: prompt-lookup, eagle, mtp,
         none; None: the engine's EAGLE draft if it has one, else none, unless an input file says
-        otherwise); spec_decode False: none whatever either says. prefix_cache: the context cache (runtime/cache/context_cache.py; a new one of the default
-        budget when None); context_reuse: requests restore their longest cached prefix and commit their
+        otherwise); spec_decode False: none whatever either says. prefix_cache: the context cache
+        (runtime/cache/context_cache.py; a new one of the default budget when None); context_reuse: requests restore their longest cached prefix and commit their
         tokens (their context_cache_* policies say how); without it only system prompts saved with
         save_system_prompt_kv_cache are reused. prefill_chunk: prompts are prefilled this many
         tokens a pass, and while other requests decode a pass takes at most this many prompt tokens
