@@ -50,6 +50,16 @@ def run_input(engine_dir, data: dict, threads: int = 1):
     return Runner(EngineDir.open(engine_dir), threads=threads).run(loaded, loaded.settings)
 
 
+def run_file(engine, folder, requests: list[dict], max_new: int, batch_size=None, **options):
+    """Greedy requests as an input file written in `folder` (media paths as given), run on a Runner with
+    `options` (scheduling, prefill_chunk, context_reuse, ...); batch_size: all of them by default."""
+    path = Path(folder) / "input.json"
+    path.write_text(json.dumps({"batch_size": batch_size or len(requests), "temperature": 0.0,
+                                "max_generate_length": max_new, "requests": requests}))
+    loaded = load_input_file(path)
+    return Runner(EngineDir.open(engine), threads=1, **options).run(loaded, loaded.settings)
+
+
 def hf_greedy(model_dir, prompt_ids: list[int], max_new_tokens: int, logits_processor=None) -> list[int]:
     """transformers `generate`, greedy, on one request alone: the oracle."""
     model = _load(str(model_dir))

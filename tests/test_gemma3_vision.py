@@ -47,11 +47,7 @@ def image_request(*parts, pan_and_scan: bool | None = None) -> dict:
 
 
 def run_file(engine, folder, requests: list[dict], batch_size=None, **options):
-    path = folder / "input.json"
-    path.write_text(json.dumps({"batch_size": batch_size or len(requests), "temperature": 0.0,
-                                "max_generate_length": MAX_NEW, "requests": requests}))
-    loaded = load_input_file(path)
-    return Runner(EngineDir.open(engine), threads=1, **options).run(loaded, loaded.settings)
+    return helpers.run_file(engine, folder, requests, MAX_NEW, batch_size, **options)
 
 
 _HF = {}

@@ -20,9 +20,6 @@ import audio_assets
 import family_assets
 import helpers
 from assets import AssetUnavailable
-from trt_llm.runtime.engine_dir import EngineDir
-from trt_llm.runtime.requests.runner import Runner
-from trt_llm.schemas.input_file import load_input_file
 
 MAX_NEW = 8
 AUDIO, IMAGE = 3, 1  # transformers' mm_token_type_ids
@@ -55,11 +52,7 @@ def request_of(*parts) -> dict:
 
 
 def run_file(engine, folder, requests: list[dict], batch_size=None, **options):
-    path = folder / "input.json"
-    path.write_text(json.dumps({"batch_size": batch_size or len(requests), "temperature": 0.0,
-                                "max_generate_length": MAX_NEW, "requests": requests}))
-    loaded = load_input_file(path)
-    return Runner(EngineDir.open(engine), threads=1, **options).run(loaded, loaded.settings)
+    return helpers.run_file(engine, folder, requests, MAX_NEW, batch_size, **options)
 
 
 _HF = {}
