@@ -287,27 +287,34 @@ GEMMA4_PREPROCESSOR = {  # Gemma 4's image processor at its smallest budget: 70 
     "do_convert_rgb": True, "patch_size": 16, "max_soft_tokens": 70, "pooling_kernel_size": 3}
 
 
-def make_gemma4_vlm(text_dir, directory, cache_dir) -> Path:
+def make_gemma4_vlm(text_dir, directory, cache_dir, audio: dict | None = None) -> Path:
     """A Gemma4ForConditionalGeneration checkpoint whose language model is the tiny Gemma 4 of `text_dir`
     (FAMILIES["gemma4"]) with the vision mask on (use_bidirectional_attention "vision"), a tiny random
     vision tower (2 layers of width 32, pooling 3, patches of 16, a position table of 64; what init leaves
-    trivial made random), no audio tower, the Gemma-4-shaped tokenizer and GEMMA4_PREPROCESSOR."""
+    trivial made random), the Gemma-4-shaped tokenizer and GEMMA4_PREPROCESSOR (preprocessor_config.json,
+    the image processor the vision stage reads). audio: an audio tower of this config too (made non-trivial
+    by gemma4_audio_nontrivial), and processor_config.json as transformers 5 saves a Gemma4Processor: the
+    feature extractor's settings (Gemma4AudioFeatureExtractor's defaults: 128 mel bins, 20 ms frames every
+    10 ms) and the image processor's, with the processor's audio_seq_length / audio_ms_per_token."""
     import json
     import shutil
 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, Gemma4Config, Gemma4ForConditionalGeneration
+    from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
 
     text = AutoConfig.from_pretrained(text_dir).to_dict()
     text.update(use_bidirectional_attention="vision")
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                   num_key_value_heads=2, head_dim=16, pooling_kernel_size=3, patch_size=16,
                   position_embedding_size=64, standardize=True)
-    config = Gemma4Config(text_config=text, vision_config=vision, audio_config=None)
+    config = Gemma4Config(text_config=text, vision_config=vision, audio_config=audio)
     torch.manual_seed(0)
     model = Gemma4ForConditionalGeneration(config).eval()
     gemma4_tower_nontrivial(model.model.vision_tower)
     assets.make_nontrivial(model.model.embed_vision)
+    if audio is not None:
+        gemma4_audio_nontrivial(model)
     source = AutoModelForCausalLM.from_pretrained(text_dir)
     model.model.language_model.load_state_dict(source.model.state_dict())
     directory = Path(directory)
@@ -315,6 +322,11 @@ def make_gemma4_vlm(text_dir, directory, cache_dir) -> Path:
     make_gemma4_tokenizer(directory, cache_dir)
     shutil.copy(Path(text_dir) / "generation_config.json", directory)
     (directory / "preprocessor_config.json").write_text(json.dumps(GEMMA4_PREPROCESSOR, indent=1))
+    if audio is not None:
+        processor = {"processor_class": "Gemma4Processor", "audio_seq_length": 750, "audio_ms_per_token": 40,
+                     "feature_extractor": json.loads(Gemma4AudioFeatureExtractor().to_json_string()),
+                     "image_processor": GEMMA4_PREPROCESSOR}
+        (directory / "processor_config.json").write_text(json.dumps(processor, indent=1))
     return directory
 
 
@@ -349,37 +361,6 @@ def gemma4_audio_nontrivial(model, bound: float = 1.5) -> None:
 
 def make_gemma4_audio_vlm(text_dir, directory, cache_dir) -> Path:
     """make_gemma4_vlm's checkpoint with an audio tower too (GEMMA4_AUDIO, made non-trivial by
-    gemma4_audio_nontrivial; the text model the same, the towers' draws not make_gemma4_vlm's). Beside GEMMA4_PREPROCESSOR (preprocessor_config.json, the image processor the vision stage reads) it
-    writes processor_config.json as transformers 5 saves a Gemma4Processor: the feature extractor's
-    settings (Gemma4AudioFeatureExtractor's defaults: 128 mel bins, 20 ms frames every 10 ms) and the
-    image processor's, with the processor's audio_seq_length / audio_ms_per_token."""
-    import json
-    import shutil
-
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, Gemma4Config, Gemma4ForConditionalGeneration
-    from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
-
-    text = AutoConfig.from_pretrained(text_dir).to_dict()
-    text.update(use_bidirectional_attention="vision")
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                  num_key_value_heads=2, head_dim=16, pooling_kernel_size=3, patch_size=16,
-                  position_embedding_size=64, standardize=True)
-    config = Gemma4Config(text_config=text, vision_config=vision, audio_config=GEMMA4_AUDIO)
-    torch.manual_seed(0)
-    model = Gemma4ForConditionalGeneration(config).eval()
-    gemma4_tower_nontrivial(model.model.vision_tower)
-    assets.make_nontrivial(model.model.embed_vision)
-    gemma4_audio_nontrivial(model)
-    source = AutoModelForCausalLM.from_pretrained(text_dir)
-    model.model.language_model.load_state_dict(source.model.state_dict())
-    directory = Path(directory)
-    model.save_pretrained(directory)
-    make_gemma4_tokenizer(directory, cache_dir)
-    shutil.copy(Path(text_dir) / "generation_config.json", directory)
-    (directory / "preprocessor_config.json").write_text(json.dumps(GEMMA4_PREPROCESSOR, indent=1))
-    processor = {"processor_class": "Gemma4Processor", "audio_seq_length": 750, "audio_ms_per_token": 40,
-                 "feature_extractor": json.loads(Gemma4AudioFeatureExtractor().to_json_string()),
-                 "image_processor": GEMMA4_PREPROCESSOR}
-    (directory / "processor_config.json").write_text(json.dumps(processor, indent=1))
-    return directory
+    gemma4_audio_nontrivial; the text model the same, the towers' draws not make_gemma4_vlm's) and
+    processor_config.json (see make_gemma4_vlm)."""
+    return make_gemma4_vlm(text_dir, directory, cache_dir, audio=GEMMA4_AUDIO)
