@@ -79,7 +79,8 @@ def _dynamic_shapes(spec) -> tuple:
 def export_decoder(graph: DecoderSkeleton, path: Path, dtype: torch.dtype, lora_layout: dict | None = None) -> Path:
     """Write `path` (+ `path.data` external weights); returns the path."""
     spec = decoder_spec(graph.layer_specs, graph.feature_layers is not None, lora_layout,
-                        graph.mrope_streams is not None, graph.deepstack_layers, graph.masked, graph.per_layer_width)
+                        graph.mrope_streams is not None, graph.deepstack_layers, graph.masked, graph.per_layer_width,
+                        final_hidden=not graph.returns_kept)
     if spec.input_names != graph.input_names:  # (the LoRA layout's groups are the graph's)
         raise ValueError(f"the graph's inputs {graph.input_names} are not its spec's {spec.input_names}")
     # A tree_mask that lets a token see later ones (Gemma 3's images) is said in the graph: ONNX Runtime's

@@ -13,7 +13,10 @@ engines read the names here; nobody else spells them.
                      past_<state>_i [batch, *shape]; (an encoder-decoder: cross_key_i / cross_value_i
                      [batch, H, frames, D] per cross layer); then the LoRA pairs
                      lora_<group>_a_<layer> [batch, rank, in], _b_ [batch, out, rank]
-    decoder outputs  logits [batch, kept, V] float32, (hidden_states [batch, seq, F]), the caches'
+    decoder outputs  logits [batch, kept, V] float32, (hidden_states [batch, seq, F]),
+                     final_hidden_states [batch, seq, H] (the final norm's output at every position,
+                     before the LM head and any soft-cap: embeddings, an MTP head's input; none where the
+                     last layers run on the kept rows only: Gemma 4 with shared caches), the caches'
                      present_* in the same order
     draft inputs     inputs_embeds, hidden [batch, seq, H], position_ids, past_lengths, query_lengths,
                      tree_mask, logits_indices, past_key_0, past_value_0
@@ -33,6 +36,10 @@ STEP_INPUTS = ("inputs_embeds", "position_ids", "past_lengths", "query_lengths",
 LOGITS = "logits"
 TREE_MASK = "tree_mask"  # [batch, seq, seq] bool: which new tokens each sees (an EAGLE base, the draft, Gemma 3)
 FEATURES = "hidden_states"  # an EAGLE base's output: the hidden states entering the feature layers
+# Every decoder graph's output (but see decoder_spec): the final norm's output at every position [batch, seq,
+# H], model dtype, before the LM head and any logit soft-cap. Fetched only when a step names it (embeddings
+# pool it; an MTP head takes it).
+FINAL_HIDDEN = "final_hidden_states"
 DRAFT_HIDDEN = "hidden"  # the draft's input: fc-projected features or its own previous hidden_out
 DRAFT_HIDDEN_OUT = "hidden_out"
 MODEL_DTYPE = "model"  # the graph's precision (fp32, fp16, bf16)
@@ -170,12 +177,13 @@ PER_LAYER_INPUTS = "per_layer_inputs"
 
 
 def decoder_spec(layers, eagle: bool = False, lora_layout: dict | None = None, mrope: bool = False,
-                 deepstack: int = 0, masked: bool = False, per_layer: int = 0) -> GraphSpec:
+                 deepstack: int = 0, masked: bool = False, per_layer: int = 0, final_hidden: bool = True) -> GraphSpec:
     """The decoder graph of `layers` (schemas/layer_spec.py, one per decoder layer). mrope:
     position_ids is [3, batch, seq] (time, row, column); deepstack: how many early layers take the
     vision tower's features (a deepstack_embeds input after logits_indices); masked: the new tokens
     see each other as a tree_mask says (an EAGLE base has one too; Gemma 3's image blocks see
-    themselves both ways); per_layer: the width of a per_layer_inputs input (Gemma 4's layers * P).
+    themselves both ways); per_layer: the width of a per_layer_inputs input (Gemma 4's layers * P);
+    final_hidden: a final_hidden_states output (False: a graph whose last layers see only the kept rows).
     Inputs: the step's, [deepstack_embeds], [tree_mask], [per_layer_inputs], a sliding group's lengths, every layer's cache tensors, an
     encoder-decoder's cross keys and values, the LoRA pairs."""
     inputs = _step_inputs()
@@ -191,6 +199,8 @@ def decoder_spec(layers, eagle: bool = False, lora_layout: dict | None = None, m
     outputs = [TensorSpec(LOGITS, "float32", ("batch", "kept", None))]
     if eagle:
         outputs.append(TensorSpec(FEATURES, MODEL_DTYPE, ("batch", "seq", None)))
+    if final_hidden:
+        outputs.append(TensorSpec(FINAL_HIDDEN, MODEL_DTYPE, ("batch", "seq", None)))
     outputs += _cache_tensors(layers, present)
     return GraphSpec(tuple(inputs), tuple(outputs))
 
@@ -220,6 +230,7 @@ __all__ = [
     "DRAFT_HIDDEN",
     "DRAFT_HIDDEN_OUT",
     "FEATURES",
+    "FINAL_HIDDEN",
     "INPUT_FEATURES",
     "LOGITS",
     "PER_LAYER_INPUTS",

@@ -22,7 +22,8 @@ ways), LoRA (pairs by packed group and layer) and the final logit soft-cap. Gemm
 the runtime's (the manifest's model.embedding_scale: it scales the token rows it looks up, not an
 image's rows, which transformers leaves unscaled), so the graph takes inputs_embeds as they come.
 
-Rows are ragged and right-padded; the LM head runs only where `logits_indices` asks.
+Rows are ragged and right-padded; the LM head runs only where `logits_indices` asks, the final norm at
+every position (the final_hidden_states output).
 """
 
 from __future__ import annotations
@@ -127,7 +128,8 @@ def text_decoder(hf_model):
 
 
 class DecoderSkeleton(nn.Module):
-    """inputs (by the graph spec's names) -> logits, [hidden_states], the caches' presents."""
+    """inputs (by the graph spec's names) -> logits, [hidden_states], [final_hidden_states], the caches'
+    presents."""
 
     per_layer_width = 0  # the width of a per_layer_inputs input (Gemma 4's layers x P); 0: none
     returns_kept = False  # run_layers returns the hidden states at logits_indices only (Gemma 4's)
@@ -226,17 +228,20 @@ class DecoderSkeleton(nn.Module):
             rows = [sectioned_rotary(cos, sin, position_ids.long(), self.mrope_streams) for cos, sin in tables]
             tables, position_ids = [(cos, sin) for cos, sin, _ in rows], rows[0][2]
         hidden, presents, entering = self.run_layers(inputs, position_ids, tables)
-        # The LM head runs only where logits are asked for: gather those positions first.
+        # The final norm at every position (final_hidden_states: embeddings, an MTP head), then the LM head
+        # only where logits are asked for. The norm is row-wise: a row's value is the one it had normed
+        # after the gather. A graph whose layers returned the kept rows only has no such output.
+        hidden = rms_norm(hidden, self.final_norm, self.dims.rms_norm_eps)
+        final = [] if self.returns_kept else [hidden]
         if not self.returns_kept:
             index = inputs["logits_indices"].long().unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
             hidden = torch.gather(hidden, 1, index)
-        hidden = rms_norm(hidden, self.final_norm, self.dims.rms_norm_eps)
         logits = self.lm_head(hidden).float()
         if self.final_softcap:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         if self.feature_layers is not None:
-            return (logits, torch.cat([entering[i] for i in self.feature_layers], dim=-1), *presents)
-        return (logits, *presents)
+            return (logits, torch.cat([entering[i] for i in self.feature_layers], dim=-1), *final, *presents)
+        return (logits, *final, *presents)
 
     def lora_of(self, inputs: dict, layer: int) -> dict:
         """Layer `layer`'s LoRA pairs by packed group."""

@@ -155,6 +155,14 @@ class OrtEngine:
                 self._shared.setdefault(output.name.split(SHARED)[0], []).append(output.name)
         self._binding = self.session.io_binding()
         self._bound = None  # what the cache bindings point at now: (cache ref, batch, generation, extra)
+        self._step_outputs: set[str] = set()  # the step outputs bound by the last run
+        # The decoder's outputs: a step may fetch final_hidden_states only where the graph has it (an engine
+        # built before it, or Gemma 4 with shared caches, has none)
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def provides(self, output: str) -> bool:
+        """Whether the graph has `output` (final_hidden_states: not in an engine built before it)."""
+        return output in self.output_names
 
     def new_cache(self, batch: int, capacity: int, widest: int | None = None) -> CacheSet:
         """The caches this engine binds (runtime/cache/cache_set.py), in the graph's dtype; widest:
@@ -173,7 +181,14 @@ class OrtEngine:
         # The outputs are bound every call (the logits' width changes with each EAGLE verification);
         # the cache bindings only when the batch does: re-binding 2 x layers buffers every step would
         # cost more than the small inputs above (about 1.5 ms a verification pass on 30 layers).
-        for name, array in step.named_outputs().items():
+        outputs = step.named_outputs()
+        if not self._step_outputs <= outputs.keys():
+            # an output the last step fetched (final_hidden_states for embeddings) and this one does not:
+            # unbound, so that ONNX Runtime neither writes into the old array nor copies it out again
+            binding.clear_binding_outputs()
+            self._bound = None
+        self._step_outputs = set(outputs)
+        for name, array in outputs.items():
             binding.bind_output(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
         # The cache is recognised by identity (a weak reference: a new cache at a recycled id() must not
         # pass for the old one) and its generation, which changes when its buffers are replaced. Reading

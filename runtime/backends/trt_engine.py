@@ -140,6 +140,10 @@ class TrtEngine:
         self.timer = CudaTimer(self.cudart, self.stream)
         self.last_step_ms = 0.0
 
+    def provides(self, output: str) -> bool:
+        """Whether the plan has `output` (final_hidden_states: not in an engine built before it)."""
+        return output in self.dtypes
+
     def new_cache(self, batch: int, capacity: int, widest: int | None = None) -> DeviceCacheSet:
         """The caches this plan binds (runtime/cache/device.py), on the device, in the plan's dtype."""
         return device_cache_set(self.cudart, self.stream, self.layers, batch, capacity,
@@ -183,6 +187,12 @@ class TrtEngine:
             sizes[name] = host.size * self.dtypes[name].itemsize
             ptr = self._buffers.setdefault(name, DeviceBuffer(cudart)).reserve(sizes[name])
             bindings.append((name, None, ptr))
+        # TensorRT writes every output: one the step does not fetch (final_hidden_states [B, S, H] where no
+        # embedding or MTP head asks) gets a device buffer of its own, never copied back.
+        unasked = graph_spec.FINAL_HIDDEN
+        if unasked in self.dtypes and unasked not in outputs:
+            scratch = step.inputs_embeds.size * self.dtypes[unasked].itemsize
+            bindings.append((unasked, None, self._buffers.setdefault(unasked, DeviceBuffer(cudart)).reserve(scratch)))
 
         key = step_key(index, bindings, seq) if self.graph_mode == "capture" else None
         action = self.graphs.decide(key)

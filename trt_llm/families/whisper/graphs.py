@@ -213,10 +213,10 @@ class WhisperDecoderGraph(nn.Module):
             hidden, key, value = layer(hidden, caches[2 * i], caches[2 * i + 1], cross[2 * i], cross[2 * i + 1],
                                        past_lengths, query_lengths, position_ids, self.cos_cache, self.sin_cache)
             presents += [key, value]
-        # The head runs only where logits are asked for: gather those positions first.
+        # The final norm at every position (final_hidden_states), the head only where logits are asked for.
+        hidden = self.norm(hidden)
         index = logits_indices.long().unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
-        hidden = self.norm(torch.gather(hidden, 1, index))
-        return (self.proj_out(hidden).float(), *presents)
+        return (self.proj_out(torch.gather(hidden, 1, index)).float(), hidden, *presents)
 
 
 # ---------------------------------------------------------------------------------------------------
