@@ -155,6 +155,11 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
         checkpoint = load_checkpoint(config.model, config.dtype, config.trust_remote_code, stream)
     if checkpoint.family.encoder_decoder:
         config = encoder_decoder_config(config, checkpoint)
+    mtp_head = None
+    if config.mtp:  # refused before the export's minutes where there is no head to build
+        from trt_llm.build.mtp.stage import read_mtp_head
+
+        mtp_head = read_mtp_head(config, checkpoint)
 
     with steps.step("writing tokenizer and embedding"):
         write_tokenizer(checkpoint, directory / "tokenizer")
@@ -227,6 +232,10 @@ def export_bundle(config: BuildConfig, directory: Path, steps: Steps) -> dict:
         if draft is not None:
             export_eagle_draft(draft, checkpoint, config, directory / "draft", dtype)
             components["draft"], eagle = manifest_entries(draft, config)
+        if mtp_head is not None:  # the head is the draft; the base keeps no EAGLE taps (model.eagle None)
+            from trt_llm.build.mtp.stage import export_mtp_head
+
+            components["draft"] = export_mtp_head(mtp_head, checkpoint, config, directory / "draft", dtype)
 
     manifest = {
         "format_version": FORMAT_VERSION,

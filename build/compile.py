@@ -52,6 +52,9 @@ def check_backend(config: BuildConfig, exported: bool = False) -> None:
         raise BuildError(f"dtype: {config.dtype!r} is not supported by the {config.backend} backend; "
                          f"choose one of {', '.join(SUPPORTED_DTYPES[config.backend])}{fixed}")
     check_quantization(config, exported)
+    if config.mtp and config.draft is not None:
+        raise BuildError("mtp: the checkpoint's MTP head would be the engine's draft, and draft: names another; "
+                         "build with one of them")
     if config.draft is not None and config.quantization.weights != "none" and config.backend == "cpu" and not exported:
         # Measured (benchmarks/results/2026-12-01/issue17/spec_decode_int4_base_draft600.json): SmolLM2 int4,
         # a draft of 0.45 top-1, 0.63x vanilla at the default tree, 0.35x at 16 tokens.
@@ -115,7 +118,10 @@ def _check_fp8_capability(name: str) -> None:
 
 
 def draft_quantization(config: BuildConfig) -> str:
-    """What `draft.quantization` means for this config: none, int8 or int4."""
+    """What `draft.quantization` means for this config: none, int8 or int4. An MTP head (`mtp:`, no
+    `draft:`) stays in the model's dtype."""
+    if config.draft is None:
+        return "none"
     chosen = config.draft.quantization
     if chosen == "auto":
         return "int8" if config.dtype == "fp32" and config.backend == "cpu" else "none"

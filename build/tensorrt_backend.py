@@ -53,11 +53,16 @@ def profile_shapes(config, decode_max_seq: int = DECODE_MAX_SEQ, frames: int | N
     batch = (1, config.max_batch_size, config.max_batch_size)
     capacity_max = config.max_kv_cache_capacity
     draft = getattr(config, "draft", None)
-    if draft is not None:
+    trees = (draft.max_verify_tree_size, draft.max_draft_tree_size) if draft is not None else None
+    if getattr(config, "mtp", False):  # an MTP head's draft (build/mtp/)
+        from trt_llm.build.mtp import TREE_SIZE
+
+        trees = (TREE_SIZE, TREE_SIZE)
+    if trees is not None:
         # Under speculation a row's cache also holds the tree being verified (the base) or drafted
         # (the draft) beyond its committed tokens, and one verification pass takes the whole tree.
-        capacity_max += max(draft.max_verify_tree_size, draft.max_draft_tree_size) + 1
-        decode_max_seq = max(decode_max_seq, draft.max_verify_tree_size, draft.max_draft_tree_size)
+        capacity_max += max(trees) + 1
+        decode_max_seq = max(decode_max_seq, *trees)
     capacity = (1, min(capacity_max, 1024), capacity_max)
     seq_max = config.max_input_len
     prefill = {"batch": batch, "seq": (1, min(seq_max, 256), seq_max), "kept": (1, 1, seq_max),

@@ -197,6 +197,8 @@ class BuildConfig(BaseModel):
                     "(SM75, SM80, SM86, SM89, SM120, SM121); auto = the GPU present, else SM80.")
     lora: LoraBuildConfig | None = Field(None, description="Off unless set.")
     draft: DraftBuildConfig | None = Field(None, description="EAGLE3 speculative decoding; off unless set.")
+    mtp: bool = Field(False, description="Build the checkpoint's multi-token-prediction head as the draft for "
+                                         "`--speculation mtp` (Qwen3.5 checkpoints with mtp.* tensors); not with draft:.")
     vision: VisionBuildConfig = Field(default_factory=VisionBuildConfig,
                                       description="Image token limits (vision-language models only).")
     audio: AudioBuildConfig = Field(default_factory=AudioBuildConfig,

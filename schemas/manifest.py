@@ -121,6 +121,9 @@ class TreeDefaults(BaseModel):
 
 class DraftComponent(BaseModel):
     model_config = _LENIENT
+    # eagle3: an EAGLE3 draft (tensors: fc, d2t); mtp: the checkpoint's multi-token-prediction head
+    # (build/mtp/: its fc in the graph, d2t zeros, hidden = the base's final_hidden_states)
+    kind: Literal["eagle3", "mtp"] = "eagle3"
     graph: RelativePath
     engine: RelativePath | None = None
     tensors: RelativePath

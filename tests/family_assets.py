@@ -205,6 +205,50 @@ def make_qwen3_5_vlm(text_dir, directory) -> Path:
     return directory
 
 
+def add_mtp_head(model_dir, seed: int = 0) -> Path:
+    """A copy of the tiny Qwen3.5 of `model_dir` (beside it) with a random multi-token-prediction head,
+    as Qwen3.5 checkpoints ship one: mtp.fc [H, 2H], mtp.pre_fc_norm_embedding / pre_fc_norm_hidden /
+    norm, and mtp.layers.0.* (a full-attention decoder layer), config.json's mtp_num_hidden_layers 1.
+    Every tensor random at a scale that shows a dropped or swapped one (norms off their zero: Qwen3.5's
+    scale by 1 + weight)."""
+    import copy
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer
+
+    model_dir = Path(model_dir)
+    directory = model_dir.parent / f"{model_dir.name}_mtp{seed}"
+    if (directory / "config.json").is_file():
+        return directory
+    config = AutoConfig.from_pretrained(model_dir)
+    single = copy.deepcopy(config)
+    single.layer_types, single.num_hidden_layers = ["full_attention"], 1
+    torch.manual_seed(seed)
+    layer = Qwen3_5DecoderLayer(single, 0)
+    hidden = config.hidden_size
+    head = {"mtp.fc.weight": torch.randn(hidden, 2 * hidden) * 0.1}
+    for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        head[f"mtp.{name}.weight"] = torch.randn(hidden) * 0.3
+    with torch.no_grad():
+        for name, param in layer.named_parameters():
+            head[f"mtp.layers.0.{name}"] = torch.randn_like(param) * (0.3 if param.dim() == 1 else 0.15)
+    staging = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(model_dir, staging)
+    tensors = load_file(str(staging / "model.safetensors"))
+    save_file({**tensors, **{k: v.contiguous() for k, v in head.items()}}, str(staging / "model.safetensors"),
+              metadata={"format": "pt"})
+    settings = json.loads((staging / "config.json").read_text())
+    settings["mtp_num_hidden_layers"] = 1
+    (staging / "config.json").write_text(json.dumps(settings, indent=2))
+    staging.rename(directory)
+    return directory
+
+
 # Gemma 4's chat tokens at the ids its vocabulary gives them where known (the tool tags at 46-52, vLLM's
 # gemma4 parser: <|tool_call> 48, <tool_call|> 49, <|"|> 52; the turn tags where Gemma 3's are), else at
 # unused slots of the Gemma 3 vocabulary it shares (the thought channel's here: 100, 101). Special tokens,

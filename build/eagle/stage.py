@@ -60,7 +60,7 @@ def export_eagle_draft(draft, checkpoint: Checkpoint, config, directory: Path, d
 
 def manifest_entries(draft, config) -> tuple[dict, dict]:
     """(components["draft"], model["eagle"]) of the manifest (the compile stage adds the engine)."""
-    component = {"graph": "draft/model.onnx", "tensors": "draft/tensors.safetensors",
+    component = {"kind": "eagle3", "graph": "draft/model.onnx", "tensors": "draft/tensors.safetensors",
                  "max_draft_tree_size": config.draft.max_draft_tree_size,
                  "max_verify_tree_size": config.draft.max_verify_tree_size,
                  "draft_vocab_size": int(draft.d2t.numel()), "source_format": draft.source_format}

@@ -41,6 +41,9 @@ class Family:
     # Gemma 3: the soft tokens of one image attend to each other both ways in the decoder (the prompt's
     # attention is causal elsewhere): its graph takes a mask of which new tokens each new token sees.
     bidirectional_images: bool = False
+    # Its checkpoints may ship a multi-token-prediction head (`mtp.*` tensors: Qwen3.5's), which the
+    # build makes the draft with `mtp: true` (build/mtp/)
+    mtp: bool = False
     vision: Component | None = None
     audio: Component | None = None
     # An encoder-decoder (Whisper): its decoder module exports the llm/ graph itself (export_llm), a

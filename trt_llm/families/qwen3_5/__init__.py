@@ -8,7 +8,7 @@ DECODER = "trt_llm.families.qwen3_5.decoder"
 CHECKS = "trt_llm.families.qwen3_5.checks"
 
 FAMILIES = (
-    Family("qwen3_5", "Qwen3_5ForCausalLM", DECODER, qk_norm=True, checks=f"{CHECKS}:qwen3_5"),
+    Family("qwen3_5", "Qwen3_5ForCausalLM", DECODER, qk_norm=True, checks=f"{CHECKS}:qwen3_5", mtp=True),
     Family("qwen3_next", "Qwen3NextForCausalLM", DECODER, qk_norm=True,  # the same, with experts
            checks=f"{CHECKS}:qwen3_next"),
     # A Qwen3.5 vision-language checkpoint (how Qwen3.5 is published): the decoder on interleaved mRoPE

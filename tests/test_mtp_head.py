@@ -1,0 +1,148 @@
+"""Qwen3.5's multi-token-prediction head built as the engine's draft (`mtp: true`, build/mtp/): the
+exported step against a reference made of transformers' own modules (its decoder layer as a full
+attention layer, its RMSNorms, the base's rotary tables and LM head), on a first chunk and on a
+second chunk over the first one's cache; the manifest's entries; each refusal one line naming mtp."""
+
+import copy
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file as load_numpy
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer, Qwen3_5RMSNorm
+
+import family_assets
+from trt_llm.build.cli import build_engine
+from trt_llm.build.compile import BuildError
+from trt_llm.schemas.build_config import BuildConfig, DraftBuildConfig
+
+TOKENS = 12  # per row: 11 MTP inputs (token t + 1 with the base's hidden state at t)
+CHUNKS = ((6, 5), (4, 3))  # each row's first and second chunk (row 1 shorter: right-padded)
+CAPACITY = 32
+
+
+@pytest.fixture(scope="module")
+def mtp_model(family_model):
+    return family_assets.add_mtp_head(family_model("qwen3_5"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def engine(mtp_model, build_engine_for):
+    return build_engine_for(mtp_model, mtp=True)
+
+
+def reference(model_dir, ids):
+    """(inputs_embeds, hidden, logits, hidden_out) of the MTP step at every t < TOKENS - 1, whole
+    sequence at once: transformers' Qwen3_5DecoderLayer (full attention) with the mtp.layers.0 weights,
+    three Qwen3_5RMSNorms and fc, the base's rotary embedding and LM head (vLLM's Qwen3_5MTP)."""
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    config = copy.deepcopy(base.config)
+    config.layer_types, config.num_hidden_layers, config._attn_implementation = ["full_attention"], 1, "eager"
+    tensors = {k: v for k, v in load_file(str(model_dir / "model.safetensors")).items() if k.startswith("mtp.")}
+    layer = Qwen3_5DecoderLayer(config, 0).eval()
+    layer.load_state_dict({k[len("mtp.layers.0."):]: v for k, v in tensors.items() if k.startswith("mtp.layers.0.")})
+    norms = {}
+    for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        norms[name] = Qwen3_5RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        norms[name].weight.data.copy_(tensors[f"mtp.{name}.weight"])
+    fc = torch.nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
+    fc.weight.data.copy_(tensors["mtp.fc.weight"])
+    with torch.no_grad():
+        final = base.model(input_ids=ids).last_hidden_state  # after the base's final norm
+        embeds, hidden = base.model.embed_tokens(ids[:, 1:]), final[:, :-1]
+        x = fc(torch.cat([norms["pre_fc_norm_embedding"](embeds), norms["pre_fc_norm_hidden"](hidden)], dim=-1))
+        batch, seq, _ = x.shape
+        positions = torch.arange(seq)[None].expand(batch, seq)
+        mask = torch.full((seq, seq), float("-inf")).triu(1)[None, None]
+        x = layer(x, position_embeddings=base.model.rotary_emb(x, positions), attention_mask=mask,
+                  position_ids=positions)
+        out = norms["norm"](x)
+        return embeds, hidden, base.lm_head(out), out
+
+
+def test_head_matches_transformers_over_two_chunks(mtp_model, engine):
+    from trt_llm.runtime.backends.ort_engine import OrtEngine
+    from trt_llm.runtime.engine_dir import EngineDir
+
+    torch.manual_seed(3)
+    ids = torch.randint(0, 5000, (2, TOKENS))
+    embeds, hidden, ref_logits, ref_hidden = reference(mtp_model, ids)
+    engine_dir = EngineDir.open(engine)
+    # the project's cpu session over the compiled draft (its custom ops lowered, the offline graph)
+    session = OrtEngine(engine_dir.component_path("draft", "engine"), engine_dir.layers("draft")).session
+    spec = engine_dir.layers("draft")[0]
+    past_key = np.zeros((2, spec.kv_heads, CAPACITY, spec.head_dim), np.float32)
+    past_value = past_key.copy()
+    starts = [0, 0]
+    worst = {"logits": 0.0, "hidden_out": 0.0}
+    for chunk in range(2):
+        lengths = [CHUNKS[row][chunk] for row in range(2)]
+        seq = max(lengths)
+        feeds = {name: np.zeros(shape, dtype) for name, shape, dtype in (
+            ("inputs_embeds", (2, seq, embeds.shape[-1]), np.float32), ("hidden", (2, seq, hidden.shape[-1]), np.float32),
+            ("position_ids", (2, seq), np.int32))}
+        for row in range(2):
+            span = slice(starts[row], starts[row] + lengths[row])
+            feeds["inputs_embeds"][row, :lengths[row]] = embeds[row, span].numpy()
+            feeds["hidden"][row, :lengths[row]] = hidden[row, span].numpy()
+            feeds["position_ids"][row, :lengths[row]] = np.arange(span.start, span.stop)
+        feeds.update(past_lengths=np.array(starts, np.int32), query_lengths=np.array(lengths, np.int32),
+                     tree_mask=np.tril(np.ones((seq, seq), bool))[None].repeat(2, 0),
+                     logits_indices=np.arange(seq, dtype=np.int32)[None].repeat(2, 0),
+                     past_key_0=past_key, past_value_0=past_value)
+        logits, hidden_out, past_key, past_value = session.run(
+            ["logits", "hidden_out", "present_key_0", "present_value_0"], feeds)
+        assert logits.dtype == np.float32 and logits.shape == (2, seq, ref_logits.shape[-1])
+        for row in range(2):
+            span = slice(starts[row], starts[row] + lengths[row])
+            for name, got, want in (("logits", logits, ref_logits), ("hidden_out", hidden_out, ref_hidden)):
+                diff = float(np.abs(got[row, :lengths[row]] - want[row, span].numpy()).max())
+                worst[name] = max(worst[name], diff)
+            starts[row] += lengths[row]
+    print(f"max |engine - transformers|: logits {worst['logits']:.2e}, hidden_out {worst['hidden_out']:.2e} "
+          f"(logits up to {float(ref_logits.abs().max()):.1f})")
+    assert worst["logits"] < 1e-4 and worst["hidden_out"] < 1e-4, worst
+
+
+def test_build_writes_the_draft_component(mtp_model, engine):
+    manifest = json.loads((engine / "manifest.json").read_text())
+    draft, model = manifest["components"]["draft"], manifest["model"]
+    vocab = model["dims"]["vocab_size"]
+    assert model["eagle"] is None  # the base graph keeps no EAGLE taps
+    assert manifest["build_config"]["mtp"] is True
+    assert {k: draft[k] for k in ("kind", "graph", "tensors", "max_draft_tree_size", "max_verify_tree_size",
+                                  "draft_vocab_size", "source_format")} == {
+        "kind": "mtp", "graph": "draft/model.onnx", "tensors": "draft/tensors.safetensors",
+        "max_draft_tree_size": 8, "max_verify_tree_size": 8, "draft_vocab_size": vocab, "source_format": "mtp"}
+    # the base's full-attention layer geometry: Qwen3.5's partial rotary (a quarter of head_dim 64)
+    full = next(layer for layer in model["layers"] if layer["kind"] == "full")
+    assert draft["layers"] == [full] and draft["layers"][0]["rotary"]["dims"] == 16
+    assert (engine / draft["engine"]).is_file()
+    tensors = load_numpy(str(engine / draft["tensors"]))
+    assert set(tensors) == {"d2t"}  # no fc: the head's fc is in its graph
+    assert tensors["d2t"].dtype == np.int64 and tensors["d2t"].shape == (vocab,) and not tensors["d2t"].any()
+
+
+def _refusal(tmp_path, model, **settings) -> str:
+    with pytest.raises(BuildError) as caught:
+        build_engine(BuildConfig(model=str(model), output_dir=str(tmp_path / "out"), max_batch_size=1,
+                                 max_input_len=16, max_kv_cache_capacity=32, mtp=True, **settings), progress=False)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("mtp: "), message
+    return message
+
+
+def test_refusals_name_mtp(tmp_path, mtp_model, family_model, tiny_model):
+    assert "draft:" in _refusal(tmp_path, mtp_model, draft=DraftBuildConfig(model=str(tmp_path / "draft")))
+    assert "LlamaForCausalLM" in _refusal(tmp_path, tiny_model("llama"))
+    assert "mtp_num_hidden_layers is None, 0 mtp.* tensors" in _refusal(tmp_path, family_model("qwen3_5"))
+    two = shutil.copytree(mtp_model, tmp_path / "two")
+    settings = json.loads((two / "config.json").read_text())
+    (two / "config.json").write_text(json.dumps({**settings, "mtp_num_hidden_layers": 2}))
+    assert "2 MTP layers" in _refusal(tmp_path, two)
+    vlm = family_assets.make_qwen3_5_vlm(family_model("qwen3_5"), tmp_path / "vlm")
+    assert "multimodal" in _refusal(tmp_path, vlm)
