@@ -56,6 +56,7 @@ def build_engine(config: BuildConfig, progress: bool = True, export_only: bool =
     """Build the engine directory described by `config` (or only its bundle); returns its path."""
     from trt_llm.build.bundle import export_bundle
     from trt_llm.build.eagle.stage import check_draft_source
+    from trt_llm.build.pooling import write_pooling
 
     tensorrt_version = None
     if export_only:
@@ -73,6 +74,7 @@ def build_engine(config: BuildConfig, progress: bool = True, export_only: bool =
             check_draft_source(config)
             config = drop_unused_sections(config)
             manifest = export_bundle(config, staging, steps)
+            write_pooling(config.model, staging / "tokenizer")  # embeddings' default (build/pooling.py)
             if not export_only:
                 # the export's max_input_len: an encoder-decoder's is cut to its decoder positions
                 options = CompileOptions(config.backend, config.max_batch_size, manifest["limits"]["max_input_len"],

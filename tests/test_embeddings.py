@@ -1,0 +1,126 @@
+"""Embeddings (issue 46 item 4): the engine's final_hidden_states pooled at the last token or averaged,
+L2-normalised, against transformers' post-norm hidden states (model.model(...).last_hidden_state, the
+final norm's output for Llama-shaped models) pooled the same way in float64; prompts of ragged lengths
+in passes of the engine's max batch; a checkpoint's sentence-transformers pooling as the default; the
+input file's embedding requests; /v1/embeddings with the official client."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from trt_llm.runtime.engine_dir import EngineDir
+from trt_llm.runtime.requests.embeddings import Embedder, EmbeddingError
+from trt_llm.runtime.requests.loaded_engine import LoadedEngine
+
+COSINE = 0.9999
+# Ragged, more prompts than the engine's max batch (4): two passes, rows padded to the longest of each
+LENGTHS = (1, 7, 40, 3, 19, 64, 2)
+
+
+def hf_vectors(model_dir, prompts: list[list[int]], pooling: str) -> np.ndarray:
+    """transformers' last hidden state (after the final norm), each prompt alone, pooled and normalised."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    out = []
+    with torch.no_grad():
+        for ids in prompts:
+            hidden = model.model(input_ids=torch.tensor([ids])).last_hidden_state[0].double().numpy()
+            vector = hidden[-1] if pooling == "last" else hidden.mean(axis=0)
+            out.append(vector / np.linalg.norm(vector))
+    return np.array(out)
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model, build_engine_for):
+    model = tiny_model("llama")
+    return model, LoadedEngine(EngineDir.open(build_engine_for(model)), threads=1)
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_tiny_llama_is_transformers_pooled(tiny, pooling):
+    model, loaded = tiny
+    rng = np.random.default_rng(0)
+    vocab = loaded.model.vocab_size
+    prompts = [rng.integers(3, vocab, size=n).tolist() for n in LENGTHS]
+    got = Embedder.of(loaded).embed(prompts, pooling)
+    assert got.dtype == np.float32 and got.shape == (len(prompts), loaded.model.dims["hidden_size"])
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    measured = cosines(got.astype(np.float64), hf_vectors(model, prompts, pooling))
+    print(f"tiny llama {pooling}: 1 - min cosine {1 - measured.min():.2e}")
+    assert measured.min() > COSINE, measured
+    # the other pooling is another vector (the test tells them apart)
+    other = Embedder.of(loaded).embed(prompts, "mean" if pooling == "last" else "last")
+    assert cosines(got, other)[1:].max() < 0.99
+
+
+def test_smollm2_is_transformers_pooled(smollm2_dir, smollm2_engine):
+    loaded = LoadedEngine(EngineDir.open(smollm2_engine), threads=2)
+    texts = ["The capital of France is Paris.", "Embeddings map text to vectors.",
+             "A much longer passage about the weather, which was sunny in the morning and rainy in the "
+             "afternoon, so that everyone who had left their umbrella at home got wet on the way back.", "Hi",
+             "def add(a, b):\n    return a + b\n"]
+    prompts = [loaded.tokenizer.encode(t) for t in texts]
+    embedder = Embedder.of(loaded)
+    for pooling in ("last", "mean"):
+        measured = cosines(embedder.embed(prompts, pooling).astype(np.float64), hf_vectors(smollm2_dir, prompts, pooling))
+        print(f"SmolLM2 {pooling}: 1 - min cosine {1 - measured.min():.2e}")
+        assert measured.min() > COSINE, measured
+
+
+def test_what_cannot_be_embedded_is_refused_in_one_line(tiny, monkeypatch):
+    _, loaded = tiny
+    embedder = Embedder.of(loaded)
+    limit = loaded.limits["max_input_len"]
+    cases = [([], "input: no texts to embed"), ([[5], []], "input[1]: empty"),
+             ([[5] * (limit + 1)], f"input: {limit + 1} tokens, over the engine's max_input_len {limit}"),
+             ([[5], [loaded.model.vocab_size]], "input[1]: token ids must be in"),
+             ([[5]] * 2049, "input: 2049 texts, at most 2048")]
+    for prompts, message in cases:
+        with pytest.raises(EmbeddingError, match="^" + message.replace("[", r"\[").replace("]", r"\]")):
+            embedder.embed(prompts)
+    with pytest.raises(EmbeddingError, match="^pooling: 'cls' is not one of last, mean"):
+        embedder.embed([[5]], "cls")
+    # an engine whose graph has no final_hidden_states (built before it)
+    monkeypatch.setattr(loaded.model.engine, "provides", lambda name: False)
+    with pytest.raises(EmbeddingError, match="^this engine's graph has no final_hidden_states output"):
+        Embedder.of(loaded).embed([[5]])
+
+
+def with_pooling_config(model_dir, folder, modes: dict) -> str:
+    """A copy of a checkpoint with a sentence-transformers modules.json and 1_Pooling/config.json."""
+    shutil.copytree(model_dir, folder)
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    (folder / "1_Pooling").mkdir()
+    config = {"word_embedding_dimension": 64, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": False,
+              "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False,
+              "pooling_mode_weightedmean_tokens": False, "pooling_mode_lasttoken": False, "include_prompt": True}
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({**config, **modes}))
+    return str(folder)
+
+
+def test_a_sentence_transformers_pooling_config_sets_the_default(tiny, build_engine_for, tmp_path):
+    from trt_llm.build.pooling import checkpoint_pooling
+
+    model, loaded = tiny
+    mean_dir = with_pooling_config(model, tmp_path / "mean", {"pooling_mode_mean_tokens": True})
+    assert checkpoint_pooling(mean_dir) == "mean"
+    assert checkpoint_pooling(with_pooling_config(model, tmp_path / "last", {"pooling_mode_lasttoken": True})) == "last"
+    assert checkpoint_pooling(with_pooling_config(model, tmp_path / "cls", {"pooling_mode_cls_token": True})) is None
+    assert checkpoint_pooling(model) is None and Embedder.of(loaded).default_pooling == "last"
+    engine = build_engine_for(mean_dir)
+    assert json.loads((engine / "tokenizer" / "pooling.json").read_text())["pooling"] == "mean"
+    mean_engine = Embedder.of(LoadedEngine(EngineDir.open(engine), threads=1))
+    assert mean_engine.default_pooling == "mean"
+    prompts = [[5, 6, 7, 8], [9, 10]]
+    np.testing.assert_allclose(mean_engine.embed(prompts), Embedder.of(loaded).embed(prompts, "mean"), atol=1e-6)
