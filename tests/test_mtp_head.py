@@ -1,7 +1,8 @@
 """Qwen3.5's multi-token-prediction head built as the engine's draft (`mtp: true`, build/mtp/): the
 exported step against a reference made of transformers' own modules (its decoder layer as a full
 attention layer, its RMSNorms, the base's rotary tables and LM head), on a first chunk and on a
-second chunk over the first one's cache; the manifest's entries; each refusal one line naming mtp."""
+second chunk over the first one's cache, and chained after the base engine's final_hidden_states as
+the runtime will run it; the manifest's entries; each refusal one line naming mtp."""
 
 import copy
 import json
@@ -35,42 +36,62 @@ def engine(mtp_model, build_engine_for):
     return build_engine_for(mtp_model, mtp=True)
 
 
-def reference(model_dir, ids):
-    """(inputs_embeds, hidden, logits, hidden_out) of the MTP step at every t < TOKENS - 1, whole
-    sequence at once: transformers' Qwen3_5DecoderLayer (full attention) with the mtp.layers.0 weights,
-    three Qwen3_5RMSNorms and fc, the base's rotary embedding and LM head (vLLM's Qwen3_5MTP)."""
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    config = copy.deepcopy(base.config)
-    config.layer_types, config.num_hidden_layers, config._attn_implementation = ["full_attention"], 1, "eager"
-    tensors = {k: v for k, v in load_file(str(model_dir / "model.safetensors")).items() if k.startswith("mtp.")}
-    layer = Qwen3_5DecoderLayer(config, 0).eval()
-    layer.load_state_dict({k[len("mtp.layers.0."):]: v for k, v in tensors.items() if k.startswith("mtp.layers.0.")})
-    norms = {}
-    for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
-        norms[name] = Qwen3_5RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        norms[name].weight.data.copy_(tensors[f"mtp.{name}.weight"])
-    fc = torch.nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
-    fc.weight.data.copy_(tensors["mtp.fc.weight"])
-    with torch.no_grad():
-        final = base.model(input_ids=ids).last_hidden_state  # after the base's final norm
-        embeds, hidden = base.model.embed_tokens(ids[:, 1:]), final[:, :-1]
-        x = fc(torch.cat([norms["pre_fc_norm_embedding"](embeds), norms["pre_fc_norm_hidden"](hidden)], dim=-1))
+class Reference:
+    """The base and its MTP head written with transformers' own modules (vLLM's Qwen3_5MTP): the head is
+    Qwen3_5DecoderLayer (full attention) holding the mtp.layers.0 weights, three Qwen3_5RMSNorms and fc,
+    the base's rotary embedding and LM head, run over a whole sequence of head inputs at once."""
+
+    def __init__(self, model_dir):
+        self.base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        config = copy.deepcopy(self.base.config)
+        config.layer_types, config.num_hidden_layers, config._attn_implementation = ["full_attention"], 1, "eager"
+        tensors = {k: v for k, v in load_file(str(model_dir / "model.safetensors")).items() if k.startswith("mtp.")}
+        self.layer = Qwen3_5DecoderLayer(config, 0).eval()
+        self.layer.load_state_dict({k[len("mtp.layers.0."):]: v for k, v in tensors.items()
+                                    if k.startswith("mtp.layers.0.")})
+        self.norms = {}
+        for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+            self.norms[name] = Qwen3_5RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+            self.norms[name].weight.data.copy_(tensors[f"mtp.{name}.weight"])
+        self.fc = torch.nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
+        self.fc.weight.data.copy_(tensors["mtp.fc.weight"])
+
+    @torch.no_grad()
+    def final_hidden(self, ids):
+        """The base's hidden states after its final norm (what the head takes) [B, S, H]."""
+        return self.base.model(input_ids=ids).last_hidden_state
+
+    @torch.no_grad()
+    def embed(self, ids):
+        return self.base.model.embed_tokens(ids)
+
+    @torch.no_grad()
+    def head(self, embeds, hidden):
+        """(logits, out after mtp.norm) of head inputs i = (embedding of token i + 1, hidden at i), causal."""
+        x = self.fc(torch.cat([self.norms["pre_fc_norm_embedding"](embeds), self.norms["pre_fc_norm_hidden"](hidden)],
+                              dim=-1))
         batch, seq, _ = x.shape
         positions = torch.arange(seq)[None].expand(batch, seq)
         mask = torch.full((seq, seq), float("-inf")).triu(1)[None, None]
-        x = layer(x, position_embeddings=base.model.rotary_emb(x, positions), attention_mask=mask,
-                  position_ids=positions)
-        out = norms["norm"](x)
-        return embeds, hidden, base.lm_head(out), out
+        x = self.layer(x, position_embeddings=self.base.model.rotary_emb(x, positions), attention_mask=mask,
+                       position_ids=positions)
+        out = self.norms["norm"](x)
+        return self.base.lm_head(out), out
 
 
-def test_head_matches_transformers_over_two_chunks(mtp_model, engine):
+@pytest.fixture(scope="module")
+def reference(mtp_model):
+    return Reference(mtp_model)
+
+
+def test_head_matches_transformers_over_two_chunks(reference, engine):
     from trt_llm.runtime.backends.ort_engine import OrtEngine
     from trt_llm.runtime.engine_dir import EngineDir
 
     torch.manual_seed(3)
     ids = torch.randint(0, 5000, (2, TOKENS))
-    embeds, hidden, ref_logits, ref_hidden = reference(mtp_model, ids)
+    embeds, hidden = reference.embed(ids[:, 1:]), reference.final_hidden(ids)[:, :-1]
+    ref_logits, ref_hidden = reference.head(embeds, hidden)
     engine_dir = EngineDir.open(engine)
     # the project's cpu session over the compiled draft (its custom ops lowered, the offline graph)
     session = OrtEngine(engine_dir.component_path("draft", "engine"), engine_dir.layers("draft")).session
@@ -106,6 +127,59 @@ def test_head_matches_transformers_over_two_chunks(mtp_model, engine):
     print(f"max |engine - transformers|: logits {worst['logits']:.2e}, hidden_out {worst['hidden_out']:.2e} "
           f"(logits up to {float(ref_logits.abs().max()):.1f})")
     assert worst["logits"] < 1e-4 and worst["hidden_out"] < 1e-4, worst
+
+
+def test_engines_chain_as_the_runtime_will(reference, engine):
+    """The path speculation takes, through the project's engines: the base's prefill gives
+    final_hidden_states (as transformers' last_hidden_state), the head's first step pairs the tokens 1..n
+    (the last one the base's next token) with them, its second step takes the first's draft token and
+    its own hidden_out; each step's logits as transformers' head over the same inputs."""
+    from trt_llm.runtime.backends.embedding import engine_embedding
+    from trt_llm.runtime.backends.engines import open_engine
+    from trt_llm.runtime.engine.step import Step
+    from trt_llm.runtime.engine_dir import EngineDir
+
+    torch.manual_seed(4)
+    ids = torch.randint(0, 5000, (1, 10))
+    n, engine_dir = ids.shape[1], EngineDir.open(engine)
+    table, hidden_size = engine_embedding(engine_dir), engine_dir.dims["hidden_size"]
+    base, head = open_engine(engine_dir, component="llm"), open_engine(engine_dir, component="draft")
+    vocab = engine_dir.dims["vocab_size"]
+
+    final = np.zeros((1, n, hidden_size), np.float32)
+    step = Step(table[ids.numpy()], np.arange(n, dtype=np.int32)[None], np.zeros(1, np.int32),
+                np.array([n], np.int32), np.array([[n - 1]], np.int32), np.zeros((1, 1, vocab), np.float32),
+                outputs={"final_hidden_states": final})
+    base_logits = base.run(step, base.new_cache(1, CAPACITY))
+    want_final = reference.final_hidden(ids)
+    base_diff = float(np.abs(final - want_final.numpy()).max())
+    assert base_diff < 1e-4, base_diff
+    following = torch.tensor([[int(base_logits[0, 0].argmax())]])  # the token the base emits after the prompt
+
+    def head_step(tokens, hidden, past, cache):
+        seq = tokens.shape[1]
+        logits, hidden_out = np.zeros((1, 1, vocab), np.float32), np.zeros((1, seq, hidden_size), np.float32)
+        step = Step(table[tokens.numpy()], np.arange(past, past + seq, dtype=np.int32)[None],
+                    np.array([past], np.int32), np.array([seq], np.int32), np.array([[seq - 1]], np.int32), logits,
+                    inputs={"hidden": hidden, "tree_mask": np.tril(np.ones((1, seq, seq), bool))},
+                    outputs={"hidden_out": hidden_out})
+        head.run(step, cache)
+        return logits[0, 0], hidden_out
+
+    cache = head.new_cache(1, CAPACITY)
+    tokens = torch.cat([ids[:, 1:], following], dim=1)  # token i + 1 beside the base's hidden state at i
+    first, hidden_out = head_step(tokens, final, 0, cache)
+    drafted = torch.tensor([[int(first.argmax())]])
+    second, _ = head_step(drafted, hidden_out[:, -1:], n, cache)  # chained: its own hidden_out
+
+    embeds = reference.embed(torch.cat([tokens, drafted], dim=1))
+    ref_logits, ref_out = reference.head(embeds[:, :n], want_final)
+    ref_second, _ = reference.head(embeds, torch.cat([want_final, ref_out[:, -1:]], dim=1))
+    diffs = (float(np.abs(first - ref_logits[0, -1].numpy()).max()),
+             float(np.abs(second - ref_second[0, -1].numpy()).max()))
+    print(f"engines chained: max |final_hidden_states - transformers| {base_diff:.2e}; |logits - transformers| "
+          f"first step {diffs[0]:.2e}, second {diffs[1]:.2e}")
+    assert max(diffs) < 1e-4, diffs
 
 
 def test_build_writes_the_draft_component(mtp_model, engine):
