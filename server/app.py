@@ -5,6 +5,7 @@
     POST /v1/chat/completions    chat (the chat template applies), streamed with SSE on request
     POST /v1/completions         a raw prompt
     POST /v1/audio/transcriptions  speech to text on a Whisper engine (server/transcriptions.py)
+    POST /v1/embeddings          the final norm's hidden states, pooled and L2-normalised (server/embeddings.py)
     POST /v1/messages            Anthropic's Messages API on the chat path (server/anthropic.py; its errors
                                  in Anthropic's shape)
     GET  /metrics                Prometheus text format
@@ -51,7 +52,8 @@ log = logging.getLogger(__name__)
 
 # The routes /metrics counts answers of (trt_llm_requests, by route and status), whatever answered:
 # the route, a refused body (400), the key check (401) or the size limit (413).
-COUNTED_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/audio/transcriptions", "/v1/messages")
+COUNTED_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/audio/transcriptions", "/v1/messages",
+                  "/v1/embeddings")
 CLIENT_GONE = 499  # the status counted for a client that left before its answer (nginx's "client closed request")
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -289,6 +291,9 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
     from trt_llm.server.transcriptions import add_transcriptions  # it imports this module's HttpError
 
     add_transcriptions(app, runner, metrics, config, _enqueue, _next)
+    from trt_llm.server.embeddings import add_embeddings  # it imports this module's HttpError
+
+    add_embeddings(app, runner, engine, config, metrics)
     _add_limits(app, config, metrics)
     from trt_llm.server.anthropic import add_messages  # after the limits: its error shape wraps theirs
 

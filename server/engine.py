@@ -58,6 +58,29 @@ class Job:
             pass
 
 
+@dataclass(eq=False)
+class Work:
+    """Engine work beside the core's requests (embeddings, server/embeddings.py): `passes` a generator that
+    runs one engine pass a next() and returns its result; the engine thread runs one pass between two
+    steps, so streams keep their pace and the engine is never run from two threads."""
+    passes: object
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+
+    def settle(self, result=None, error: BaseException | None = None) -> None:
+        def set_it():
+            if self.future.done():  # (cancelled: its client left)
+                return
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                self.future.set_result(result)
+        try:
+            self.loop.call_soon_threadsafe(set_it)
+        except RuntimeError:  # its event loop is closed: nobody waits for it
+            pass
+
+
 class ServingEngine:
     def __init__(self, runner, max_rows: int, max_waiting: int, metrics, save_prefixes: bool = True):
         """runner: a runtime.requests.runner.Runner (the model, its draft, the preparer, the context
@@ -69,6 +92,7 @@ class ServingEngine:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._jobs: dict[int, Job] = {}  # in the core (engine thread only)
+        self._work: list[Work] = []  # embeddings in progress, first first (engine thread only)
         self._pending: set[int] = set()  # submitted and not yet admitted to a row (for 429s)
         self._lock = threading.Lock()
         self._stop = False
@@ -97,6 +121,13 @@ class ServingEngine:
         self._inbox.put(("add", job))
         self._wake.set()
 
+    def run_passes(self, work: Work) -> None:
+        """Queue `work` on the engine thread; its future holds the result."""
+        if self._stop:
+            raise EngineStopped("the server is shutting down")
+        self._inbox.put(("work", work))
+        self._wake.set()
+
     def abort(self, job: Job) -> None:
         self._inbox.put(("abort", job))
         self._wake.set()
@@ -117,6 +148,11 @@ class ServingEngine:
             if action == "add":
                 job.send(Update([], "", finished=True, error=why))
                 self._not_pending([job.id])
+            elif action == "work":
+                job.settle(error=EngineStopped(why))
+        for work in self._work:
+            work.settle(error=EngineStopped(why))
+        self._work.clear()
 
     # -- the engine thread ------------------------------------------------------------------------
 
@@ -126,7 +162,11 @@ class ServingEngine:
             while not self._stop:
                 try:
                     self._drain(core)
+                    if self._work:
+                        self._one_pass()
                     if not core.has_unfinished():
+                        if self._work:
+                            continue
                         self._wake.wait(timeout=1.0)
                         self._wake.clear()
                         continue
@@ -142,6 +182,22 @@ class ServingEngine:
                     log.info("the step's traceback:", exc_info=True)
                     self._fail_all(f"the engine failed: {error}")
                     core = self.core = self.runner.engine_core(self.max_rows, "continuous")
+
+    def _one_pass(self) -> None:
+        """The first work's next engine pass; its result or its error (its alone) when it is done."""
+        work = self._work[0]
+        if work.future.cancelled():  # its client is no longer waiting (--request-timeout)
+            work.passes.close()
+            self._work.pop(0)
+            return
+        try:
+            next(work.passes)
+            return
+        except StopIteration as done:
+            work.settle(done.value)
+        except Exception as error:  # noqa: BLE001 - this work fails, serving goes on
+            work.settle(error=error)
+        self._work.pop(0)
 
     def _fail_all(self, why: str) -> None:
         for job in self._jobs.values():
@@ -160,7 +216,9 @@ class ServingEngine:
                 action, job = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if action == "add":
+            if action == "work":
+                self._work.append(job)
+            elif action == "add":
                 p = job.prepared
                 p.save_group = self.save_prefixes  # the server's policy, not a batch's
                 self._jobs[job.id] = job

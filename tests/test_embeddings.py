@@ -4,9 +4,11 @@ final norm's output for Llama-shaped models) pooled the same way in float64; pro
 in passes of the engine's max batch; a checkpoint's sentence-transformers pooling as the default; the
 input file's embedding requests; /v1/embeddings with the official client."""
 
+import base64
 import json
 import shutil
 
+import httpx
 import numpy as np
 import pytest
 
@@ -124,3 +126,92 @@ def test_a_sentence_transformers_pooling_config_sets_the_default(tiny, build_eng
     assert mean_engine.default_pooling == "mean"
     prompts = [[5, 6, 7, 8], [9, 10]]
     np.testing.assert_allclose(mean_engine.embed(prompts), Embedder.of(loaded).embed(prompts, "mean"), atol=1e-6)
+
+
+# --- /v1/embeddings with the official client -----------------------------------------------------------
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("uvicorn")
+
+
+@pytest.fixture(scope="module")
+def server(tiny):
+    from test_server import LiveServer
+    from trt_llm.runtime.requests.runner import Runner
+    from trt_llm.server.app import ServerConfig, create_app
+
+    _, loaded = tiny
+    runner = Runner(loaded.engine_dir, threads=1, scheduling="continuous")
+    live = LiveServer(create_app(runner, ServerConfig(model_name="tiny", max_rows=4)))
+    yield live
+    live.close()
+
+
+TEXTS = ["hello world", "a longer sentence about embeddings and vectors", "x", "the same text twice, twice",
+         "and a fifth one, past the max batch of four"]
+
+
+def test_the_endpoint_answers_transformers_vectors_as_float_and_base64(tiny, server):
+    model, loaded = tiny
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+    prompts = [loaded.tokenizer.encode(t) for t in TEXTS]
+    expected = hf_vectors(model, prompts, "last")
+    floats = client.embeddings.create(model="tiny", input=TEXTS, encoding_format="float")
+    assert [d.index for d in floats.data] == list(range(len(TEXTS)))
+    got = np.array([d.embedding for d in floats.data])
+    assert cosines(got, expected).min() > COSINE
+    assert floats.usage.prompt_tokens == floats.usage.total_tokens == sum(map(len, prompts))
+    # the client asks for base64 unless told otherwise, and decodes it: the same floats
+    packed = client.embeddings.create(model="tiny", input=TEXTS)
+    np.testing.assert_array_equal(np.array([d.embedding for d in packed.data], np.float32), got.astype(np.float32))
+    raw = httpx.post(f"{server.url}/v1/embeddings", json={"model": "tiny", "input": TEXTS[0],
+                                                         "encoding_format": "base64"}).json()
+    decoded = np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), "<f4")
+    np.testing.assert_array_equal(decoded, got[0].astype(np.float32))
+    # token ids, mean pooling (our extension, through the client's extra_body)
+    mean = client.embeddings.create(model="tiny", input=prompts[:2], encoding_format="float",
+                                    extra_body={"pooling": "mean"})
+    assert cosines(np.array([d.embedding for d in mean.data]), hf_vectors(model, prompts[:2], "mean")).min() > COSINE
+    assert client.embeddings.create(model="tiny", input=prompts[1], dimensions=loaded.model.dims["hidden_size"],
+                                    encoding_format="float").data[0].embedding == pytest.approx(got[1], abs=1e-6)
+
+
+def test_embeddings_beside_generation_leave_its_tokens_alone(server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+
+    def generate():
+        return client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=24, temperature=0).choices[0].text
+
+    def embed():
+        return np.array([d.embedding for d in client.embeddings.create(model="tiny", input=TEXTS * 4).data])
+
+    alone, vectors_alone = generate(), embed()
+    with ThreadPoolExecutor(6) as pool:
+        texts = [pool.submit(generate) for _ in range(3)]
+        vectors = [pool.submit(embed) for _ in range(3)]
+        assert [t.result() for t in texts] == [alone] * 3
+        for v in vectors:
+            np.testing.assert_allclose(v.result(), vectors_alone, atol=1e-6)
+
+
+@pytest.mark.parametrize("body, status, param, message", [
+    ({"input": ""}, 400, "input", "input: an empty string"),
+    ({"input": []}, 400, "input", "input: expected a non-empty string"),
+    ({"input": ["a", ""]}, 400, "input", "input[1]: an empty string"),
+    ({"input": ["a", 3]}, 400, "input", "input: texts and token id lists mixed"),
+    ({"input": ["a"] * 2049}, 400, "input", "input: 2049 texts, at most 2048 a request"),
+    ({"input": [[1, 2], [99999]]}, 400, "input", "input[1]: token ids must be in"),
+    ({"input": [[5] * 300]}, 400, "input", "input: 300 tokens, over the engine's max_input_len 256"),
+    ({"input": "a", "dimensions": 7}, 400, "dimensions", "dimensions: this model's embeddings have"),
+    ({"input": "a", "pooling": "cls"}, 400, "pooling", "pooling:"),
+    ({"input": "a", "encoding_format": "int8"}, 400, "encoding_format", "encoding_format:"),
+    ({"input": "a", "colour": 1}, 400, "colour", "colour:"),
+    ({"input": "a", "model": "other"}, 404, "model", "model 'other' is not served here"),
+])
+def test_bad_bodies_are_4xx_naming_the_field(server, body, status, param, message):
+    answer = httpx.post(f"{server.url}/v1/embeddings", json={"model": "tiny", **body}, timeout=30)
+    assert answer.status_code == status, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == param and error["message"].startswith(message), error
