@@ -95,10 +95,6 @@ def refuse_unsupported(graph, draft) -> None:
     from trt_llm.build.compile import BuildError
 
     long_rope = any(getattr(spec, "rotary", None) is not None and spec.rotary.long_rows for spec in graph.layer_specs)
-    if draft is not None and graph.windows:
-        # A tree's nodes sit in slots past their positions, and the window counts slots.
-        raise BuildError("draft: an EAGLE draft on a model with sliding-window layers is not supported yet; "
-                         "build without draft:")
     if draft is not None and long_rope:
         raise BuildError("draft: an EAGLE draft on a LongRoPE model is not supported (its draft turns by other "
                          "tables); build without draft:")

@@ -61,9 +61,6 @@ class HybridGraph(DecoderSkeleton):
                  weights=None):
         from trt_llm.build.compile import BuildError
 
-        if feature_layers is not None:
-            raise BuildError("draft: an EAGLE draft on a hybrid (recurrent) model is not supported: the rejected "
-                             "nodes of a tree would stay in the recurrent states; build without draft:")
         if {g for names in lora_groups for g in names} - {"gate_up", "down"}:
             raise BuildError(f"lora: {self.name}'s adapters go on its MLPs only; build without lora:")
         super().__init__(hf_model, family, max_positions, dtype, lora_groups, feature_layers, make_linear,

@@ -94,7 +94,10 @@ def restore(context: ContextCache, cache, row: int, s) -> int:
         context.stats["misses"] += plan.lookup
         return 0
     plan.committed = length
-    if plan.replay and length > plan.replay and all(b.draft_keys is not None for b in blocks):
+    trimmed = (length - plan.replay) // size  # the blocks restored under a replay; on a recurrent model the
+    # last of them must hold its states (they are snapshotted at some block ends only: snapshot_points)
+    if (plan.replay and length > plan.replay and all(b.draft_keys is not None for b in blocks)
+            and (not cache.recurrent or blocks[trimmed - 1].states is not None)):
         plan.draft_blocks = blocks
         length -= plan.replay
         blocks = blocks[: length // size]

@@ -16,7 +16,13 @@ greedy or sampled, and the draft only decides how many tokens one base pass yiel
  5. the accepted nodes' keys and values move to contiguous slots after the root's.
 
 A request that must not speculate (EngineRequest.speculate False) verifies its root alone: one
-token a round, vanilla's. The draft's tree nodes are recomputed at each level (the draft is one
+token a round, vanilla's.
+
+On a model with sliding-window or recurrent layers the tree is a chain (top-k 1, `draft_steps` deep):
+a chain's nodes sit in the slots of their positions, so a window counts them right, and a recurrent
+layer reads them in order; a row that refused part of its chain gets its recurrent states back and
+its accepted tokens passed again (recurrent.py). A tree there would put nodes in slots past their
+positions and run one branch's tokens through another's states. The draft's tree nodes are recomputed at each level (the draft is one
 layer) because the attention op sees every cached slot; the draft's KV pool, its rows aligned with
 the base pool's, only keeps the caught-up context between rounds.
 """
@@ -28,6 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trt_llm.runtime.decoding import recurrent
 from trt_llm.runtime.decoding.draft import Draft, SpecStats
 from trt_llm.runtime.sampling.grammar import mask_logits
 from trt_llm.runtime.engine.model import Model
@@ -68,8 +75,13 @@ class Eagle:
     # (reuse.ContextPlan.replay).
     replays_context = True
 
-    def __init__(self, draft: Draft, spec: SpecConfig, stats: SpecStats | None = None):
-        self.draft, self.spec = draft, spec
+    def __init__(self, draft: Draft, spec: SpecConfig, stats: SpecStats | None = None, chain: bool = False):
+        """chain: the base has sliding-window or recurrent layers (see above): the tree is the chain of
+        `spec.draft_steps` nodes (at most verify_tree_size - 1) whatever the spec's top-k."""
+        if chain:
+            steps = max(1, min(spec.draft_steps, spec.verify_tree_size - 1))
+            spec = SpecConfig(1, steps, steps + 1)
+        self.draft, self.spec, self.chain = draft, spec, chain
         self.stats = stats if stats is not None else SpecStats()
         self.extra_slots = spec.verify_tree_size + 1  # a verification writes the tree after the root
         self.cache = None  # the draft's KV pool
@@ -129,7 +141,8 @@ class Eagle:
             hidden_root = _draft_catch_up(self.draft, state, self.cache)
             _draft_tree(self.draft, state, self.cache, hidden_root, self.spec, biases, max_position)
         with core.stage("verify"):
-            sizes = [self.spec.verify_tree_size - 1 if r.speculate else 0 for r in running]
+            sizes = [self._size(core, request) for request in running]
+            states = recurrent.snapshots(core, [i for i, size in enumerate(sizes) if size]) if self.chain else {}
             logits, features, chosen = _verify(model, state, core.cache, sizes, core.lora_inputs, max_position)
         finished, emitted_total = [], 0
         with core.stage("accept"):
@@ -139,6 +152,8 @@ class Eagle:
                 if done:
                     finished.append(index)
                     continue
+                if index in states and len(path) < len(chosen[index]):
+                    recurrent.replay(core, index, [r.root, *emitted[:len(path)]], r.committed, states[index])
                 _commit(core.cache, index, r, path, chosen[index], emitted, features[index])
         self.stats.rounds += len(state)  # row-rounds: the mean accepted length is per sequence
         self.stats.emitted += emitted_total
@@ -147,6 +162,15 @@ class Eagle:
             core.profiler.count("spec_rounds", len(state))
             core.profiler.count("spec_emitted", emitted_total)
         return finished
+
+    def _size(self, core, request) -> int:
+        """How many drafted nodes row `request` verifies: the spec's tree, none where it must not
+        speculate, and a recurrent row's chain within its block (recurrent.block_room)."""
+        if not request.speculate:
+            return 0
+        size = self.spec.verify_tree_size - 1
+        room = recurrent.block_room(core, request.sequence) if self.chain else None
+        return size if room is None else min(size, room)
 
     def cached(self, core, index: int) -> int:
         return self.rows[index].committed  # the root and the rejected nodes are not the row's tokens
@@ -358,7 +382,8 @@ def _commit(cache, index: int, r: _Row, path: list[int], nodes: list[int], emitt
     """Keep the root and the accepted nodes in the base cache, contiguously; queue the draft."""
     position = {n: j + 1 for j, n in enumerate(nodes)}
     sources = [r.committed + position[n] for n in path]
-    cache.move_slots(index, sources, r.committed + 1)
+    if sources != list(range(r.committed + 1, r.committed + 1 + len(path))):  # (a chain's are in place)
+        cache.move_slots(index, sources, r.committed + 1)
     r.pending_tokens = emitted
     r.pending_features = features[[0] + [position[n] for n in path]].copy()
     r.committed += 1 + len(path)

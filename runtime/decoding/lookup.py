@@ -14,10 +14,8 @@ Each step, per decoding row:
     tokens accepted so far; while the sampled token is the proposed one the walk goes on, and the first
     that is not ends the step as the bonus token. Every emitted token is vanilla's, sampled or greedy: the
     proposals only decide how many one pass yields. The rejected tokens' keys and values lie past the
-    row's length, where the next pass overwrites them. Recurrent layers (Qwen3.5, LFM2) replace their
-    states at every token, so a row that refused some of its chain gets its states back from before the
-    pass (a snapshot) and a second pass of the tokens it took, alone (`_replay`); a row that took its whole
-    chain needs none.
+    row's length, where the next pass overwrites them. Recurrent layers (Qwen3.5, LFM2): a row that
+    refused some of its chain gets its states back and the tokens it took passed again (recurrent.py).
 
 Adaptive, per row: a step that accepts every proposed token doubles the row's budget (up to
 max_tokens), one that accepts none halves it; at zero the row stops proposing for `PAUSE` steps (then
@@ -37,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trt_llm.runtime.decoding import recurrent
 from trt_llm.runtime.engine.sequence import Sequence, append_token, record_step
 from trt_llm.runtime.engine.step import Step
 from trt_llm.runtime.sampling.grammar import mask_logits
@@ -144,10 +143,9 @@ class PromptLookup:
         limit = min(r.budget, s.max_new_tokens - len(s.generated) - 1)  # the bonus token is always one
         if model.long_rope is not None and s.length <= model.long_rope[0]:
             limit = min(limit, model.long_rope[0] - s.length)  # land at most one past the original context
-        plan = s.context
-        if core.cache.recurrent and plan is not None and plan.commit == "generated":
-            block = core.context.block_tokens  # stop at the block's end, where the states are snapshotted
-            limit = min(limit, block - s.length % block)
+        room = recurrent.block_room(core, s)  # (a recurrent row: its states are snapshotted at a block's end)
+        if room is not None:
+            limit = min(limit, room)
         r.sync()
         return r.index.propose(limit)
 
@@ -156,7 +154,7 @@ class PromptLookup:
         with core.stage("propose"):
             cap = max(1, PASS_TOKENS // len(running))
             proposals = [self._proposal(request, r, model, core)[:cap] for request, r in zip(running, self.rows)]
-            states = {i: core.cache.snapshot(i) for i, p in enumerate(proposals) if p and core.cache.recurrent}
+            states = recurrent.snapshots(core, [i for i, p in enumerate(proposals) if p])
         counts = np.array([1 + len(p) for p in proposals], dtype=np.int32)
         width, batch = int(counts.max()), len(running)
         tokens = np.zeros((batch, width), dtype=np.int64)
@@ -187,7 +185,7 @@ class PromptLookup:
                     proposed, accepted = proposed + len(proposal), accepted + taken
                     _adapt(r, len(proposal), taken, self.max_tokens)
                     if index in states and not done and taken < len(proposal):
-                        _replay(core, index, tokens[index, : 1 + taken], int(past[index]), states[index])
+                        recurrent.replay(core, index, tokens[index, : 1 + taken], int(past[index]), states[index])
         self.stats.rounds += rounds
         self.stats.proposed += proposed
         self.stats.accepted += accepted
@@ -198,26 +196,6 @@ class PromptLookup:
                                 ("lookup_accepted", accepted)):
                 core.profiler.count(name, value)
         return finished
-
-
-def _replay(core, index: int, tokens: np.ndarray, past: int, states: list) -> None:
-    """A recurrent row that refused part of its chain: its states back from before the pass, and the
-    tokens it took (its last token and the accepted ones) passed again, alone, to bring them to after
-    the last of them (the attention layers rewrite the same keys and values at the same slots)."""
-    model, width = core.model, len(tokens)
-    window = core.cache.window(index, index + 1)
-    window.load_states(0, states)
-    embeds, extras = model.embed(tokens[None])
-    step = Step(embeds, np.arange(past, past + width, dtype=np.int32)[None], np.array([past], np.int32),
-                np.array([width], np.int32), np.array([[width - 1]], np.int32),
-                np.empty((1, 1, model.vocab_size), dtype=np.float32))
-    step.inputs, step.outputs = model.eagle_io(1, width)
-    step.inputs.update(extras)
-    if model.positions_vary:
-        step.position_ids = model.positions([core.decoding[index].sequence], step.past_lengths, width)
-    step.inputs.update(model.decode_extras(1, width))
-    with core.stage("lookup_replay"):
-        model.engine.run(step, window, core.lora_rows(index, index + 1))
 
 
 def _matched(proposal: list[int], emitted: list[int]) -> int:

@@ -128,7 +128,9 @@ class LoadedEngine:
         engine's draft, prompt lookup, or (also where not `speculate`) vanilla decoding."""
         name = self.strategy_name(self.file_speculation) if speculate else "none"
         if name == "eagle":
-            strategy = Eagle(self.draft, self.spec, self.spec_stats)
+            # Sliding windows and recurrent layers take chains, not trees (decoding/eagle.py)
+            chain = any(layer.kind in ("sliding", "recurrent") for layer in self.engine_dir.layers())
+            strategy = Eagle(self.draft, self.spec, self.spec_stats, chain=chain)
         elif name == "prompt-lookup":
             strategy = PromptLookup(stats=self.lookup_stats)
         else:
