@@ -380,6 +380,33 @@ class Request(BaseModel):
     repetition_penalty: RepetitionPenalty | None = Field(
         None, description="Overrides the top-level repetition_penalty.")
     min_p: MinP | None = Field(None, description="Overrides the top-level min_p.")
+    task: Literal["generate", "embed"] = Field(
+        "generate", description="Extension: embed answers the embedding of the request's one message's text (no chat "
+        "template; the tokenizer's special tokens as for a prompt) in the response's embedding, instead of "
+        "generating: the final norm's hidden states pooled (`pooling`) and L2-normalised.")
+    pooling: Literal["last", "mean"] | None = Field(
+        None, description="With task embed: the last token's hidden state or the mean over the tokens; default: the "
+        "checkpoint's sentence-transformers pooling config, else last.")
+
+    @model_validator(mode="after")
+    def _embedding(self):
+        if self.task != "embed":
+            if self.pooling is not None:
+                raise PydanticCustomError("pooling", "pooling: only with task embed")
+            return self
+        media = sum(part.type != "text" for message in self.messages for part in message.parts())
+        if len(self.messages) != 1 or media:
+            raise PydanticCustomError("messages", "messages: task embed takes one message of text (got {n} messages, "
+                                      "{media} non-text parts)", {"n": len(self.messages), "media": media})
+        given = [name for name in ("tools", "lora_name", "response_format", "guided_decoding")
+                 if getattr(self, name) is not None]
+        if given:
+            raise PydanticCustomError("task", "{names}: not with task embed", {"names": ", ".join(given)})
+        return self
+
+    def embedding_text(self) -> str:
+        """task embed: the text its message's parts make."""
+        return "".join(part.text for part in self.messages[0].parts())
 
     @model_validator(mode="after")
     def _one_constraint(self):

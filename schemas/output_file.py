@@ -73,6 +73,9 @@ class Response(BaseModel):
     language: str | None = Field(None, description="A Whisper transcription's language (ISO 639-1), given or "
                                  "detected.")
     duration: float | None = Field(None, ge=0, description="A Whisper transcription's clip, in seconds.")
+    embedding: list[float] | None = Field(
+        None, description="Extension: a request of task embed's vector (float32 values, L2-normalised); its "
+        "prompt_tokens the tokens embedded, its finish_reason end-of-sequence.")
 
     @model_validator(mode="after")
     def _error_has_reason(self) -> Response:

@@ -215,3 +215,47 @@ def test_bad_bodies_are_4xx_naming_the_field(server, body, status, param, messag
     assert answer.status_code == status, answer.text
     error = answer.json()["error"]
     assert error["param"] == param and error["message"].startswith(message), error
+
+
+# --- the input file's task embed ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("scheduling", ["static", "continuous"])
+def test_input_file_embedding_requests_answer_beside_generation(tiny, tmp_path, scheduling):
+    from trt_llm.runtime.requests.runner import Runner
+    from trt_llm.schemas.input_file import load_input_file
+
+    model, loaded = tiny
+    limit = loaded.limits["max_input_len"]
+
+    def embed(text, **extra):
+        return {"messages": [{"role": "user", "content": text}], "task": "embed", **extra}
+
+    chat = {"messages": [{"role": "user", "content": "Tell me a story"}]}
+    requests = [embed("first text"), chat, embed("second, mean", pooling="mean"), embed("word " * (limit + 10)),
+                {**embed("x"), "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]},
+                embed([{"type": "text", "text": "in "}, {"type": "text", "text": "parts"}]), chat]
+    path = tmp_path / "input.json"
+    path.write_text(json.dumps({"batch_size": 2, "temperature": 0.0, "max_generate_length": 8, "requests": requests}))
+    file = load_input_file(path)
+    output = Runner(loaded.engine_dir, threads=1, scheduling=scheduling).run(file, file.settings)
+    out, written = output.responses, json.loads(output.to_json())["responses"]
+    assert written[0]["embedding"] == out[0].embedding and "embedding" not in written[1]
+    assert [r.request_idx for r in out] == list(range(len(requests)))
+    for i, pooling, text in ((0, "last", "first text"), (2, "mean", "second, mean"), (5, "last", "in parts")):
+        ids = loaded.tokenizer.encode(text)
+        assert out[i].finish_reason == "end-of-sequence" and out[i].prompt_tokens == len(ids)
+        assert out[i].output_text == "" and out[i].batch_idx == i % 2
+        assert cosines(np.array([out[i].embedding]), hf_vectors(model, [ids], pooling))[0] > COSINE
+    assert out[3].finish_reason == "error" and out[3].error.startswith("requests[3].messages: ")
+    assert f"over the engine's max_input_len {limit}" in out[3].error
+    assert out[4].error == "requests[4]: messages: task embed takes one message of text (got 2 messages, 0 non-text parts)"
+    # the generation requests are answered as they are without the embeddings beside them
+    assert out[1].embedding is None and out[1].generated_tokens > 0 and out[1].output_text == out[6].output_text
+    alone = Runner(loaded.engine_dir, threads=1).run(load_input_file(_only(tmp_path, chat)), file.settings).responses
+    assert out[1].output_token_ids == alone[0].output_token_ids
+
+
+def _only(folder, request):
+    path = folder / "alone.json"
+    path.write_text(json.dumps({"temperature": 0.0, "max_generate_length": 8, "requests": [request]}))
+    return path

@@ -30,6 +30,9 @@ def run_continuous(runner, loaded, settings, formatter, responses: list) -> None
     pending: deque = deque()
     for index, slot in enumerate(loaded.requests):
         messages = loaded.messages(index)
+        if index in runner.answered:  # an embedding request (runner.run answered it)
+            responses.append(runner.answered[index])
+            continue
         if isinstance(slot, RequestError):
             responses.append(runner.error(index, index % size, slot.message, messages))
             continue

@@ -155,3 +155,43 @@ class Embedder:
             lora = batch_inputs([None] * batch, self.lora_layout, model.embedding.dtype)
         model.engine.run(step, cache, lora)
         return hidden
+
+
+def answer_embeddings(loaded_engine, loaded, settings) -> dict:
+    """The responses of an input file's requests of task embed (schemas/input_file.Request), by request
+    index: each one's vector, or its error alone (a text over max_input_len, an engine without the output);
+    batched by pooling, max_batch_size prompts a pass. `loaded_engine`: the Runner (a LoadedEngine)."""
+    from trt_llm.schemas.input_file import RequestError
+    from trt_llm.schemas.output_file import Response
+
+    asked = [(i, slot) for i, slot in enumerate(loaded.requests)
+             if not isinstance(slot, RequestError) and slot.task == "embed"]
+    if not asked:
+        return {}
+    embedder = Embedder.of(loaded_engine)
+    answers, by_pooling = {}, {}
+    for index, request in asked:
+        batch_idx = index % settings.batch_size
+        try:
+            if embedder.why_not:
+                raise EmbeddingError(f"task: {embedder.why_not}")
+            prompt = loaded_engine.tokenizer.encode(request.embedding_text())
+            embedder.check([prompt], "messages")
+        except EmbeddingError as error:
+            answers[index] = loaded_engine.error(index, batch_idx, f"requests[{index}].{error}", loaded.messages(index))
+            continue
+        by_pooling.setdefault(request.pooling or embedder.default_pooling, []).append((index, prompt))
+    for pooling, items in by_pooling.items():
+        try:
+            vectors = embedder.embed([prompt for _, prompt in items], pooling)
+        except Exception as error:  # noqa: BLE001 - the engine failed: these requests fail, the run goes on
+            for index, _ in items:
+                answers[index] = loaded_engine.error(index, index % settings.batch_size,
+                                                     f"requests[{index}]: embedding failed: {error}",
+                                                     loaded.messages(index))
+            continue
+        for (index, prompt), vector in zip(items, vectors):
+            answers[index] = Response(request_idx=index, batch_idx=index % settings.batch_size, output_text="",
+                                      finish_reason="end-of-sequence", messages=loaded.messages(index),
+                                      prompt_tokens=len(prompt), embedding=vector.tolist())
+    return answers

@@ -47,6 +47,7 @@ class Runner(LoadedEngine):
         super().__init__(engine_dir, threads, prefix_cache, profiler, spec, spec_decode, context_reuse,
                          prefill_chunk, latency_target, speculation)
         self.scheduling = scheduling
+        self.answered: dict[int, Response] = {}  # the run's embedding requests, answered before the rest
 
     def run(self, loaded: LoadedInput, settings: InputSettings,
             finished: list[Response] | None = None) -> OutputFile:
@@ -61,6 +62,9 @@ class Runner(LoadedEngine):
             raise RunError(str(error)) from None
         self.file_speculation = settings.speculation
         formatter = self.formatter(settings, loaded.source)
+        from trt_llm.runtime.requests.embeddings import answer_embeddings
+
+        self.answered = answer_embeddings(self, loaded, settings)  # (task embed: no generation)
         responses = [] if finished is None else finished
         if self.scheduling == "continuous":
             from trt_llm.runtime.requests.continuous import run_continuous
@@ -88,6 +92,9 @@ class Runner(LoadedEngine):
         with (self.profiler.stage("prepare") if self.profiler else nullcontext()):
             for batch_idx, slot in enumerate(batch):
                 index = batch_start + batch_idx
+                if index in self.answered:
+                    results[index] = self.answered[index]
+                    continue
                 if isinstance(slot, RequestError):
                     results[index] = self.error(index, batch_idx, slot.message, slot.raw_messages())
                     continue
