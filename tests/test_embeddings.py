@@ -259,3 +259,52 @@ def _only(folder, request):
     path = folder / "alone.json"
     path.write_text(json.dumps({"temperature": 0.0, "max_generate_length": 8, "requests": [request]}))
     return path
+
+
+# --- the TensorRT engine's binding of the output, on test_cuda_graphs' simulated device ------------------
+
+def test_the_tensorrt_engine_binds_final_hidden_states_asked_or_not():
+    """TensorRT runs only with every output bound: a step that does not fetch final_hidden_states gets a
+    scratch buffer, one that does gets the rows back (here the simulated plan writes the new tokens' embeddings
+    there, so each vector is its last or mean embedding row, normalised)."""
+    import test_cuda_graphs as sim
+    from trt_llm.runtime.backends.trt_engine import TrtEngine
+    from trt_llm.runtime.engine.model import Model
+    from trt_llm.schemas.graph_spec import FINAL_HIDDEN
+
+    dtypes = {**sim.DTYPES, FINAL_HIDDEN: "f4"}
+
+    class Context(sim.FakeContext):
+        def execute_async_v3(self, stream):
+            assert FINAL_HIDDEN in self.addresses  # (TensorRT: every output needs an address)
+            batch, seq, hidden = self.shapes["inputs_embeds"]
+            embeds = self.cudart.read(self.addresses["inputs_embeds"], batch * seq * hidden * 4)
+            self.cudart.write(self.addresses[FINAL_HIDDEN], embeds)
+            return super().execute_async_v3(stream)
+
+    class Plan(sim.FakeEngine):
+        num_io_tensors = len(dtypes)
+
+        def create_execution_context(self):
+            return Context(self.cudart)
+
+        def get_tensor_name(self, i):
+            return list(dtypes)[i]
+
+        def get_tensor_dtype(self, name):
+            return dtypes[name]
+
+    engine = TrtEngine.__new__(TrtEngine)
+    cudart = sim.FakeCudart()
+    engine._setup(sim.FakeTrt, cudart, Plan(cudart), 1, "tensorrt", False)
+    assert engine.provides(FINAL_HIDDEN) and not engine.provides("hidden_states")
+    table = np.random.default_rng(1).normal(size=(sim.VOCAB, sim.HIDDEN)).astype(np.float32)
+    model = Model(engine, table, {"vocab_size": sim.VOCAB, "hidden_size": sim.HIDDEN}, eos_token_ids=[sim.VOCAB + 1])
+    generated, _ = sim.decode(engine, sim.PROMPTS, sim.MAX_NEW)  # decoding, the output never asked for
+    assert generated == sim.decode(sim.fake_engine(graphs=False), sim.PROMPTS, sim.MAX_NEW)[0]
+    prompts = [[3, 1, 4], [1, 5, 7, 9], [2]]
+    for pooling in ("last", "mean"):
+        rows = [table[p][-1] if pooling == "last" else table[p].mean(axis=0) for p in prompts]
+        expected = np.array([r / np.linalg.norm(r) for r in rows])
+        got = Embedder(model, 2, 32, None, "last", None).embed(prompts, pooling)
+        np.testing.assert_allclose(got, expected, atol=1e-6)
