@@ -78,16 +78,17 @@ class _SpeculationCollector:
         from trt_llm.runtime.decoding.draft import SpecStats
         from trt_llm.runtime.decoding.lookup import LookupStats
 
-        eagle = getattr(self.runner, "spec_stats", None) or SpecStats()
+        drafted = getattr(self.runner, "spec_stats", None) or SpecStats()
         lookup = getattr(self.runner, "lookup_stats", None) or LookupStats()
+        kind = getattr(self.runner, "draft_kind", None) or "eagle"  # the engine's draft: eagle or mtp
         for name, help_text, values in (
                 ("num_drafts", "Verification passes with a proposal, counted per row",
-                 {"eagle": eagle.rounds, "prompt-lookup": lookup.rounds}),
-                ("num_emitted_tokens", "Tokens those passes emitted", {"eagle": eagle.emitted,
+                 {kind: drafted.rounds, "prompt-lookup": lookup.rounds}),
+                ("num_emitted_tokens", "Tokens those passes emitted", {kind: drafted.emitted,
                                                                       "prompt-lookup": lookup.emitted}),
-                ("num_draft_tokens", "Tokens proposed (prompt lookup)", {"prompt-lookup": lookup.proposed}),
-                ("num_accepted_tokens", "Proposed tokens the base took (prompt lookup)",
-                 {"prompt-lookup": lookup.accepted})):
+                ("num_draft_tokens", "Tokens proposed", {kind: drafted.proposed, "prompt-lookup": lookup.proposed}),
+                ("num_accepted_tokens", "Proposed tokens the base took",
+                 {kind: drafted.accepted, "prompt-lookup": lookup.accepted})):
             family = CounterMetricFamily(f"trt_llm_spec_decode_{name}", help_text, labels=["strategy"])
             for strategy, value in values.items():
                 family.add_metric([strategy], value)

@@ -220,3 +220,58 @@ def test_refusals_name_mtp(tmp_path, mtp_model, family_model, tiny_model):
     assert "2 MTP layers" in _refusal(tmp_path, two)
     vlm = family_assets.make_qwen3_5_vlm(family_model("qwen3_5"), tmp_path / "vlm")
     assert "multimodal" in _refusal(tmp_path, vlm)
+
+
+# --- speculation with the head (runtime/decoding/eagle.py: a chain, verified by the hybrid base) ---
+
+BIAS = {"100": 40.0, "200": 40.0, "300": 40.0}  # answers kept to three tokens: a random head guesses some
+REQUESTS = ["one two three four one two three four one two", "Say something long.", "Count with me: 1 2 3"]
+
+
+def speculate(engine, speculation, scheduling="static", **settings):
+    from trt_llm.runtime.engine_dir import EngineDir
+    from trt_llm.runtime.requests.runner import Runner
+    from trt_llm.schemas.input_file import parse_input_dict
+
+    data = {"batch_size": 3, "max_generate_length": 40, "logit_bias": BIAS, "temperature": 0.0, **settings,
+            "requests": [{"messages": [{"role": "user", "content": text}]} for text in REQUESTS]}
+    loaded = parse_input_dict(json.loads(json.dumps(data)), source="<test>")
+    runner = Runner(EngineDir.open(engine), threads=1, speculation=speculation, scheduling=scheduling)
+    responses = runner.run(loaded, loaded.settings).responses
+    assert all(r.finish_reason != "error" for r in responses), [r.error for r in responses]
+    return [r.output_token_ids for r in responses], runner
+
+
+@pytest.mark.parametrize("mode,scheduling", [("greedy", "static"), ("seeded", "continuous")])
+def test_speculating_with_the_head_gives_vanillas_tokens(engine, mode, scheduling):
+    """The head proposes, the base verifies each chain (taking part of it: its recurrent states come back
+    and the taken tokens are passed again): vanilla's tokens; the engine's default is its head."""
+    settings = {"temperature": 0.8, "top_p": 0.95, "seed": 3} if mode == "seeded" else {}
+    vanilla, _ = speculate(engine, "none", scheduling, **settings)
+    drafted, runner = speculate(engine, None, scheduling, **settings)
+    assert runner.speculation == "mtp" and drafted == vanilla
+    stats = runner.spec_stats
+    assert stats.rounds > 0 and 0 < stats.accepted < stats.proposed, stats
+    assert stats.emitted == sum(len(t) for t in drafted) - len(drafted)  # (the first tokens: the prefill's)
+
+
+def test_the_profile_and_metrics_count_the_heads_acceptance(engine, tmp_path):
+    from trt_llm.runtime.app.run_cli import main
+    from trt_llm.runtime.decoding.choice import SpeculationError
+    from trt_llm.runtime.engine_dir import EngineDir
+    from trt_llm.runtime.requests.runner import Runner
+    from trt_llm.server.metrics import _SpeculationCollector as SpeculationCollector
+
+    data = {"temperature": 0.0, "max_generate_length": 30, "logit_bias": BIAS,
+            "requests": [{"messages": [{"role": "user", "content": REQUESTS[0]}]}]}
+    (tmp_path / "in.json").write_text(json.dumps(data))
+    assert main([str(tmp_path / "in.json"), "--engine-dir", str(engine), "--output", str(tmp_path / "out.json"),
+                 "--speculation", "mtp", "--profile-output", str(tmp_path / "profile.json")]) == 0
+    speculative = json.loads((tmp_path / "profile.json").read_text())["speculative"]
+    assert 0 < speculative["accepted_tokens"] < speculative["proposed_tokens"], speculative
+    _, runner = speculate(engine, "mtp")
+    samples = {(s.name, s.labels.get("strategy")): s.value
+               for family in SpeculationCollector(runner).collect() for s in family.samples}
+    assert samples[("trt_llm_spec_decode_num_accepted_tokens_total", "mtp")] == runner.spec_stats.accepted > 0
+    with pytest.raises(SpeculationError, match="speculation: 'eagle' needs an engine built with an EAGLE draft"):
+        Runner(EngineDir.open(engine), threads=1, speculation="eagle")

@@ -1,6 +1,6 @@
 """Which decoding strategy a run takes: `--speculation {prompt-lookup,eagle,mtp,none}` on trt-llm-run and
 trt-llm-serve, or an input file's top-level "speculation" (`prompt_lookup` spelled either way); by default
-the engine's EAGLE draft where it has one, else none. A request's `disable_spec_decode` keeps its meaning:
+the engine's draft where it has one (an EAGLE3 draft: eagle; a multi-token-prediction head: mtp), else none. A request's `disable_spec_decode` keeps its meaning:
 vanilla decoding for its batch (a continuous run: for itself)."""
 
 from __future__ import annotations
@@ -22,16 +22,17 @@ def normalised(value: str | None) -> str | None:
     return name
 
 
-def resolved(asked: str | None, has_draft: bool) -> str:
-    """The strategy a run takes on an engine (`has_draft`: it has an EAGLE draft, loaded); SpeculationError,
-    one line naming why, where it cannot."""
+NEEDS = {"eagle": "an EAGLE draft (draft: in its build config)",
+         "mtp": "the checkpoint's multi-token-prediction head (mtp: true in its build config)"}
+
+
+def resolved(asked: str | None, draft: str | None) -> str:
+    """The strategy a run takes on an engine whose loaded draft is `draft` ("eagle", "mtp" or None);
+    SpeculationError, one line naming why, where it cannot."""
     name = normalised(asked)
     if name is None:
-        return "eagle" if has_draft else "none"
-    if name == "eagle" and not has_draft:
-        raise SpeculationError("speculation: 'eagle' needs an engine built with an EAGLE draft (draft: in its "
-                               "build config), and run without --no-spec-decode")
-    if name == "mtp":
-        raise SpeculationError("speculation: 'mtp': this engine has no multi-token-prediction heads (MTP drafts are "
-                               "not built yet); use prompt-lookup")
+        return draft or "none"
+    if name in NEEDS and name != draft:
+        raise SpeculationError(f"speculation: {name!r} needs an engine built with {NEEDS[name]}, and run without "
+                               "--no-spec-decode")
     return name

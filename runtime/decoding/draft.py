@@ -1,4 +1,10 @@
-"""The EAGLE3 draft side of an engine directory, and the speculation settings it can serve."""
+"""The draft side of an engine directory, and the speculation settings it can serve.
+
+Two kinds draft the same way (runtime/decoding/eagle.py): an EAGLE3 draft, which reads the base's
+hidden states entering three of its layers (`hidden_states`, [3H], projected by `fc` here), and a
+checkpoint's multi-token-prediction head (build/mtp/, kind "mtp"), which reads the base's final-normed
+hidden states (`final_hidden_states`, [H]) and has its fc in its graph. Each pairs the feature at token j
+with token j + 1 and predicts token j + 2; a deeper step reads its own hidden_out."""
 
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ class Draft:
     """What speculation needs from the draft: its engine and the tensors around it."""
 
     engine: object  # an engine over the draft graph (one layer)
-    fc: np.ndarray  # [H, 3H]: target features -> draft hidden
+    fc: np.ndarray | None  # [H, 3H]: target features -> draft hidden (None: the features are its input)
     d2t: np.ndarray  # [Vd] int64: target id = draft id + d2t[draft id]
     embedding: np.ndarray  # [V, H]: the token embedding the draft reads (the base's unless its own)
     hidden_size: int
@@ -28,10 +34,21 @@ class Draft:
 class SpecStats:
     rounds: int = 0  # verification passes, counted per row
     emitted: int = 0  # tokens they emitted
+    proposed: int = 0  # drafted tokens verified
+    accepted: int = 0  # of them, taken
 
     @property
     def mean_accepted(self) -> float:
         return self.emitted / self.rounds if self.rounds else 0.0
+
+
+def draft_kind(engine_dir) -> str | None:
+    """The strategy the engine's draft serves: "eagle" (an EAGLE3 draft), "mtp" (a multi-token-prediction
+    head) or None (no draft)."""
+    draft = engine_dir.manifest["components"].get("draft")
+    if draft is None:
+        return None
+    return "mtp" if draft.get("kind") == "mtp" else "eagle"
 
 
 def load_draft_engine(engine_dir, threads: int, base_embedding: np.ndarray) -> Draft:
@@ -46,7 +63,9 @@ def load_draft_engine(engine_dir, threads: int, base_embedding: np.ndarray) -> D
     if "embedding" in tensors:
         embedding = tensors["embedding"]
     engine = open_engine(engine_dir, threads, "draft", spinning=False)  # see Runner: base and draft alternate
-    return Draft(engine, tensors["fc"], tensors["d2t"].astype(np.int64), embedding, int(tensors["fc"].shape[0]))
+    fc = tensors.get("fc")
+    hidden_size = int(fc.shape[0]) if fc is not None else int(engine_dir.dims["hidden_size"])
+    return Draft(engine, fc, tensors["d2t"].astype(np.int64), embedding, hidden_size)
 
 
 def check_spec(spec: SpecConfig, engine_dir) -> SpecConfig:

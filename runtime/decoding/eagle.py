@@ -42,7 +42,7 @@ from trt_llm.runtime.sampling.sampler import Sampler
 from trt_llm.runtime.engine.sequence import Sequence, append_token, record_step
 from trt_llm.runtime.decoding.spec_config import SpecConfig
 from trt_llm.runtime.engine.step import Step
-from trt_llm.schemas.graph_spec import DRAFT_HIDDEN, DRAFT_HIDDEN_OUT, FEATURES, TREE_MASK
+from trt_llm.schemas.graph_spec import DRAFT_HIDDEN, DRAFT_HIDDEN_OUT, TREE_MASK
 
 
 @dataclass
@@ -144,11 +144,13 @@ class Eagle:
             sizes = [self._size(core, request) for request in running]
             states = recurrent.snapshots(core, [i for i, size in enumerate(sizes) if size]) if self.chain else {}
             logits, features, chosen = _verify(model, state, core.cache, sizes, core.lora_inputs, max_position)
-        finished, emitted_total = [], 0
+        finished, emitted_total, proposed, accepted = [], 0, 0, 0
         with core.stage("accept"):
             for index, (request, r) in enumerate(zip(running, state)):
                 emitted, path, done = _accept(model, request, r, chosen[index], logits[index], core.sampler)
                 emitted_total += len(emitted)
+                proposed += len(chosen[index])
+                accepted += len(path)
                 if done:
                     finished.append(index)
                     continue
@@ -157,10 +159,14 @@ class Eagle:
                 _commit(core.cache, index, r, path, chosen[index], emitted, features[index])
         self.stats.rounds += len(state)  # row-rounds: the mean accepted length is per sequence
         self.stats.emitted += emitted_total
+        self.stats.proposed += proposed
+        self.stats.accepted += accepted
         if core.profiler:
             core.profiler.count("decode_tokens", emitted_total)
             core.profiler.count("spec_rounds", len(state))
             core.profiler.count("spec_emitted", emitted_total)
+            core.profiler.count("spec_proposed", proposed)
+            core.profiler.count("spec_accepted", accepted)
         return finished
 
     def _size(self, core, request) -> int:
@@ -215,13 +221,13 @@ def _draft_catch_up(draft: Draft, state: list[_Row], draft_cache) -> np.ndarray:
                                for i, r in enumerate(state)])
     batch, hidden_size = len(state), draft.hidden_size
     tokens = np.zeros((batch, width), dtype=np.int64)
-    feats = np.zeros((batch, width, draft.fc.shape[1]), dtype=draft.embedding.dtype)
+    feats = np.zeros((batch, width, state[0].pending_features.shape[-1]), dtype=draft.embedding.dtype)
     for i, r in enumerate(state):
         tokens[i, : counts[i]] = r.pending_tokens
         feats[i, : counts[i]] = r.pending_features
-    # The draft's fc, applied here so its graph takes one hidden input; as one 2-D matmul (numpy's
-    # stacked 3-D matmul does not use BLAS).
-    hidden = (feats.reshape(-1, feats.shape[-1]) @ draft.fc.T).reshape(batch, width, -1)
+    # An EAGLE3 draft's fc, applied here so its graph takes one hidden input; as one 2-D matmul (numpy's
+    # stacked 3-D matmul does not use BLAS). An MTP head has its own in its graph.
+    hidden = feats if draft.fc is None else (feats.reshape(-1, feats.shape[-1]) @ draft.fc.T).reshape(batch, width, -1)
     past = np.array([r.draft_committed for r in state], dtype=np.int32)
     offsets = np.array([r.draft_offset for r in state], dtype=np.int32)
     positions = (offsets + past)[:, None] + np.arange(width, dtype=np.int32)[None, :]
@@ -343,11 +349,13 @@ def _verify(model: Model, state: list[_Row], cache, sizes: list[int], lora: dict
             mask[i, j, j] = True
     past = np.array([r.committed for r in state], dtype=np.int32)
     embeds, extras = model.embed(tokens)
+    if model.tree_input:  # (an MTP head's base is causal: its drafts are chains, decoding/recurrent.py)
+        extras[TREE_MASK] = mask
     step = Step(embeds, positions, past, counts, np.broadcast_to(np.arange(width, dtype=np.int32), (batch, width)),
-                np.empty((batch, width, model.vocab_size), dtype=np.float32), {TREE_MASK: mask, **extras},
-                {FEATURES: np.empty((batch, width, model.feature_width), dtype=model.embedding.dtype)})
+                np.empty((batch, width, model.vocab_size), dtype=np.float32), extras,
+                {model.feature_output: np.empty((batch, width, model.feature_width), dtype=model.embedding.dtype)})
     model.engine.run(step, cache, lora)
-    return step.logits, step.outputs[FEATURES], chosen
+    return step.logits, step.outputs[model.feature_output], chosen
 
 
 def _accept(model: Model, request, r: _Row, nodes: list[int], logits: np.ndarray,
@@ -368,12 +376,13 @@ def _accept(model: Model, request, r: _Row, nodes: list[int], logits: np.ndarray
         if num_logprobs:
             record_step(s, step_logits, token, num_logprobs)
         emitted.append(token)
-        if append_token(model.eos, s, token, time.perf_counter()):
-            return emitted, path, True
         child = children.get(node, {}).get(token)
+        if child is not None:
+            path.append(child)
+        if append_token(model.eos, s, token, time.perf_counter()):
+            return emitted, path, True  # (its last token may be a node's: a finished row commits nothing)
         if child is None:
             return emitted, path, False
-        path.append(child)
         node = child
 
 

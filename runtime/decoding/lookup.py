@@ -192,8 +192,8 @@ class PromptLookup:
         self.stats.emitted += speculated
         if core.profiler:
             core.profiler.count("decode_tokens", emitted_total)
-            for name, value in (("spec_rounds", rounds), ("spec_emitted", speculated), ("lookup_proposed", proposed),
-                                ("lookup_accepted", accepted)):
+            for name, value in (("spec_rounds", rounds), ("spec_emitted", speculated), ("spec_proposed", proposed),
+                                ("spec_accepted", accepted)):
                 core.profiler.count(name, value)
         return finished
 

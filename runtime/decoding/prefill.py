@@ -16,7 +16,6 @@ from trt_llm.runtime.cache.context_cache import ContextCache
 from trt_llm.runtime.engine.model import Model
 from trt_llm.runtime.engine.sequence import Sequence
 from trt_llm.runtime.engine.step import Step
-from trt_llm.schemas.graph_spec import FEATURES
 
 
 @dataclass
@@ -117,7 +116,7 @@ def _pass(model: Model, sequences: list[Sequence], tokens: list[list[int]], cach
     step.inputs.update(extras)
     step.inputs.update(media)
     model.engine.run(step, cache, lora)
-    return step.logits, step.outputs.get(FEATURES)
+    return step.logits, step.outputs.get(model.feature_output)
 
 
 def recompute(model: Model, sequence: Sequence, cache, lora: dict, chunk: int | None) -> None:

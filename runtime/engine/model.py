@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from trt_llm.schemas.graph_spec import DEEPSTACK, FEATURES, PER_LAYER_INPUTS, TREE_MASK
+from trt_llm.schemas.graph_spec import DEEPSTACK, FEATURES, FINAL_HIDDEN, PER_LAYER_INPUTS, TREE_MASK
 
 
 class Model:
     def __init__(self, engine, embedding: np.ndarray, dims: dict, eos_token_ids: list[int],
                  max_positions: int | None = None, feature_width: int = 0, mrope: bool = False,
                  deepstack: int = 0, long_rope: tuple[int, int] | None = None, bidirectional_block: int = 0,
-                 per_layer=None):
+                 per_layer=None, feature_output: str = FEATURES):
         self.engine = engine
         self.embedding = embedding
         # Gemma 4: the per-layer table (runtime/backends/embedding.py), whose rows of the new tokens the
@@ -20,7 +20,10 @@ class Model:
         self.dims = dims
         self.eos = set(eos_token_ids)
         self.max_positions = max_positions  # rows of the rotary tables
-        self.feature_width = feature_width  # > 0: an EAGLE base (tree_mask in, hidden_states out)
+        self.feature_width = feature_width  # > 0: a draft reads the base's features (decoding/draft.py) ...
+        self.feature_output = feature_output  # ... this output: an EAGLE base's taps (with a tree_mask
+        # input), or an MTP head's base's final_hidden_states (a causal graph: its drafts are chains)
+        self.tree_input = feature_width > 0 and feature_output == FEATURES
         self.mrope = mrope  # a vision-language decoder: position_ids [3, B, S]
         self.deepstack = deepstack  # Qwen3-VL: its first k layers take deepstack_embeds [k, B, S, H]
         # LongRoPE (Phi-3): (original context, first long row): a longer sequence reads the long tables
@@ -124,11 +127,15 @@ class Model:
         return self.dims["vocab_size"]
 
     def eagle_io(self, batch: int, seq: int) -> tuple[dict, dict]:
-        """An EAGLE base's extra inputs/outputs for plain causal steps (the features are unused)."""
+        """A drafted base's extra inputs/outputs for plain causal steps: an EAGLE base's tree_mask, and
+        the features (which a prefill's draft reads; elsewhere unused)."""
         if not self.feature_width:
             return {}, {}
+        outputs = {self.feature_output: np.empty((batch, seq, self.feature_width), self.embedding.dtype)}
+        if not self.tree_input:
+            return {}, outputs
         mask = np.broadcast_to(np.tril(np.ones((seq, seq), dtype=bool)), (batch, seq, seq)).copy()
-        return {TREE_MASK: mask}, {FEATURES: np.empty((batch, seq, self.feature_width), self.embedding.dtype)}
+        return {TREE_MASK: mask}, outputs
 
     def new_cache(self, batch: int, capacity: int, widest: int | None = None):
         """The engine's cache set (runtime/cache/); widest: the most new tokens a step gives a row.
@@ -141,10 +148,14 @@ def model_of(engine_dir, engine, embedding, per_layer=None) -> Model:
     per-layer table, when its manifest has one: backends/embedding.engine_per_layer_table)."""
     section = engine_dir.manifest["model"]
     eagle = section.get("eagle") or {}
+    feature_output = FEATURES
+    if (engine_dir.manifest["components"].get("draft") or {}).get("kind") == "mtp":
+        # its head reads the base's final-normed hidden states (build/mtp/)
+        eagle, feature_output = {"feature_width": engine_dir.dims["hidden_size"]}, FINAL_HIDDEN
     rotary = [(layer.get("rotary") or {}) for layer in section["layers"]]
     long_rope = next(((r["original_context"], r["long_rows"]) for r in rotary if r.get("long_rows")), None)
     return Model(engine, embedding, engine_dir.dims, engine_dir.eos_token_ids,
                  engine_dir.limits["max_kv_cache_capacity"], eagle.get("feature_width", 0),
                  mrope=section.get("mrope") is not None, deepstack=section.get("deepstack_layers", 0),
                  long_rope=long_rope, bidirectional_block=section.get("bidirectional_block", 0),
-                 per_layer=per_layer)
+                 per_layer=per_layer, feature_output=feature_output)

@@ -88,7 +88,7 @@ class Profiler:
             speculative={"iterations": self.counts["spec_rounds"], "generated_tokens": self.counts["spec_emitted"],
                          "mean_accepted_length": (self.counts["spec_emitted"] / self.counts["spec_rounds"]
                                                   if self.counts["spec_rounds"] else 0.0),
-                         "proposed_tokens": self.counts["lookup_proposed"], "accepted_tokens": self.counts["lookup_accepted"]},
+                         "proposed_tokens": self.counts["spec_proposed"], "accepted_tokens": self.counts["spec_accepted"]},
             # images and image tokens of the requests; the encoder's time per token it encoded (an image
             # sent again comes from its cache)
             multimodal={"images": self.counts["images"], "image_tokens": self.counts["image_tokens"],

@@ -11,7 +11,7 @@ from trt_llm.runtime.backends.embedding import engine_embedding, engine_per_laye
 from trt_llm.runtime.cache.cache_set import cache_bytes
 from trt_llm.runtime.cache.context_cache import ContextCache
 from trt_llm.runtime.cache.reuse import ContextRequest
-from trt_llm.runtime.decoding.draft import SpecStats, check_spec, load_draft_engine
+from trt_llm.runtime.decoding.draft import SpecStats, check_spec, draft_kind, load_draft_engine
 from trt_llm.runtime.decoding.choice import normalised, resolved
 from trt_llm.runtime.decoding.eagle import Eagle
 from trt_llm.runtime.decoding.lookup import LookupStats, PromptLookup
@@ -65,17 +65,18 @@ class LoadedEngine:
         if engine_dir.manifest["components"]["llm"].get("per_layer_embedding"):  # (Gemma 4's, memory-mapped)
             with loading("per-layer embedding", engine_dir.component_path("llm", "per_layer_embedding")):
                 per_layer = engine_per_layer_table(engine_dir)
-        eagle = engine_dir.manifest["model"].get("eagle") or {}
+        self.draft_kind = draft_kind(engine_dir)  # "eagle", "mtp" or None
         self.speculation_flag = normalised(speculation) if spec_decode else "none"
-        spec_decode = spec_decode and self.speculation_flag in (None, "eagle")  # the draft is loaded
+        spec_decode = spec_decode and self.speculation_flag in (None, self.draft_kind)  # the draft is loaded
+        drafting = self.draft_kind is not None and spec_decode
         # Under speculation the base and the draft sessions alternate: neither may spin (measured on
         # 2 cores: EAGLE3 0.53x -> 1.07x vanilla). Vanilla decoding spins briefly (OrtEngine.SPIN_US).
         with self._stage("load_session"), loading("engine", engine_dir.component_path("llm", "engine")):
-            engine = open_engine(engine_dir, threads, spinning=not (eagle and spec_decode))
+            engine = open_engine(engine_dir, threads, spinning=not drafting)
         self.model = model_of(engine_dir, engine, embedding, per_layer)
         self.draft = None
-        if eagle and spec_decode:
-            with loading("EAGLE draft", engine_dir.path / "draft"):
+        if drafting:
+            with loading(f"{self.draft_kind} draft", engine_dir.path / "draft"):
                 self.draft = load_draft_engine(engine_dir, threads, embedding)
         if self.draft is not None and spec is None:  # the tree the engine's build recorded for its backend
             spec = resolve_spec(engine_dir.manifest["components"]["draft"], engine_dir.manifest["backend"])
@@ -121,13 +122,13 @@ class LoadedEngine:
         (runtime/decoding/choice.py); SpeculationError names why where the engine cannot take it."""
         if self.family.task == "transcription":  # Whisper's decodes follow their timestamp rules: vanilla
             return "none"
-        return resolved(self.speculation_flag or file_value, self.draft is not None)
+        return resolved(self.speculation_flag or file_value, self.draft_kind if self.draft is not None else None)
 
     def engine_core(self, max_rows: int, policy: str, speculate: bool = True) -> EngineCore:
         """An EngineCore on this runner's model with the run's strategy (`strategy_name`): EAGLE with the
         engine's draft, prompt lookup, or (also where not `speculate`) vanilla decoding."""
         name = self.strategy_name(self.file_speculation) if speculate else "none"
-        if name == "eagle":
+        if name in ("eagle", "mtp"):  # (an MTP head drafts as an EAGLE draft does: decoding/draft.py)
             # Sliding windows and recurrent layers take chains, not trees (decoding/eagle.py)
             chain = any(layer.kind in ("sliding", "recurrent") for layer in self.engine_dir.layers())
             strategy = Eagle(self.draft, self.spec, self.spec_stats, chain=chain)
