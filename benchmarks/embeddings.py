@@ -71,6 +71,9 @@ def build(model: Path, work_dir: Path, rows: int) -> Path:
     return out
 
 
+_LOADED = {}
+
+
 def transformers_vectors(model_dir: Path, prompts: list[list[int]], rows: int, threads: int, pooling: str):
     """The same vectors from transformers (torch on `threads` threads): model.model's last_hidden_state
     (after the final norm), `rows` right-padded prompts a forward with their attention mask."""
@@ -79,7 +82,9 @@ def transformers_vectors(model_dir: Path, prompts: list[list[int]], rows: int, t
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if str(model_dir) not in _LOADED:  # loaded once: its load is not the forward's time
+        _LOADED[str(model_dir)] = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = _LOADED[str(model_dir)]
     out = []
     with torch.no_grad():
         for start in range(0, len(prompts), rows):
