@@ -77,6 +77,30 @@ def test_smollm2_is_transformers_pooled(smollm2_dir, smollm2_engine):
         assert measured.min() > COSINE, measured
 
 
+@pytest.mark.parametrize("family", ["gemma3", "mistral", "qwen3_5", "gemma4_moe"])
+def test_families_with_windows_recurrent_layers_and_per_layer_inputs_are_transformers(family, family_model,
+                                                                                     build_engine_for):
+    """Gemma 3 (sliding windows of 8, the runtime's embedding scale, a soft-cap after the norm), Mistral
+    (sliding), Qwen3.5 (Gated DeltaNet states, fresh each pass), Gemma 4 without shared caches (per-layer
+    inputs, experts): prompts past the window, ragged, in two passes."""
+    model = family_model(family)
+    loaded = LoadedEngine(EngineDir.open(build_engine_for(model)), threads=1)
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(10, 1000, size=n).tolist() for n in (30, 5, 17, 1, 12)]
+    for pooling in ("last", "mean"):
+        measured = cosines(Embedder.of(loaded).embed(prompts, pooling).astype(np.float64),
+                           hf_vectors(model, prompts, pooling))
+        print(f"{family} {pooling}: 1 - min cosine {1 - measured.min():.2e}")
+        assert measured.min() > COSINE, measured
+
+
+def test_gemma4_with_shared_caches_has_no_output_and_says_so(family_model, build_engine_for):
+    loaded = LoadedEngine(EngineDir.open(build_engine_for(family_model("gemma4_e2b"))), threads=1)
+    with pytest.raises(EmbeddingError, match="^this engine's graph has no final_hidden_states output .* Gemma 4 "
+                                             "with shared key/value layers"):
+        Embedder.of(loaded).embed([[5, 6]])
+
+
 def test_what_cannot_be_embedded_is_refused_in_one_line(tiny, monkeypatch):
     _, loaded = tiny
     embedder = Embedder.of(loaded)
