@@ -68,7 +68,11 @@ def prompts_of(value: Any, tokenize) -> list[list[int]]:
         if isinstance(item, str):
             if not item:
                 raise bad("an empty string", where)
-            if len(item.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
+            try:
+                size = len(item.encode("utf-8"))
+            except UnicodeEncodeError as error:  # a lone surrogate from a "\ud800" JSON escape
+                raise bad(f"not valid Unicode text (unpaired surrogate at position {error.start})", where) from None
+            if size > MAX_TEXT_BYTES:
                 raise bad(f"over {MAX_TEXT_BYTES} bytes", where)
             prompts.append(tokenize(item))
         elif ids(item):

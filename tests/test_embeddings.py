@@ -224,6 +224,7 @@ def test_embeddings_beside_generation_leave_its_tokens_alone(server):
     ({"input": ""}, 400, "input", "input: an empty string"),
     ({"input": []}, 400, "input", "input: expected a non-empty string"),
     ({"input": ["a", ""]}, 400, "input", "input[1]: an empty string"),
+    ({"input": ["a", "b\ud800c"]}, 400, "input", "input[1]: not valid Unicode text (unpaired surrogate at position 1)"),
     ({"input": ["a", 3]}, 400, "input", "input: texts and token id lists mixed"),
     ({"input": ["a"] * 2049}, 400, "input", "input: 2049 texts, at most 2048 a request"),
     ({"input": [[1, 2], [99999]]}, 400, "input", "input[1]: token ids must be in"),
@@ -235,7 +236,9 @@ def test_embeddings_beside_generation_leave_its_tokens_alone(server):
     ({"input": "a", "model": "other"}, 404, "model", "model 'other' is not served here"),
 ])
 def test_bad_bodies_are_4xx_naming_the_field(server, body, status, param, message):
-    answer = httpx.post(f"{server.url}/v1/embeddings", json={"model": "tiny", **body}, timeout=30)
+    # (json.dumps writes a lone surrogate as the escape a client would send)
+    answer = httpx.post(f"{server.url}/v1/embeddings", content=json.dumps({"model": "tiny", **body}),
+                        headers={"Content-Type": "application/json"}, timeout=30)
     assert answer.status_code == status, answer.text
     error = answer.json()["error"]
     assert error["param"] == param and error["message"].startswith(message), error
