@@ -94,6 +94,15 @@ def test_families_with_windows_recurrent_layers_and_per_layer_inputs_are_transfo
         assert measured.min() > COSINE, measured
 
 
+def test_an_engine_built_for_lora_embeds_with_the_base_weights(tiny_model, build_engine_for):
+    """Its graph takes LoRA inputs (test_server's engine): zero adapters on every row."""
+    model = tiny_model("qwen3")
+    loaded = LoadedEngine(EngineDir.open(build_engine_for(model, lora={"max_rank": 8})), threads=1)
+    assert loaded.lora_layout
+    prompts = [[5, 9, 100, 7], [11, 12]]
+    assert cosines(Embedder.of(loaded).embed(prompts), hf_vectors(model, prompts, "last")).min() > COSINE
+
+
 def test_gemma4_with_shared_caches_has_no_output_and_says_so(family_model, build_engine_for):
     loaded = LoadedEngine(EngineDir.open(build_engine_for(family_model("gemma4_e2b"))), threads=1)
     with pytest.raises(EmbeddingError, match="^this engine's graph has no final_hidden_states output .* Gemma 4 "
