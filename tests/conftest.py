@@ -174,3 +174,12 @@ def librivox_clips() -> list:
     except assets.AssetUnavailable as exc:
         pytest.skip(f"pocketsphinx-testdata unavailable: {exc}")
     return [found[name] for name in audio_assets.LIBRIVOX]
+
+
+@pytest.fixture
+def every_chain(monkeypatch):
+    """Prompt lookup verifies every chain it proposes, whole (runtime/decoding/pass_cost.plan decides by
+    timings, which a test of exactness must not depend on: here every proposal is taken and refused)."""
+    from trt_llm.runtime.decoding import lookup
+
+    monkeypatch.setattr(lookup, "plan", lambda rows, slope, replay=0.0: [n for n, _ in rows])

@@ -493,7 +493,7 @@ def test_chunked_prefill_under_speculation_equals_vanilla(engine, scheduling):
 
 
 @pytest.mark.parametrize("mode", list(SETTINGS))
-def test_prompt_lookup_on_an_eagle_base_is_vanilla_and_profiled(engine, mode, tmp_path):
+def test_prompt_lookup_on_an_eagle_base_is_vanilla_and_profiled(engine, mode, tmp_path, every_chain):
     """The input file's "speculation": prompt lookup instead of the engine's draft (its passes take the
     base's feature output at their width): vanilla's tokens, log-probabilities and text, greedy and seeded,
     logit bias and a stop string on; the profile counts the proposals and the tokens taken."""

@@ -123,7 +123,7 @@ def test_log_probabilities_see_the_mask_and_the_pad_rows(gemma4_vlm, images, tmp
     assert np.isfinite(list(ours.values())).all()
 
 
-def test_prompt_lookup_with_images_decodes_vanillas_tokens(gemma4_vlm, images, tmp_path):
+def test_prompt_lookup_with_images_decodes_vanillas_tokens(gemma4_vlm, images, tmp_path, every_chain):
     """Prompt lookup's verification passes give the decoder's tree_mask (its images' blocks) a causal
     [B, w, w] for the generated tokens: the tokens of vanilla decoding. A logit bias keeps a random model's
     answer to three tokens, so its n-grams recur."""

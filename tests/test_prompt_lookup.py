@@ -13,6 +13,7 @@ import pytest
 from helpers import run_input
 from trt_llm.runtime.decoding.choice import SpeculationError
 from trt_llm.runtime.decoding.lookup import NgramIndex
+from trt_llm.runtime.decoding.pass_cost import PRIOR_SLOPE, Acceptance, PassCost, expected_taken, plan
 from trt_llm.runtime.engine_dir import EngineDir
 from trt_llm.runtime.requests.runner import Runner, RunError
 from trt_llm.schemas.input_file import parse_input_dict
@@ -46,6 +47,35 @@ def run(engine, requests, speculation=None, scheduling="static", **settings):
     return runner.run(loaded, loaded.settings).responses, runner
 
 
+def test_a_pass_takes_the_chains_that_pay():
+    """pass_cost.plan by hand: tokens per unit of cost, width 1 (a token a row, cost 1) included."""
+    assert expected_taken(0.5, 3) == pytest.approx(0.5 + 0.25 + 0.125) and expected_taken(1.0, 4) == 4
+    assert plan([(8, 0.9)], slope=0.07) == [8]  # cheap wide passes: all of a good chain
+    # costly ones: 5 tokens give (1 + 3.69) / 2.55 = 1.84 a unit of cost, 4 give 1.83, 8 give 1.76
+    assert plan([(8, 0.9)], slope=0.31) == [5]
+    assert plan([(8, 0.1)], slope=0.31) == [0]  # (1 + 0.1) / 1.31 < 1: vanilla's step
+    assert plan([(3, 0.9), (0, 0.0), (0, 0.0), (0, 0.0)], slope=0.5) == [0, 0, 0, 0]  # one row can't carry four
+    assert plan([(3, 0.9)] * 4, slope=0.5) == [3, 3, 3, 3]  # (4 + 4 x 2.44) / 2.5 = 5.5 > 4
+    # a recurrent row passes its taken tokens again when it refuses some: a chain of 2 at 0.6 gives
+    # 0.96 - 0.64 x 1.0 = 0.32 tokens for 0.1 of a pass of cost; at 0.3 nothing
+    assert plan([(2, 0.6)], slope=0.05, replay=1.0) == [2] and plan([(2, 0.3)], slope=0.05, replay=1.0) == [0]
+
+
+def test_the_pass_cost_is_fitted_from_the_timed_passes():
+    cost = PassCost()
+    assert cost.slope(4) == PRIOR_SLOPE
+    for width, seconds in [(1, 0.020), (3, 0.030), (5, 0.040), (9, 0.060)] * 3:  # 20 ms + 5 ms a token
+        cost.record(4, width, seconds)
+    assert cost.slope(4) == pytest.approx(0.25) and cost.slope(1) == PRIOR_SLOPE
+    acceptance = Acceptance()
+    for _ in range(20):
+        acceptance.verified(4, 0)
+    assert acceptance.p < 0.01
+    for _ in range(100):
+        acceptance.idle()
+    assert acceptance.p > 0.6  # back near the prior: it is tried again
+
+
 def test_smollm2_copies_with_vanilla_tokens(smollm2_engine):
     """Copying requests beside a free one, continuous (the seeded test below is a static batch): the same
     tokens as vanilla decoding, and proposals were taken (the test would pass without speculating otherwise)."""
@@ -69,7 +99,7 @@ def test_seeded_samples_are_vanillas(smollm2_engine):
 
 
 @pytest.mark.parametrize("family", ["gemma3", "gemma4", "qwen3_5", "lfm2"])
-def test_the_families_decode_vanillas_tokens(family, family_model, build_engine_for):
+def test_the_families_decode_vanillas_tokens(family, family_model, build_engine_for, every_chain):
     """Sliding windows (a chain's tokens sit at their own slots, past the window here), layers of two widths
     and shared keys and values (Gemma 4's readers take every position of a pass), recurrent layers (Qwen3.5's
     Gated DeltaNet, LFM2's convolutions: a row that refused part of its chain gets its states back and its
@@ -85,7 +115,7 @@ def test_the_families_decode_vanillas_tokens(family, family_model, build_engine_
     assert stats.accepted > 0 and stats.proposed > stats.accepted, stats
 
 
-def test_a_hybrid_with_context_reuse_decodes_vanillas_tokens(family_model, build_engine_for):
+def test_a_hybrid_with_context_reuse_decodes_vanillas_tokens(family_model, build_engine_for, every_chain):
     """Qwen3.5 with its generated tokens committed to the context cache (their states snapshotted at each
     block's end, where a chain stops), the second request restoring what the first left: vanilla's tokens."""
     engine = build_engine_for(family_model("qwen3_5"))

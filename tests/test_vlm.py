@@ -431,7 +431,7 @@ def test_continuous_scheduling_with_reuse_gives_the_static_runs_tokens_with_imag
     assert [continuous[i].reused_tokens > 0 for i in (0, 1, 2, 3, 4, 5, 7)] == [False] * 3 + [True] * 2 + [False, True]
 
 
-def test_prompt_lookup_with_images_decodes_vanillas_tokens(vlm, images, tmp_path):
+def test_prompt_lookup_with_images_decodes_vanillas_tokens(vlm, images, tmp_path, every_chain):
     """Prompt lookup's verification passes (runtime/decoding/lookup.py) take the generated tokens' mRoPE
     positions (after the images' rows) and Qwen3-VL's deepstack input at their width: the tokens of vanilla
     decoding. A logit bias keeps a random model's answer to three tokens, so its n-grams recur."""

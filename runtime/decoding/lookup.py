@@ -4,8 +4,8 @@ copy from their prompts comes at the cost of one pass for several tokens.
 
 Each step, per decoding row:
  1. propose: the longest suffix of the row's tokens (`NGRAM_MAX` down to `NGRAM_MIN` tokens) that occurred
-    before, at its latest earlier place, and the tokens that followed it there: up to the row's budget
-    (`_Row.budget`, at most `max_tokens`, and at most PASS_TOKENS // batch), a chain;
+    before, at its latest earlier place, and the tokens that followed it there: up to `max_tokens`, a
+    chain, of which the pass takes what pays (pass_cost.plan);
  2. verify: one base pass over [the last token] + the chain, logits at every position (a prefill chunk
     of the row, causal: the chain's tokens sit at their own positions and slots, so sliding windows
     count them right);
@@ -17,10 +17,10 @@ Each step, per decoding row:
     row's length, where the next pass overwrites them. Recurrent layers (Qwen3.5, LFM2): a row that
     refused some of its chain gets its states back and the tokens it took passed again (recurrent.py).
 
-Adaptive, per row: a step that accepts every proposed token doubles the row's budget (up to
-max_tokens), one that accepts none halves it; at zero the row stops proposing for `PAUSE` steps (then
-tries one token), so a request that copies nothing runs vanilla's single-token steps. A row that must
-not speculate (EngineRequest.speculate False) never proposes.
+Adaptive: each pass's width is the one that yields the most tokens per unit of time, from each row's
+acceptance so far and what a wider pass was measured to cost on this engine (pass_cost.py), so a batch
+that copies nothing, or an engine whose wide passes cost too much, runs vanilla's single-token steps. A
+row that must not speculate (EngineRequest.speculate False) never proposes.
 
 A chain never crosses a LongRoPE model's original context (the core recomputes a row that steps past
 it by one token, engine_core._long_rope_switch), nor, on a recurrent model whose row commits its
@@ -36,17 +36,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trt_llm.runtime.decoding import recurrent
+from trt_llm.runtime.decoding.pass_cost import Acceptance, PassCost, plan
 from trt_llm.runtime.engine.sequence import Sequence, append_token, record_step
 from trt_llm.runtime.engine.step import Step
 from trt_llm.runtime.sampling.grammar import mask_logits
 
 NGRAM_MAX, NGRAM_MIN = 3, 2  # suffix lengths tried, longest first (1-grams propose too often in free text)
-MAX_TOKENS = 8  # the default chain (on 2 CPU cores a pass of 9 tokens costs about 1.6 single-token steps)
-# Proposed tokens a pass takes for the whole batch: every row of a pass is as wide as its widest (the graph
-# is dense), so a batch of B rows takes chains of at most PASS_TOKENS // B (batch 4 on 2 cores: chains of 8
-# ran 0.81x vanilla on free chat, the padding of rows that proposed nothing dominating)
-PASS_TOKENS = 8
-PAUSE = 8  # steps a row stops proposing after its budget fell to zero
+MAX_TOKENS = 8  # the longest chain (on 2 CPU cores a pass of 9 tokens costs 1.6 to 5 single-token steps)
 
 
 class NgramIndex:
@@ -82,8 +78,7 @@ class NgramIndex:
 class _Row:
     sequence: Sequence
     index: NgramIndex = field(default_factory=NgramIndex)
-    budget: int = MAX_TOKENS
-    paused: int = 0  # steps left without proposing
+    acceptance: Acceptance = field(default_factory=Acceptance)
 
     def sync(self) -> None:
         """The index up to the row's last token (the prompt, then each emitted token)."""
@@ -114,6 +109,7 @@ class PromptLookup:
         self.extra_slots = max_tokens  # a verification writes the chain after the last token
         self.stats = stats if stats is not None else LookupStats()
         self.rows: list[_Row] = []  # one per decoding request, in the same order
+        self.cost = PassCost()
 
     def reserve(self, core, need: int) -> None:
         pass
@@ -136,11 +132,8 @@ class PromptLookup:
     def _proposal(self, request, r: _Row, model, core) -> list[int]:
         if not request.speculate:
             return []
-        if r.paused:
-            r.paused -= 1
-            return []
         s = r.sequence
-        limit = min(r.budget, s.max_new_tokens - len(s.generated) - 1)  # the bonus token is always one
+        limit = min(self.max_tokens, s.max_new_tokens - len(s.generated) - 1)  # the bonus token is always one
         if model.long_rope is not None and s.length <= model.long_rope[0]:
             limit = min(limit, model.long_rope[0] - s.length)  # land at most one past the original context
         room = recurrent.block_room(core, s)  # (a recurrent row: its states are snapshotted at a block's end)
@@ -152,8 +145,14 @@ class PromptLookup:
     def step(self, core) -> list[int]:
         running, model = core.decoding, core.model
         with core.stage("propose"):
-            cap = max(1, PASS_TOKENS // len(running))
-            proposals = [self._proposal(request, r, model, core)[:cap] for request, r in zip(running, self.rows)]
+            proposals = [self._proposal(request, r, model, core) for request, r in zip(running, self.rows)]
+            replay = len(running) ** -0.5 if core.cache.recurrent else 0.0  # a row's pass, in the batch's
+            lengths = plan([(len(p), r.acceptance.p) for p, r in zip(proposals, self.rows)],
+                           self.cost.slope(len(running)), replay)
+            for p, r, n in zip(proposals, self.rows, lengths):
+                if p and not n:
+                    r.acceptance.idle()
+            proposals = [p[:n] for p, n in zip(proposals, lengths)]
             states = recurrent.snapshots(core, [i for i, p in enumerate(proposals) if p])
         counts = np.array([1 + len(p) for p in proposals], dtype=np.int32)
         width, batch = int(counts.max()), len(running)
@@ -171,7 +170,9 @@ class PromptLookup:
             step.position_ids = model.positions([r.sequence for r in running], past, width)
         step.inputs.update(model.decode_extras(batch, width))
         with core.stage("decode_step"):
+            started = time.perf_counter()
             model.engine.run(step, core.cache, core.lora_inputs)
+            self.cost.record(batch, width, time.perf_counter() - started)
         finished, emitted_total, rounds, speculated, proposed, accepted = [], 0, 0, 0, 0, 0
         with core.stage("accept"):
             for index, (request, r, proposal) in enumerate(zip(running, self.rows, proposals)):
@@ -183,7 +184,7 @@ class PromptLookup:
                     taken = _matched(proposal, emitted)
                     rounds, speculated = rounds + 1, speculated + len(emitted)
                     proposed, accepted = proposed + len(proposal), accepted + taken
-                    _adapt(r, len(proposal), taken, self.max_tokens)
+                    r.acceptance.verified(len(proposal), taken)
                     if index in states and not done and taken < len(proposal):
                         recurrent.replay(core, index, tokens[index, : 1 + taken], int(past[index]), states[index])
         self.stats.rounds += rounds
@@ -204,16 +205,6 @@ def _matched(proposal: list[int], emitted: list[int]) -> int:
     while n < len(proposal) and n < len(emitted) and proposal[n] == emitted[n]:
         n += 1
     return n
-
-
-def _adapt(r: _Row, proposed: int, taken: int, max_tokens: int) -> None:
-    """Every proposed token taken: twice the budget next time; none: half (at zero, a pause)."""
-    if taken == proposed:
-        r.budget = min(max(2 * r.budget, 1), max_tokens)
-    elif taken == 0:
-        r.budget //= 2
-        if r.budget == 0:
-            r.paused, r.budget = PAUSE, 1
 
 
 def _accept(model, request, proposal: list[int], logits: np.ndarray, sampler) -> tuple[list[int], bool]:

@@ -1,0 +1,96 @@
+"""How long each speculation is, given what a wider pass costs: the plan of one prompt-lookup pass.
+
+A verification pass of width w (every row of a pass is as wide as its widest: the graph is dense) costs
+about t(B, w) = a_B (1 + slope_B (w - 1)) for a batch of B rows; `PassCost` fits slope_B by least squares
+over the passes it has timed. How much a wider pass costs differs by an order of magnitude between
+engines: SmolLM2 on 2 cores, fp32 0.07 at batch 1 and 0.3-0.4 at batch 4, int4 0.3 at batch 1 and
+0.5-0.7 at batch 4 (ONNX Runtime's 4-bit matmul reads its weights again for every row of a pass).
+
+A row's chain of k tokens takes p + p^2 + ... + p^k of them on average, p its acceptance (`Acceptance`:
+the share of its verified tokens taken, recent passes weighing more). `plan` picks the width whose
+tokens per unit of cost are the most, vanilla's single token a row (width 1, cost 1) included, so a
+batch that copies nothing, or an engine whose wider passes cost too much, decodes as vanilla does. On a
+recurrent model a row that refuses part of its chain passes its taken tokens again (recurrent.replay):
+a chain there costs that pass too, with the chance it is needed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+PRIOR_SLOPE = 0.3  # until two widths were timed at a batch size
+SAMPLES = 48  # the passes a fit reads, per batch size
+
+
+class PassCost:
+    def __init__(self):
+        self._samples: dict[int, deque] = {}
+
+    def record(self, batch: int, width: int, seconds: float) -> None:
+        self._samples.setdefault(batch, deque(maxlen=SAMPLES)).append((width - 1, seconds))
+
+    def slope(self, batch: int) -> float:
+        """What each token past the first adds to a pass of `batch` rows, in passes of width 1."""
+        samples = self._samples.get(batch, ())
+        n = len(samples)
+        if n < 2 or len({x for x, _ in samples}) < 2:
+            return PRIOR_SLOPE
+        mean_x = sum(x for x, _ in samples) / n
+        mean_t = sum(t for _, t in samples) / n
+        spread = sum((x - mean_x) ** 2 for x, _ in samples)
+        rise = sum((x - mean_x) * (t - mean_t) for x, t in samples) / spread
+        base = mean_t - rise * mean_x
+        if base <= 0:
+            return PRIOR_SLOPE
+        return min(max(rise / base, 0.01), 4.0)
+
+
+class Acceptance:
+    """A row's share of verified tokens taken: counts that decay by `DECAY` a pass, from a prior that
+    tries; a row whose chains go unverified drifts back toward the prior (`idle`), so it is tried again."""
+
+    DECAY, DRIFT = 0.8, 0.97
+    PRIOR = (2.0, 1.0)  # (taken, refused): 0.67
+
+    def __init__(self):
+        self.taken, self.refused = self.PRIOR
+
+    @property
+    def p(self) -> float:
+        return self.taken / (self.taken + self.refused)
+
+    def verified(self, proposed: int, taken: int) -> None:
+        self.taken = self.taken * self.DECAY + taken
+        self.refused = self.refused * self.DECAY + (taken < proposed)
+
+    def idle(self) -> None:
+        prior_taken, prior_refused = self.PRIOR
+        self.taken = prior_taken + (self.taken - prior_taken) * self.DRIFT
+        self.refused = prior_refused + (self.refused - prior_refused) * self.DRIFT
+
+
+def expected_taken(p: float, k: int) -> float:
+    """Tokens a chain of k takes on average when each is taken with p after the ones before it."""
+    return k if p >= 1.0 else p * (1 - p ** k) / (1 - p)
+
+
+def plan(rows: list[tuple[int, float]], slope: float, replay: float = 0.0) -> list[int]:
+    """Each row's chain length this pass (0: none). rows: (tokens it may propose, its acceptance p);
+    slope: PassCost.slope; replay: what passing a row's taken tokens again costs, in passes of the batch
+    (0 without recurrent layers)."""
+    best_rate, best = float(len(rows)), [0] * len(rows)  # width 1: a token a row for one pass
+    for width in range(2, max((n for n, _ in rows), default=0) + 2):
+        lengths, tokens = [], float(len(rows))
+        for n, p in rows:
+            k = min(n, width - 1)
+            value = expected_taken(p, k) - replay * (1 - p ** k) if k else 0.0
+            if value <= 0:
+                k, value = 0, 0.0
+            lengths.append(k)
+            tokens += value
+        if max(lengths) < width - 1:
+            continue  # (no chain fills this width: a narrower one did better)
+        rate = tokens / (1 + slope * (width - 1))
+        if rate > best_rate:
+            best_rate, best = rate, lengths
+    return best
