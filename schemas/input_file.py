@@ -380,6 +380,13 @@ class Request(BaseModel):
     repetition_penalty: RepetitionPenalty | None = Field(
         None, description="Overrides the top-level repetition_penalty.")
     min_p: MinP | None = Field(None, description="Overrides the top-level min_p.")
+    priority: int = Field(0, ge=-(2**31), le=2**31 - 1, description=(
+        "Extension (vLLM's): with --scheduling continuous, higher is served first (first come, first served "
+        "within a priority), and a request waiting for a row pauses a running one of a lower priority, "
+        "which resumes later with the tokens it would have had. Static scheduling reads it not."))
+    timeout: float | None = Field(None, gt=0, allow_inf_nan=False, description=(
+        "Extension: seconds from the start of the run after which the request ends with finish_reason "
+        "'timeout': its answer so far, or no tokens if it never started."))
     task: Literal["generate", "embed"] = Field(
         "generate", description="Extension: embed answers the embedding of the request's one message's text (no chat "
         "template; the tokenizer's special tokens as for a prompt) in the response's embedding, instead of "

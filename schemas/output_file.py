@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-FinishReason = Literal["end-of-sequence", "max-length", "stop-words", "error"]
+# "timeout" (ours): the request's `timeout` passed; its answer so far (runtime/engine/preemption.py)
+FinishReason = Literal["end-of-sequence", "max-length", "stop-words", "error", "timeout"]
 Byte = Annotated[int, Field(ge=0, le=255)]
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 

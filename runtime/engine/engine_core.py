@@ -17,15 +17,18 @@ target, both in one pass. Each row computes what it computes in a static batch, 
 depend on who joins or leaves around it. Admitted rows first restore their longest cached prefix
 from the context cache, and their computed blocks go into it (runtime/cache/reuse.py).
 
-Admission (`Scheduler`): "continuous" admits the next waiting request as soon as a row frees;
-"static" admits a whole group of requests only when the pool is empty, which is the reference's
-batches of `batch_size` in file order.
+Admission (`Scheduler`): "continuous" admits the next waiting request as soon as a row frees, by
+priority (higher first) and arrival within a priority; "static" admits a whole group of requests
+only when the pool is empty, which is the reference's batches of `batch_size` in file order (it reads
+no priority). Policies of the continuous core (runtime/engine/preemption.py): a request waiting for
+a row pauses the lowest-priority running one below it; a request past its deadline ends with
+finish_reason "timeout" (its partial answer, or none while it waits).
 """
 
 from __future__ import annotations
 
+import bisect
 import time
-from collections import deque
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
@@ -37,6 +40,7 @@ from trt_llm.runtime.cache.reuse import ContextPlan, ContextRequest
 from trt_llm.runtime.engine.budget import PrefillBudget
 from trt_llm.runtime.engine.model import Model
 from trt_llm.runtime.sampling.sampler import Sampler, SamplingParams
+from trt_llm.runtime.engine import preemption
 from trt_llm.runtime.engine.sequence import ABORTED, Sequence, append_token, record_logprobs
 
 
@@ -54,6 +58,10 @@ class EngineRequest:
     group: int = 0  # static scheduling: requests of one group are admitted together
     speculate: bool = True  # under EAGLE: False verifies the root alone (vanilla's tokens, one per step)
     row: int = -1  # the sampler's row of this request (add_request sets it)
+    priority: int = 0  # continuous admission: higher first; a waiting one may pause a lower running one
+    deadline: float | None = None  # time.perf_counter() at which it ends with finish_reason "timeout"
+    arrival: int = -1  # its order of arrival (add_request sets it): first come, first served within a priority
+    paused: bool = False  # it left its row for a higher-priority request and waits to resume
 
 
 class Scheduler:
@@ -63,20 +71,37 @@ class Scheduler:
         if policy not in ("continuous", "static"):
             raise ValueError(f"scheduling: {policy!r} is not a policy; choose continuous or static")
         self.max_rows, self.policy = max_rows, policy
-        self.waiting: deque[EngineRequest] = deque()
+        # In admission order: (priority descending, arrival) under continuous, arrival under static
+        self.waiting: list[EngineRequest] = []
         self.running: list[EngineRequest] = []
+        self._arrivals = 0
 
-    def admit(self) -> list[EngineRequest]:
-        """The waiting requests that start now, in arrival order (moved to running)."""
+    def enqueue(self, request: EngineRequest) -> None:
+        """`request` waits for a row: a new one (it gets its arrival) or a paused one (it keeps its own)."""
+        if request.arrival < 0:
+            request.arrival, self._arrivals = self._arrivals, self._arrivals + 1
+        if self.policy == "static":
+            self.waiting.append(request)
+        else:
+            bisect.insort(self.waiting, request, key=lambda r: (-r.priority, r.arrival))
+
+    def admit(self, prefilling: int = 0) -> list[EngineRequest]:
+        """The waiting requests that start now (moved to running): paused ones first, which resume
+        among the decoding rows, so they wait while rows are still prefilling (`prefilling`) (the
+        rows decoding come first in the pool; a prompt's prefill takes a few passes at most)."""
+        admitted = []
         if self.policy == "static":
             if self.running or not self.waiting:
                 return []
             group = self.waiting[0].group
-            admitted = []
             while self.waiting and self.waiting[0].group == group and len(admitted) < self.max_rows:
-                admitted.append(self.waiting.popleft())
+                admitted.append(self.waiting.pop(0))
         else:
-            admitted = [self.waiting.popleft() for _ in range(min(len(self.waiting), self.max_rows - len(self.running)))]
+            while self.waiting and len(self.running) + len(admitted) < self.max_rows:
+                if self.waiting[0].paused and prefilling:
+                    break
+                admitted.append(self.waiting.pop(0))
+            admitted.sort(key=lambda r: not r.paused)  # (stable)
         self.running += admitted
         return admitted
 
@@ -115,6 +140,8 @@ class EngineCore:
         self._own_rows: set[int] = set()  # sampler rows add_request made, released when their request leaves
         self.lora_inputs: dict[str, np.ndarray] = {}  # the running rows' LoRA inputs, row by row
         self._lora_rows: list = []  # the adapters the LoRA inputs were built for
+        self.pauses = 0  # rows paused for a higher priority (runtime/engine/preemption.py)
+        self.timeouts = 0  # requests ended at their deadlines
 
     # -- the API ----------------------------------------------------------------------------------
 
@@ -123,7 +150,7 @@ class EngineCore:
         if request.row < 0:
             request.row = self.sampler.add(request.params, request.seed)
             self._own_rows.add(request.row)
-        self.scheduler.waiting.append(request)
+        self.scheduler.enqueue(request)
 
     def plan(self, request: EngineRequest) -> None:
         """The request's ContextPlan (runtime/cache/reuse.py) from its policies: what it may restore from
@@ -180,11 +207,16 @@ class EngineCore:
 
         Run the loop of steps inside runtime.threads.single_threaded_host_math() (once: it costs about
         a millisecond to enter), so that the host's small math leaves the cores to the engine."""
-        admitted = self.scheduler.admit()
+        expired = preemption.expire(self)
+        preemption.preempt(self)
+        admitted = self.scheduler.admit(self._prefilling)
         if admitted:
             self._reserve(admitted)
             self._update_lora()
-            self._prefilling += len(admitted)
+            resumed = [r for r in admitted if r.paused]
+            for r in resumed:  # they come first, after the rows decoding (Scheduler.admit)
+                preemption.resume(self, self.scheduler.running.index(r), r)
+            self._prefilling += len(admitted) - len(resumed)
             self._prefill_turn = True
         decoding = len(self.scheduler.running) - self._prefilling
         if self.model.long_rope is not None and decoding:
@@ -207,7 +239,7 @@ class EngineCore:
                 self._prefill_turn = True
                 self.budget.decoded(time.perf_counter() - started)
             else:
-                return []
+                return expired
         if self.context is not None and self.cache.recurrent:
             for i in range(decoding):  # a decoding row's states at the block boundaries it passes
                 reuse.snapshot_decoded(self.context, self.cache, i, self.scheduler.running[i].sequence,
@@ -215,7 +247,7 @@ class EngineCore:
         done = [self.scheduler.running[i] for i in finished]
         if finished:
             self._leave(finished)
-        return done
+        return expired + done
 
     def _long_rope_switch(self, decoding: int) -> None:
         """LongRoPE: the decoding rows whose next token takes them past the original context compute
@@ -364,8 +396,9 @@ class EngineCore:
         one its prompt and generated tokens but the last (not yet fed)."""
         return [r.sequence.length - 1 if r.sequence.generated else (r.sequence.prefilled or 0) for r in requests]
 
-    def _leave(self, indexes: list[int]) -> None:
-        """Running rows `indexes` leave (finished or aborted); the rows behind them move up."""
+    def _leave(self, indexes: list[int], pause: bool = False) -> None:
+        """Running rows `indexes` leave (finished or aborted; paused: they keep their sampler rows and
+        their sequences, and wait again); the rows behind them move up."""
         running = self.scheduler.running
         decoding = len(running) - self._prefilling
         if self.context is not None:  # its generated tokens, for a request that continues the conversation
@@ -380,7 +413,8 @@ class EngineCore:
         self.strategy.leave([i for i in keep if i < decoding])  # strategies hold the decoding rows only
         self._prefilling -= sum(i >= decoding for i in indexes)
         for i in indexes:
-            self._release(running[i])
+            if not pause:
+                self._release(running[i])
         self.scheduler.running = [running[i] for i in keep]
         self._update_lora()
 

@@ -16,6 +16,8 @@ END_OF_SEQUENCE = "end-of-sequence"
 MAX_LENGTH = "max-length"
 STOP_WORDS = "stop-words"
 ABORTED = "aborted"
+# Its deadline (a request's `timeout`) passed: its answer so far, or none if it never had a row.
+TIMEOUT = "timeout"
 # The request's constraint stopped it: the grammar library gave up mid-answer (Sequence.error says
 # why). Not end-of-sequence: the answer so far does not complete the constraint.
 CONSTRAINT_FAILED = "error"

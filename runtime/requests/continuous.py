@@ -7,6 +7,10 @@ have run in (its `batch_idx`, the largest `num_logprobs` of that batch, whether 
 system prompts, whether it speculates), and each row computes what it computes in a static batch.
 With an EAGLE draft every row speculates, but a request whose static batch disabled speculation
 verifies its root alone (vanilla's one token a step; the tokens are the same either way).
+
+A request's `priority` orders the file (higher first, file order within a priority: all arrive at
+once, so none needs to pause another) and its `timeout` counts from the run's start: past it the
+request ends with finish_reason "timeout", its answer so far (runtime/engine/preemption.py).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ log = logging.getLogger(__name__)
 @leaves_cores_to_the_engine
 def run_continuous(runner, loaded, settings, formatter, responses: list) -> None:
     """Append every request's response to `responses` as it finishes (in finishing order)."""
+    run_started = time.perf_counter()
     size = settings.batch_size
     pending: deque = deque()
     for index, slot in enumerate(loaded.requests):
@@ -62,6 +67,7 @@ def run_continuous(runner, loaded, settings, formatter, responses: list) -> None
             responses += [runner.error(p.index, p.index % size, f"batch failed: {error}", messages)
                           for p, messages in windowed]
 
+    pending = deque(sorted(pending, key=lambda item: -item[0].request.priority))  # (stable: file order within)
     # The pool holds the rows the file can fill (a file of one request: one row, not batch_size).
     rows = max(1, min(size, len(pending)))
     core = runner.engine_core(rows, "continuous")
@@ -72,7 +78,11 @@ def run_continuous(runner, loaded, settings, formatter, responses: list) -> None
         while pending and len(core.scheduler.running) + len(core.scheduler.waiting) < size:
             prepared, messages = pending.popleft()
             in_flight[prepared.index] = (prepared, messages, time.perf_counter())
-            core.add_request(runner.engine_request(prepared))
+            request = runner.engine_request(prepared)
+            request.priority = prepared.request.priority
+            if prepared.request.timeout is not None:
+                request.deadline = run_started + prepared.request.timeout
+            core.add_request(request)
         try:
             finished = core.step()
         except Exception as error:  # the engine failed: its running requests fail, the run goes on

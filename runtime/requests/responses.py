@@ -43,7 +43,8 @@ class ResponseBuilder:
             prompt_tokens=len(s.prompt_ids), generated_tokens=len(s.generated),
             reused_tokens=s.reused_tokens,
             output_token_ids=s.generated,
-            time_to_first_token_ms=round((s.first_token_time - started) * 1000, 3),
+            time_to_first_token_ms=(None if s.first_token_time is None  # (timed out before its first token)
+                                    else round((s.first_token_time - started) * 1000, 3)),
         )
 
     def candidate(self, token_id: int, logprob: float) -> LogprobCandidate:

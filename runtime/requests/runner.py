@@ -61,6 +61,7 @@ class Runner(LoadedEngine):
         except SpeculationError as error:
             raise RunError(str(error)) from None
         self.file_speculation = settings.speculation
+        self.run_started = time.perf_counter()  # requests' timeouts count from here
         formatter = self.formatter(settings, loaded.source)
         from trt_llm.runtime.requests.embeddings import answer_embeddings
 
@@ -114,7 +115,10 @@ class Runner(LoadedEngine):
                 if whole:
                     core = self.engine_core(len(whole), "static", speculate=prepared[0].speculate)
                     for p in whole:
-                        core.add_request(self.engine_request(p))
+                        request = self.engine_request(p)
+                        if p.request.timeout is not None:  # (a static batch reads no priority)
+                            request.deadline = self.run_started + p.request.timeout
+                        core.add_request(request)
                     _run_to_completion(core)
                 self.transcribe([p for p in prepared if p.transcription is not None], len(batch))
             except Exception as error:  # the engine failed: this batch's requests fail, the run goes on
