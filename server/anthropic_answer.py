@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from trt_llm.runtime.engine.sequence import MAX_LENGTH, STOP_WORDS
+from trt_llm.runtime.engine.sequence import MAX_LENGTH, STOP_WORDS, TIMEOUT
 from trt_llm.server.engine import Update
 
 
@@ -104,6 +104,8 @@ class AnthropicMessage:
             return "tool_use", None
         if s.finish_reason == MAX_LENGTH:
             return "max_tokens", None
+        if s.finish_reason == TIMEOUT:  # its body's timeout passed: the answer so far (ours, beyond Anthropic's)
+            return "timeout", None
         if s.finish_reason == STOP_WORDS:
             return "stop_sequence", s.detokenizer.matched_stop
         return "end_turn", None

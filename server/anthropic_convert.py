@@ -61,7 +61,7 @@ def to_chat(body: MessagesRequest, media_root) -> tuple[ChatCompletionRequest, O
         else:
             _user(message.content, where, media_root, messages, origins)
     chat = {"model": body.model, "messages": messages, "max_tokens": body.max_tokens,
-            "temperature": body.temperature, "stream": body.stream}
+            "temperature": body.temperature, "stream": body.stream, "priority": body.priority, "timeout": body.timeout}
     if body.top_p is not None:
         chat["top_p"] = body.top_p
     if body.top_k is not None:

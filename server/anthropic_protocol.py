@@ -154,6 +154,8 @@ class MessagesRequest(_Body):
     metadata: dict[str, Any] | None = None  # describes the caller: ignored
     service_tier: str | None = None  # likewise
     cache_control: CacheControl | None = None  # automatic caching: the server reuses contexts anyway
+    priority: int = Field(0, ge=-(2**31), le=2**31 - 1, description="extension: as the chat route's")
+    timeout: float | None = Field(None, gt=0, allow_inf_nan=False, description="extension: as the chat route's")
 
     @model_validator(mode="after")
     def _checks(self):

@@ -37,7 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trt_llm.runtime.text.prompt import PromptError, PromptFormatter
 from trt_llm.runtime.requests.prepare import apply_batch_rules
-from trt_llm.runtime.engine.sequence import MAX_LENGTH
+from trt_llm.runtime.engine.sequence import MAX_LENGTH, TIMEOUT
 from trt_llm.server.convert import BadRequest, convert, force_tool_calls
 from trt_llm.server.engine import EngineStopped, Job, QueueFull, ServingEngine, Update
 from trt_llm.runtime.engine import DEFAULT_PREFILL_CHUNK
@@ -116,6 +116,7 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
     runner.context_reuse = config.save_prefixes
     engine = ServingEngine(runner, config.max_rows, config.max_waiting, metrics, config.save_prefixes)
     metrics.watch_memory(engine)
+    metrics.watch_scheduling(engine)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -223,8 +224,10 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
         try:
             engine.submit(job)
         except QueueFull as error:
-            raise HttpError(429, f"the server is busy: {error}; retry shortly", code="queue_full",
-                            headers={"Retry-After": "1"}) from None
+            metrics.rejections.labels(reason="queue_full").inc()
+            wait = engine.retry_after()  # from the rate requests finish at
+            raise HttpError(429, f"the server is busy: {error}; retry in {wait} s", code="queue_full",
+                            headers={"Retry-After": str(wait)}) from None
         except EngineStopped as error:
             raise HttpError(503, str(error), code="shutting_down") from None
         metrics.prompt_tokens.inc(len(prepared.sequence.prompt_ids))
@@ -515,6 +518,8 @@ class _Answer:
     def _finish_reason(self) -> str:
         if self.tool_calls:
             return "tool_calls"
+        if self.sequence.finish_reason == TIMEOUT:  # its body's timeout passed: the answer so far (ours)
+            return "timeout"
         return "length" if self.sequence.finish_reason == MAX_LENGTH else "stop"
 
     def _usage(self) -> dict:

@@ -43,7 +43,7 @@ def convert(body: ChatCompletionRequest | CompletionRequest, lora: dict[str, str
     else:
         messages = [{"role": "user", "content": body.text}]
     request = {"messages": messages, "disable_spec_decode": body.disable_spec_decode,
-               "num_logprobs": body.num_logprobs}
+               "num_logprobs": body.num_logprobs, "priority": body.priority, "timeout": body.timeout}
     choice = tool_choice(body) if chat else "none"
     calls = choice != "none"
     if chat and body.tools:  # under "none" too (vLLM's default): the prompt is the same whatever the choice

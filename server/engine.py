@@ -4,6 +4,11 @@ Requests arrive from the event loop (`submit`), join the running batch between s
 reports each request's new tokens back to its asyncio queue; a request that is cancelled (its client
 went away, its timeout passed) is aborted at the next step boundary and its row freed at once. The
 engine thread is the only one that touches the core, the caches and the sampler.
+
+Scheduling (runtime/engine/preemption.py): a body's `priority` orders the core's waiting requests and
+lets one pause a lower running row; its `timeout` is a deadline from submission, past which the core
+ends it with finish_reason "timeout". At most `max_waiting` requests wait for a row (QueueFull: 429,
+with a Retry-After from the rate requests finish at, `retry_after`).
 """
 
 from __future__ import annotations
@@ -13,10 +18,13 @@ import itertools
 import logging
 import queue
 import threading
+import math
 import time
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from trt_llm.runtime.engine.engine_core import EngineRequest
+from trt_llm.runtime.engine.sequence import TIMEOUT
 from trt_llm.runtime.requests.prepare import Prepared
 from trt_llm.runtime.engine.threads import single_threaded_host_math
 
@@ -93,7 +101,9 @@ class ServingEngine:
         self._wake = threading.Event()
         self._jobs: dict[int, Job] = {}  # in the core (engine thread only)
         self._work: list[Work] = []  # embeddings in progress, first first (engine thread only)
-        self._pending: set[int] = set()  # submitted and not yet admitted to a row (for 429s)
+        self._pending: dict[int, int] = {}  # submitted and not yet admitted to a row (for 429s) -> its priority
+        self.paused: dict[int, int] = {}  # paused rows waiting to resume -> their priorities (engine thread's)
+        self._finished = deque(maxlen=256)  # when requests finished (perf_counter): the rate for Retry-After
         self._lock = threading.Lock()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -116,10 +126,27 @@ class ServingEngine:
         with self._lock:
             if len(self._pending) >= self.max_waiting:
                 raise QueueFull(f"{len(self._pending)} requests are waiting (the server queues {self.max_waiting})")
-            self._pending.add(job.id)
+            self._pending[job.id] = job.prepared.request.priority
             self.metrics.queue_depth.set(len(self._pending))
         self._inbox.put(("add", job))
         self._wake.set()
+
+    def waiting(self) -> Counter:
+        """Requests waiting for a row by priority: submitted and not yet admitted, and paused ones."""
+        with self._lock:
+            counts = Counter(self._pending.values())
+        counts.update(dict(self.paused).values())
+        return counts
+
+    def retry_after(self) -> int:
+        """Seconds a refused client should wait (Retry-After): how long the engine takes to finish as
+        many requests as are waiting, at the rate it finished them over the last minute; at least 1."""
+        now, finished = time.perf_counter(), list(self._finished)
+        recent = [t for t in finished if now - t < 60.0]
+        if len(recent) < 2:
+            return 1
+        rate = len(recent) / max(now - recent[0], 1e-3)  # requests a second
+        return max(1, min(600, math.ceil(len(self._pending) / rate)))
 
     def run_passes(self, work: Work) -> None:
         """Queue `work` on the engine thread; its future holds the result."""
@@ -177,6 +204,7 @@ class ServingEngine:
                     for request in in_rows:
                         self._report(request, request.id in done)
                     self.metrics.rows_in_flight.set(len(core.scheduler.running))
+                    self.paused = {r.id: r.priority for r in core.scheduler.waiting if r.paused}
                 except Exception as error:  # noqa: BLE001 - the engine failed: its requests fail, serving goes on
                     log.error("a step failed with %d requests in flight: %s", len(self._jobs), error)
                     log.info("the step's traceback:", exc_info=True)
@@ -207,7 +235,8 @@ class ServingEngine:
 
     def _not_pending(self, ids) -> None:
         with self._lock:
-            self._pending.difference_update(ids)
+            for i in ids:
+                self._pending.pop(i, None)
             self.metrics.queue_depth.set(len(self._pending))
 
     def _drain(self, core) -> None:
@@ -223,7 +252,9 @@ class ServingEngine:
                 p.save_group = self.save_prefixes  # the server's policy, not a batch's
                 self._jobs[job.id] = job
                 request = self.runner.engine_request(p)
-                request.id = job.id
+                request.id, request.priority = job.id, p.request.priority
+                if p.request.timeout is not None:
+                    request.deadline = job.submitted + p.request.timeout
                 core.add_request(request)
             elif job.id in self._jobs:  # an abort of a request still waiting or running
                 core.abort(job.id)
@@ -252,4 +283,7 @@ class ServingEngine:
         if finished:
             s.detokenizer.finish()
             del self._jobs[request.id]
+            self._finished.append(now)
+            if s.finish_reason == TIMEOUT:
+                self.metrics.rejections.labels(reason="timeout").inc()
         job.send(Update(list(new), s.detokenizer.delta(), finished=finished))

@@ -37,6 +37,11 @@ class Metrics:
         self.rows_in_flight = Gauge("trt_llm_rows_in_flight", "Requests in the running batch", registry=r)
         self.cached_tokens = Counter("trt_llm_prompt_cached_tokens",
                                      "Prompt tokens restored from the context cache instead of computed", registry=r)
+        self.rejections = Counter("trt_llm_request_rejections",
+                                  "Requests refused (queue_full: answered 429) or ended at their body's timeout "
+                                  "(timeout: finish_reason timeout)", ["reason"], registry=r)
+        for reason in ("queue_full", "timeout"):
+            self.rejections.labels(reason=reason)  # both reported from the start, at 0
 
     def watch_context_cache(self, cache) -> None:
         """Report the context cache (runtime/cache/context_cache.py) at every scrape."""
@@ -50,6 +55,27 @@ class Metrics:
         """Report the process's memory and the KV pools of `engine` (a server.engine.ServingEngine)."""
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, ...: read from /proc
         self.registry.register(_MemoryCollector(engine))
+
+    def watch_scheduling(self, engine) -> None:
+        """Report `engine`'s waiting requests by priority and its paused rows at every scrape."""
+        self.registry.register(_SchedulingCollector(engine))
+
+
+class _SchedulingCollector:
+    def __init__(self, engine):
+        self.engine = engine
+
+    def collect(self):
+        waiting = GaugeMetricFamily("trt_llm_num_requests_waiting",
+                                    "Requests waiting for a row (paused ones included), by priority class",
+                                    labels=["priority"])
+        counts = self.engine.waiting()
+        for priority in sorted(counts or {0: 0}):
+            waiting.add_metric([str(priority)], counts.get(priority, 0))
+        yield waiting
+        yield GaugeMetricFamily("trt_llm_num_requests_paused",
+                                "Running requests paused for a higher priority, waiting to resume",
+                                value=len(self.engine.paused))
 
 
 class _ContextCacheCollector:

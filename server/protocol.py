@@ -229,6 +229,12 @@ class _Sampling(_Body):
                                              description="extension (vLLM's): transformers' repetition penalty, 1 = off")
     min_p: float | None = Field(0.0, ge=0, le=1, allow_inf_nan=False, description="extension (vLLM's): 0 = off")
     disable_spec_decode: StrictBool = Field(False, description="extension: vanilla decoding for this request")
+    priority: int = Field(0, ge=-(2**31), le=2**31 - 1, description=(
+        "extension (vLLM's): higher is served first; a request waiting for a row pauses a running one of a "
+        "lower priority, which resumes later with the same tokens"))
+    timeout: float | None = Field(None, gt=0, allow_inf_nan=False, description=(
+        "extension: seconds from its arrival after which the request ends with finish_reason 'timeout' and "
+        "its answer so far (no tokens if it never started)"))
     guided_decoding: GuidedDecoding | None = Field(
         None, description="extension: the input file's guided_decoding, exactly one of json_schema, json_object, "
         "regex, choice or ebnf (not with response_format)")

@@ -4,8 +4,11 @@ priority admission, preemption by pause, deadlines, and the server's bounded que
 The oracle of every paused request is the same request run alone on the same engine: a paused row
 must end with exactly the tokens (and log-probabilities) of an uninterrupted run, greedy and seeded."""
 
+import asyncio
 import json
 import time
+
+import httpx
 
 import pytest
 
@@ -134,3 +137,132 @@ def test_a_file_request_past_its_timeout_while_waiting_answers_timeout(engine):
     assert first.finish_reason == "max-length"
     assert first.output_token_ids == alone(engine, data, 0).generated
     type(out).model_validate(json.loads(out.model_dump_json()))  # "timeout" is an output file's finish reason
+
+
+# -- through the server ---------------------------------------------------------------------------
+
+def served(engine, **overrides):
+    from test_server import LiveServer  # uvicorn on loopback, as test_server runs it
+
+    from trt_llm.server.app import ServerConfig, create_app
+
+    runner = Runner(EngineDir.open(engine), threads=1, scheduling="continuous")
+    return LiveServer(create_app(runner, ServerConfig(model_name="tiny", **overrides)))
+
+
+def body(prompt, **extra):
+    return {"model": "tiny", "prompt": prompt, "max_tokens": 40, "temperature": 0.0, "logit_bias": NO_EOS, **extra}
+
+
+def test_the_server_pauses_a_low_priority_row_and_it_ends_with_its_answer_alone(engine):
+    """Two rows busy with low-priority streams (greedy; seeded at temperature 0.9); a priority-3
+    request pauses one of them. Every answer is the one each request gets alone on an idle server."""
+    live = served(engine, max_rows=2)
+    low = [body(PROMPTS[0]), body(PROMPTS[2], temperature=0.9, seed=11, top_p=0.95)]
+    urgent = body(PROMPTS[2] + " Then name their moons, one by one.", priority=3, max_tokens=8)
+
+    async def stream(client, payload, seen):
+        text = ""
+        async with client.stream("POST", "/v1/completions", json={**payload, "stream": True}) as answer:
+            async for line in answer.aiter_lines():
+                if line.startswith("data: {"):
+                    text += json.loads(line[6:])["choices"][0]["text"]
+                    seen.append(1)
+        return text
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=live.url, timeout=60) as client:
+            seen = [[], []]
+            tasks = [asyncio.create_task(stream(client, payload, s)) for payload, s in zip(low, seen)]
+            while min(len(s) for s in seen) < 4:  # both decoding
+                await asyncio.sleep(0.005)
+            first = (await client.post("/v1/completions", json=urgent)).json()
+            return [*(await asyncio.gather(*tasks)), first["choices"][0]["text"]]
+
+    try:
+        texts = asyncio.run(scenario())
+        assert live.app.state.engine.core.pauses >= 1
+        with httpx.Client(base_url=live.url, timeout=60) as client:
+            for payload, text in zip([*low, urgent], texts):
+                assert client.post("/v1/completions", json=payload).json()["choices"][0]["text"] == text
+    finally:
+        live.close()
+
+
+def test_a_body_timeout_ends_the_answer_with_its_partial_text(engine):
+    """A completion whose `timeout` passes mid-answer: finish_reason "timeout", usage's tokens fewer
+    than asked, and its text the answer's first tokens (the same request asked for that many)."""
+    live = served(engine, max_rows=2)
+    try:
+        with httpx.Client(base_url=live.url, timeout=60) as client:
+            started = time.perf_counter()
+            full = client.post("/v1/completions", json=body(PROMPTS[0], max_tokens=450)).json()
+            took = time.perf_counter() - started
+            assert full["usage"]["completion_tokens"] == 450
+            cut = client.post("/v1/completions", json=body(PROMPTS[0], max_tokens=450, timeout=took / 3)).json()
+            assert cut["choices"][0]["finish_reason"] == "timeout"
+            n = cut["usage"]["completion_tokens"]
+            assert 0 < n < 450
+            same = client.post("/v1/completions", json=body(PROMPTS[0], max_tokens=n)).json()
+            assert cut["choices"][0]["text"] == same["choices"][0]["text"]
+            anthropic = client.post("/v1/messages", json={
+                "model": "tiny", "max_tokens": 450, "temperature": 0.0, "timeout": took / 3,
+                "messages": [{"role": "user", "content": PROMPTS[0]}]}).json()
+            assert anthropic["stop_reason"] in ("timeout", "end_turn")  # (the chat template may let it end)
+            metrics = client.get("/metrics").text
+            assert 'trt_llm_request_rejections_total{reason="timeout"}' in metrics
+    finally:
+        live.close()
+
+
+def test_64_clients_against_a_queue_of_8(engine):
+    """64 clients at once (half OpenAI completions, half Anthropic messages) against 2 rows and a queue
+    of 8: each is answered 200 or 429; a 429 carries Retry-After (whole seconds, >= 1) and the API's
+    error shape; every accepted request is answered whole; those with a 0.3 s timeout are answered
+    within it (plus the noisy machine's slack), finish_reason timeout or done; /metrics' rejections
+    equal the 429s the clients saw, and the queue is empty after."""
+    live = served(engine, max_rows=2, max_waiting=8)
+
+    async def one(client, i):
+        extra = {"timeout": 0.3} if i % 4 == 0 else {}
+        started = time.perf_counter()
+        if i % 2:
+            answer = await client.post("/v1/messages", json={
+                "model": "tiny", "max_tokens": 12, "temperature": 0.0, **extra,
+                "messages": [{"role": "user", "content": PROMPTS[i % 4]}]})
+        else:
+            answer = await client.post("/v1/completions", json=body(PROMPTS[i % 4], max_tokens=12, **extra))
+        return i, answer, time.perf_counter() - started, extra
+
+    async def all_at_once():
+        async with httpx.AsyncClient(base_url=live.url, timeout=120,
+                                     limits=httpx.Limits(max_connections=64)) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(64)))
+
+    try:
+        results = asyncio.run(all_at_once())
+        refused = [(i, a) for i, a, _, _ in results if a.status_code == 429]
+        assert {a.status_code for _, a, _, _ in results} <= {200, 429} and refused
+        for i, answer in refused:
+            assert int(answer.headers["Retry-After"]) >= 1
+            error = answer.json()
+            if i % 2:
+                assert error["type"] == "error" and error["error"]["type"] == "rate_limit_error"
+            else:
+                assert error["error"]["type"] == "rate_limit_error" and error["error"]["code"] == "queue_full"
+        for i, answer, took, extra in results:
+            if answer.status_code != 200:
+                continue
+            data = answer.json()
+            reason = data["stop_reason"] if i % 2 else data["choices"][0]["finish_reason"]
+            assert reason in (("timeout", "end_turn", "max_tokens") if i % 2 else ("timeout", "stop", "length"))
+            if reason != "timeout":
+                assert (data["usage"]["output_tokens"] if i % 2 else data["usage"]["completion_tokens"]) > 0
+            if extra:
+                assert took < extra["timeout"] + 3.0, (i, took)
+        metrics = httpx.get(f"{live.url}/metrics").text
+        assert f'trt_llm_request_rejections_total{{reason="queue_full"}} {float(len(refused))}' in metrics
+        assert "trt_llm_queue_depth 0.0" in metrics and "trt_llm_num_requests_paused 0.0" in metrics
+        assert 'trt_llm_num_requests_waiting{priority="0"} 0.0' in metrics
+    finally:
+        live.close()
