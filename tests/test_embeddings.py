@@ -344,3 +344,16 @@ def test_the_tensorrt_engine_binds_final_hidden_states_asked_or_not():
         expected = np.array([r / np.linalg.norm(r) for r in rows])
         got = Embedder(model, 2, 32, None, "last", None).embed(prompts, pooling)
         np.testing.assert_allclose(got, expected, atol=1e-6)
+
+
+def test_a_tensorrt_rtx_plan_has_the_output(tiny_model, build_engine_for):
+    """TensorRT-RTX parses the graph with final_hidden_states as an output [batch, seq, H] in the model's
+    dtype and builds its plan ahead of time (test_tensorrt_rtx's engine; running it needs a GPU)."""
+    pytest.importorskip("tensorrt_rtx")
+    from trt_llm.build.tensorrt_backend import describe_network
+
+    engine = build_engine_for(tiny_model("qwen3"), backend="tensorrt-rtx", max_batch_size=2, max_input_len=64,
+                              max_kv_cache_capacity=128)
+    tensors = describe_network(engine / "llm" / "model.onnx", rtx=True)
+    assert tensors["final_hidden_states"] == ((-1, -1, 64), "FLOAT", False)
+    assert (engine / json.loads((engine / "manifest.json").read_text())["components"]["llm"]["engine"]).is_file()
