@@ -39,6 +39,7 @@ from trt_llm.runtime.text.prompt import PromptError, PromptFormatter
 from trt_llm.runtime.requests.prepare import apply_batch_rules
 from trt_llm.runtime.engine.sequence import MAX_LENGTH, TIMEOUT
 from trt_llm.server.convert import BadRequest, convert, force_tool_calls
+from trt_llm.server.clients import CLIENT
 from trt_llm.server.engine import EngineStopped, Job, QueueFull, ServingEngine, Update
 from trt_llm.runtime.engine import DEFAULT_PREFILL_CHUNK
 from trt_llm.server.metrics import Metrics
@@ -79,6 +80,7 @@ class ServerConfig:
     kv_cache_budget: int = 1 << 30  # bytes of reused keys and values
     prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK  # prompt tokens a pass (runtime/engine/engine_core.py)
     latency_target: float | None = None  # streams' time between tokens while prompts go in, in decode steps
+    max_num_batched_tokens: int | None = None  # the tokens a pass takes, prompt and decode (None: no limit)
     tool_call_parser: str = "auto"  # auto (from the chat template), hermes or none (server/tool_calls.py)
 
 
@@ -114,7 +116,8 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
     metrics.watch_speculation(runner)
     # A chat client resends the whole conversation each turn: the turns before it are restored.
     runner.context_reuse = config.save_prefixes
-    engine = ServingEngine(runner, config.max_rows, config.max_waiting, metrics, config.save_prefixes)
+    engine = ServingEngine(runner, config.max_rows, config.max_waiting, metrics, config.save_prefixes,
+                           config.max_num_batched_tokens)
     metrics.watch_memory(engine)
     metrics.watch_scheduling(engine)
 
@@ -220,7 +223,7 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
         """A prepared request as a job on the serving engine (429 when its queue is full, 503 while it
         stops); every route submits through here."""
         apply_batch_rules([prepared], settings)  # a batch of one: its own K and speculation
-        job = Job(prepared, asyncio.get_running_loop())
+        job = Job(prepared, asyncio.get_running_loop(), client=CLIENT.get())
         try:
             engine.submit(job)
         except QueueFull as error:
@@ -561,6 +564,9 @@ def _add_limits(app: FastAPI, config: ServerConfig, metrics: Metrics) -> None:
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"])
     app.add_middleware(BodyLimit, limit=config.max_body_bytes, own_limits=UPLOAD_ROUTES)
+    from trt_llm.server.clients import ClientKey
+
+    app.add_middleware(ClientKey)  # who sent each request: fair share between API keys (server/clients.py)
     if config.api_keys:
         app.add_middleware(ApiKey, keys=config.api_keys)
     app.add_middleware(RequestCounter, metrics=metrics)  # the last added is the outermost

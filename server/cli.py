@@ -55,6 +55,10 @@ def parse_args(argv: list[str] | None):
                    help="while prompts go in, keep the running streams' time between tokens within this many "
                         "decode steps (chunks sized by measurement, decode steps in the same passes; 2 keeps them "
                         "within 2x, at the cost of the new prompts' time to first token)")
+    p.add_argument("--max-num-batched-tokens", type=positive_int, metavar="TOKENS",
+                   help="the most tokens a pass takes, its new prompts' and its decode rows' together (vLLM's; "
+                        "at least --max-batch-size; default: no limit beyond --prefill-chunk). An EAGLE or "
+                        "prompt lookup verification pass is as wide as its trees")
     p.add_argument("--tool-call-parser", choices=("auto", "hermes", "llama3_json", "gemma4", "none"), default="auto",
                    help="how an answer's tool calls are parsed (default auto: hermes when the chat template "
                         "mentions <tool_call>, llama3_json when it renders calls with their \"parameters\" "
@@ -91,6 +95,9 @@ def server_config(args, engine_dir):
     rows = args.max_batch_size or limit
     if rows > limit:
         raise ValueError(f"--max-batch-size {rows} exceeds the engine's max_batch_size {limit}")
+    if args.max_num_batched_tokens is not None and args.max_num_batched_tokens < rows:
+        raise ValueError(f"--max-num-batched-tokens {args.max_num_batched_tokens}: a decode step of {rows} rows "
+                         f"takes {rows}; give at least --max-batch-size")
     memory = physical_memory()
     if memory and args.kv_cache_budget > memory:
         raise ValueError(f"--kv-cache-budget: {args.kv_cache_budget / 2**30:.1f} GiB is more than this machine's "
@@ -105,7 +112,8 @@ def server_config(args, engine_dir):
                         request_timeout_s=args.request_timeout, media_root=media,
                         cors_origins=tuple(args.cors_origin), save_prefixes=not args.no_prefix_cache,
                         kv_cache_budget=args.kv_cache_budget, prefill_chunk=args.prefill_chunk,
-                        latency_target=args.prefill_latency_target, tool_call_parser=args.tool_call_parser)
+                        latency_target=args.prefill_latency_target, tool_call_parser=args.tool_call_parser,
+                        max_num_batched_tokens=args.max_num_batched_tokens)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,6 +58,7 @@ class Job:
     reported: int = 0  # tokens handed out so far
     last_report: float | None = None
     checked: float = field(default_factory=time.perf_counter)  # when the client was last seen connected
+    client: str | None = None  # who sent it (server/clients.py): fair share between API keys
 
     def send(self, update: Update) -> None:
         try:
@@ -90,11 +91,13 @@ class Work:
 
 
 class ServingEngine:
-    def __init__(self, runner, max_rows: int, max_waiting: int, metrics, save_prefixes: bool = True):
+    def __init__(self, runner, max_rows: int, max_waiting: int, metrics, save_prefixes: bool = True,
+                 max_batched_tokens: int | None = None):
         """runner: a runtime.requests.runner.Runner (the model, its draft, the preparer, the context
         cache, whose context_reuse makes each conversation's next turn restore the turns before it);
         save_prefixes: a request's system prompt is also kept for the next one that starts with it."""
         self.runner, self.max_rows, self.max_waiting = runner, max_rows, max_waiting
+        self.max_batched_tokens = max_batched_tokens  # a pass's prompt and decode tokens (--max-num-batched-tokens)
         self.metrics = metrics
         self.save_prefixes = save_prefixes
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -184,7 +187,7 @@ class ServingEngine:
     # -- the engine thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
-        core = self.core = self.runner.engine_core(self.max_rows, "continuous")
+        core = self.core = self._core()
         with single_threaded_host_math():
             while not self._stop:
                 try:
@@ -209,7 +212,12 @@ class ServingEngine:
                     log.error("a step failed with %d requests in flight: %s", len(self._jobs), error)
                     log.info("the step's traceback:", exc_info=True)
                     self._fail_all(f"the engine failed: {error}")
-                    core = self.core = self.runner.engine_core(self.max_rows, "continuous")
+                    core = self.core = self._core()
+
+    def _core(self):
+        core = self.runner.engine_core(self.max_rows, "continuous")
+        core.max_batched_tokens = self.max_batched_tokens
+        return core
 
     def _one_pass(self) -> None:
         """The first work's next engine pass; its result or its error (its alone) when it is done."""
@@ -252,7 +260,7 @@ class ServingEngine:
                 p.save_group = self.save_prefixes  # the server's policy, not a batch's
                 self._jobs[job.id] = job
                 request = self.runner.engine_request(p)
-                request.id, request.priority = job.id, p.request.priority
+                request.id, request.priority, request.client = job.id, p.request.priority, job.client
                 if p.request.timeout is not None:
                     request.deadline = job.submitted + p.request.timeout
                 core.add_request(request)

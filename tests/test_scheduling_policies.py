@@ -266,3 +266,104 @@ def test_64_clients_against_a_queue_of_8(engine):
         assert 'trt_llm_num_requests_waiting{priority="0"} 0.0' in metrics
     finally:
         live.close()
+
+
+def test_a_token_budget_caps_every_pass_and_keeps_the_tokens(engine):
+    """max_batched_tokens 12 with mixed steps on 3 rows (prompts of 60-90 tokens arriving while others
+    decode): no engine pass takes more than 12 tokens (prompt chunks and decode rows together, counted
+    at the engine), and every request's tokens are those of the run without a budget."""
+    from trt_llm.runtime.engine.engine_core import EngineCore
+
+    data = {"temperature": 0.0, "max_generate_length": 10,
+            "requests": [chat_request(PROMPTS[i % 4] + " more" * (i * 7), logit_bias=NO_EOS) for i in range(5)]}
+    outputs = []
+    for budget in (None, 12):
+        runner = Runner(EngineDir.open(engine), threads=1)
+        core = EngineCore(runner.model, 3, step_tokens=64, mixed_steps=True, max_batched_tokens=budget)
+        passes, run = [], runner.model.engine.run
+
+        def counted(step, cache, lora):
+            passes.append(int(step.query_lengths.sum()))
+            return run(step, cache, lora)
+
+        runner.model.engine.run = counted
+        requests = requests_of(runner, data)
+        core.add_request(requests[0])
+        core.step()
+        for r in requests[1:]:  # each arrives while the others decode
+            core.add_request(r)
+            core.step()
+        core.run_to_completion()
+        runner.model.engine.run = run
+        outputs.append([r.sequence.generated for r in requests])
+        if budget:
+            assert max(passes) <= budget and max(passes) == budget  # cut, and used to the full
+        else:
+            assert max(passes) > 12
+    assert outputs[0] == outputs[1]
+
+
+def test_fair_share_admits_round_robin_between_clients(engine):
+    """One row; client a queues 4 requests, then client b 2, all of priority 0: a's and b's take turns
+    (b's first comes second, not fifth); requests without a client (the file runner's) keep arrival
+    order; a higher priority still goes first whatever its client."""
+    data = {"temperature": 0.0, "max_generate_length": 2, "requests": [chat_request(PROMPTS[i % 4]) for i in range(7)]}
+    runner = Runner(EngineDir.open(engine), threads=1)
+    requests = requests_of(runner, data)
+    for r, client in zip(requests, "aaaabbc"):
+        r.client = client
+    requests[6].priority = 1
+    core = runner.engine_core(1, "continuous")
+    for r in requests:
+        core.add_request(r)
+    order = []
+    while core.has_unfinished():
+        order += [r.id for r in core.step()]
+    assert order == [6, 0, 4, 1, 5, 2, 3]  # c (priority 1), then a, b, a, b, a, a
+    plain = requests_of(Runner(EngineDir.open(engine), threads=1), data)[:5]
+    core = runner.engine_core(1, "continuous")
+    for r in plain:
+        core.add_request(r)
+    order = []
+    while core.has_unfinished():
+        order += [r.id for r in core.step()]
+    assert order == [0, 1, 2, 3, 4]
+
+
+def test_the_server_shares_rows_between_api_keys(engine):
+    """Two API keys, one row: key a sends 4 requests, then key b one; b's is answered second."""
+    live = served(engine, max_rows=1, api_keys=("key-a", "key-b"))
+
+    async def one(client, key, tag, done):
+        answer = await client.post("/v1/completions", json=body(PROMPTS[0], max_tokens=60),
+                                   headers={"Authorization": f"Bearer {key}"})
+        assert answer.status_code == 200
+        done.append(tag)
+
+    async def burst():
+        done = []
+        async with httpx.AsyncClient(base_url=live.url, timeout=120) as client:
+            tasks = [asyncio.create_task(one(client, "key-a", f"a{i}", done)) for i in range(4)]
+            give_up = time.perf_counter() + 30
+            while live.app.state.engine.waiting().get(0, 0) < 3:  # a's first runs, three wait
+                assert time.perf_counter() < give_up, "a's requests never queued"
+                await asyncio.sleep(0.002)
+            tasks.append(asyncio.create_task(one(client, "key-b", "b", done)))
+            await asyncio.gather(*tasks)
+        return done
+
+    try:
+        done = asyncio.run(burst())
+        assert done.index("b") == 1, done
+    finally:
+        live.close()
+
+
+def test_the_token_budget_flag(engine):
+    from trt_llm.server.cli import parse_args, server_config
+
+    config = server_config(parse_args(["--engine-dir", str(engine), "--max-num-batched-tokens", "64"]),
+                           EngineDir.open(engine))
+    assert config.max_num_batched_tokens == 64
+    with pytest.raises(ValueError, match=r"^--max-num-batched-tokens 3: a decode step of 4 rows takes 4"):
+        server_config(parse_args(["--engine-dir", str(engine), "--max-num-batched-tokens", "3"]), EngineDir.open(engine))

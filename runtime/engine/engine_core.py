@@ -62,6 +62,7 @@ class EngineRequest:
     deadline: float | None = None  # time.perf_counter() at which it ends with finish_reason "timeout"
     arrival: int = -1  # its order of arrival (add_request sets it): first come, first served within a priority
     paused: bool = False  # it left its row for a higher-priority request and waits to resume
+    client: str | None = None  # who sent it (the server: its API key's digest): fair share within a priority
 
 
 class Scheduler:
@@ -75,6 +76,8 @@ class Scheduler:
         self.waiting: list[EngineRequest] = []
         self.running: list[EngineRequest] = []
         self._arrivals = 0
+        self._admissions = 0
+        self._served: dict[str, int] = {}  # a client -> when one of its requests was last admitted
 
     def enqueue(self, request: EngineRequest) -> None:
         """`request` waits for a row: a new one (it gets its arrival) or a paused one (it keeps its own)."""
@@ -98,25 +101,51 @@ class Scheduler:
                 admitted.append(self.waiting.pop(0))
         else:
             while self.waiting and len(self.running) + len(admitted) < self.max_rows:
-                if self.waiting[0].paused and prefilling:
+                index = self._next()
+                if self.waiting[index].paused and prefilling:
                     break
-                admitted.append(self.waiting.pop(0))
+                admitted.append(self.waiting.pop(index))
             admitted.sort(key=lambda r: not r.paused)  # (stable)
         self.running += admitted
         return admitted
+
+    def _next(self) -> int:
+        """The waiting request admitted next: of the highest priority waiting, a paused one (the first),
+        else the one of the client served longest ago (round robin between clients: one client's burst
+        does not hold another's requests back), the first to arrive of that client's."""
+        head = self.waiting[0]
+        if head.paused or head.client is None:
+            return 0
+        best, best_key = 0, None
+        for index, r in enumerate(self.waiting):
+            if r.priority != head.priority:
+                break  # (sorted: the class is the queue's first requests)
+            if r.paused:
+                return index
+            key = self._served.get(r.client, -1)
+            if best_key is None or key < best_key:
+                best, best_key = index, key
+        if len(self._served) > 4096:  # (clients long gone: forgotten, they count as never served)
+            self._served.clear()
+        self._served[self.waiting[best].client] = self._admissions
+        self._admissions += 1
+        return best
 
 
 class EngineCore:
     def __init__(self, model: Model, max_rows: int, policy: str = "continuous", lora_layout: dict | None = None,
                  profiler=None, strategy=None, sampler: Sampler | None = None, context=None,
                  prefill_chunk: int | None = None, step_tokens: int | None = None, mixed_steps: bool = False,
-                 latency_target: float | None = None, context_reuse: bool = False):
+                 latency_target: float | None = None, context_reuse: bool = False,
+                 max_batched_tokens: int | None = None):
         """strategy: a runtime.decoding strategy (Vanilla() by default, Eagle(...) with a draft).
         sampler: one whose rows the requests already hold (EngineRequest.row), or None for a new one.
         context: the context cache (runtime/cache/context_cache.py) admitted rows restore their
         prefixes from and commit their tokens to, as each sequence's plan says (`plan`: made from a
         request's policies when it is added); context_reuse: requests restore their longest cached
-        prefix and commit their tokens (without it only kept system prompts are reused)."""
+        prefix and commit their tokens (without it only kept system prompts are reused);
+        max_batched_tokens: the most tokens a pass takes, its prompt tokens and its decode rows'
+        together (vLLM's max_num_batched_tokens; None: no limit beyond the prefill chunk's)."""
         from trt_llm.runtime.decoding.vanilla import Vanilla
 
         self.model = model
@@ -134,6 +163,7 @@ class EngineCore:
         # the strategy decodes its rows in the pass that takes the next chunk, where it can.
         self.prefill_chunk, self.mixed_steps = prefill_chunk, mixed_steps
         self.budget = PrefillBudget(step_tokens, latency_target)
+        self.max_batched_tokens = max_batched_tokens
         self._prefilling = 0  # the last rows of the pool, admitted and not yet through their prompts
         self._chunk_tokens = 0  # the prompt tokens the last prefill pass took
         self._prefill_turn = False  # whether the next pass is a prefill one while rows also decode
@@ -301,7 +331,9 @@ class EngineCore:
         from trt_llm.runtime.decoding.prefill import mixed
 
         running = self.scheduler.running
-        window, sequences, counts = self._chunks(running[decoding:], decoding)
+        if self.max_batched_tokens is not None and self.max_batched_tokens <= decoding:
+            return None  # no prompt token fits beside the decode rows: two passes
+        window, sequences, counts = self._chunks(running[decoding:], decoding, decode_rows=decoding)
         if any(r.sequence.length - 1 + max(counts) > self.cache.capacity for r in running[:decoding]):
             return None
         rows = decoding + len(counts)
@@ -311,18 +343,23 @@ class EngineCore:
         self._prefilling -= complete
         return logits, complete
 
-    def _chunks(self, rows: list[EngineRequest], start: int):
+    def _chunks(self, rows: list[EngineRequest], start: int, decode_rows: int = 0):
         """Start the prefilling `rows` (running rows start ..: their restored prefixes) and give each its
         next chunk: at most `prefill_chunk` prompt tokens, and while other rows decode at most the
         budget's tokens for all of them together. A row's last chunk waits for the rows before it (it
-        completes with or after them), so the rows done are always the first ones. Returns (their
-        window of the pool, their sequences, the counts up to the last row with one)."""
+        completes with or after them), so the rows done are always the first ones. With
+        max_batched_tokens, a pass's prompt tokens are at most it less its `decode_rows` (a mixed
+        pass's decode tokens). Returns (their window of the pool, their sequences, the counts up to
+        the last row with one)."""
         from trt_llm.runtime.decoding.prefill import start_rows
 
         window = self.cache.window(start, len(self.scheduler.running))
         sequences = [r.sequence for r in rows]
         start_rows(sequences, window, self.context)
         budget = self.budget.tokens if start else None  # rows before these are decoding: spare them
+        if self.max_batched_tokens is not None:
+            cap = self.max_batched_tokens - decode_rows
+            budget = cap if budget is None else min(budget, cap)
         counts, earlier_complete = [], True
         for s in sequences:
             remaining = len(s.prompt_ids) - s.prefilled

@@ -106,7 +106,7 @@ def resume(core, index: int, request) -> None:
         # restore() reads a prompt and restores at most all its tokens but the last: here the row's tokens
         restored = reuse.restore(core.context, core.cache, index, SimpleNamespace(
             prompt_ids=tokens + s.generated[-1:], context=s.context))
-    chunk = core.prefill_chunk or len(tokens)
+    chunk = min(core.prefill_chunk or len(tokens), core.max_batched_tokens or len(tokens))
     window, lora = core.cache.window(index, index + 1), core.lora_rows(index, index + 1)
     with core.stage("resume"):
         for start in range(restored, len(tokens), chunk):
