@@ -46,7 +46,8 @@ class MtpGraph(nn.Module):
 
     forward(inputs_embeds [B,S,H] (the base's embedding rows of tokens t + 1, unscaled), hidden [B,S,H]
     (the base's final-normed hidden states at t: its final_hidden_states, or this head's own hidden_out
-    of the previous step), position_ids [B,S] int32 (the positions of tokens t + 1), past_lengths [B],
+    of the previous step), position_ids [B,S] int32 (t's, as vLLM passes them: rotary turns queries and keys
+    alike, so any constant shift gives the same step), past_lengths [B],
     query_lengths [B], tree_mask [B,S,S] bool, logits_indices [B,K] int32, past_key, past_value
     [B,Hkv,L,D])
       -> (logits [B,K,V] float32 (the token after each new token's), hidden_out [B,S,H] (after
