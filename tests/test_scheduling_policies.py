@@ -90,6 +90,31 @@ def test_a_paused_row_resumes_with_the_tokens_it_has_alone(engine, reuse):
             assert got == pytest.approx(expected, abs=1e-4)
 
 
+def test_a_row_paused_mid_prompt_starts_it_again(engine):
+    """Prompts in chunks of 8: a long low-priority prompt still prefilling (the latest arrival) is the
+    one paused for an urgent request; it starts its prompt again later and ends with its answer alone
+    (seeded)."""
+    data = {"max_generate_length": 12, "seed": 3, "requests": [
+        chat_request(PROMPTS[1], logit_bias=NO_EOS, temperature=0.0),
+        chat_request(PROMPTS[2] + " more" * 30, logit_bias=NO_EOS, temperature=0.8),
+        chat_request(PROMPTS[0], logit_bias=NO_EOS, temperature=0.0, priority=1)]}
+    runner = Runner(EngineDir.open(engine), threads=1, prefill_chunk=8)
+    first, long_one, urgent = requests_of(runner, data)
+    core = runner.engine_core(2, "continuous")
+    core.add_request(first)
+    core.step()
+    core.add_request(long_one)
+    core.step()
+    core.step()
+    assert 0 < long_one.sequence.prefilled < len(long_one.sequence.prompt_ids) and not long_one.sequence.generated
+    core.add_request(urgent)
+    core.step()
+    assert long_one.paused and long_one.sequence.prefilled is None and first in core.scheduler.running
+    core.run_to_completion()
+    for index, request in enumerate((first, long_one, urgent)):
+        assert request.sequence.generated == alone(engine, data, index, prefill_chunk=8).generated, index
+
+
 def test_the_continuous_runner_admits_by_priority_and_keeps_each_requests_tokens(engine):
     """trt-llm-run --scheduling continuous on a file with priorities, one row: the requests start in
     priority order (file order within one), each with the tokens it has alone."""

@@ -64,6 +64,11 @@ class EngineRequest:
     paused: bool = False  # it left its row for a higher-priority request and waits to resume
     client: str | None = None  # who sent it (the server: its API key's digest): fair share within a priority
 
+    @property
+    def resuming(self) -> bool:
+        """Paused mid-decode: it resumes as a decoding row (one paused mid-prompt starts it again)."""
+        return self.paused and bool(self.sequence.generated)
+
 
 class Scheduler:
     """Waiting and running requests, and who may take a free row of the pool."""
@@ -102,10 +107,10 @@ class Scheduler:
         else:
             while self.waiting and len(self.running) + len(admitted) < self.max_rows:
                 index = self._next()
-                if self.waiting[index].paused and prefilling:
+                if self.waiting[index].resuming and prefilling:
                     break
                 admitted.append(self.waiting.pop(index))
-            admitted.sort(key=lambda r: not r.paused)  # (stable)
+            admitted.sort(key=lambda r: not r.resuming)  # (stable)
         self.running += admitted
         return admitted
 
@@ -243,7 +248,9 @@ class EngineCore:
         if admitted:
             self._reserve(admitted)
             self._update_lora()
-            resumed = [r for r in admitted if r.paused]
+            resumed = [r for r in admitted if r.resuming]
+            for r in admitted:
+                r.paused = False
             for r in resumed:  # they come first, after the rows decoding (Scheduler.admit)
                 preemption.resume(self, self.scheduler.running.index(r), r)
             self._prefilling += len(admitted) - len(resumed)
