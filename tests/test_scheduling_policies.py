@@ -183,7 +183,8 @@ def test_the_server_pauses_a_low_priority_row_and_it_ends_with_its_answer_alone(
     """Two rows busy with low-priority streams (greedy; seeded at temperature 0.9); a priority-3
     request pauses one of them. Every answer is the one each request gets alone on an idle server."""
     live = served(engine, max_rows=2)
-    low = [body(PROMPTS[0]), body(PROMPTS[2], temperature=0.9, seed=11, top_p=0.95)]
+    # long enough to be still decoding when the urgent one comes, on a loaded machine too
+    low = [body(PROMPTS[0], max_tokens=160), body(PROMPTS[2], temperature=0.9, seed=11, top_p=0.95, max_tokens=160)]
     urgent = body(PROMPTS[2] + " Then name their moons, one by one.", priority=3, max_tokens=8)
 
     async def stream(client, payload, seen):
