@@ -245,8 +245,9 @@ def test_64_clients_against_a_queue_of_8(engine):
     """64 clients at once (half OpenAI completions, half Anthropic messages) against 2 rows and a queue
     of 8: each is answered 200 or 429; a 429 carries Retry-After (whole seconds, >= 1) and the API's
     error shape; every accepted request is answered whole; those with a 0.3 s timeout are answered
-    within it (plus the noisy machine's slack), finish_reason timeout or done; /metrics' rejections
-    equal the 429s the clients saw, and the queue is empty after."""
+    within it (plus the noisy machine's slack), finish_reason timeout or done (the 10 accepted answers
+    of up to 200 tokens take seconds on 2 rows: some time out); /metrics' rejections equal the 429s the
+    clients saw, and the queue is empty after."""
     live = served(engine, max_rows=2, max_waiting=8)
 
     async def one(client, i):
@@ -254,10 +255,10 @@ def test_64_clients_against_a_queue_of_8(engine):
         started = time.perf_counter()
         if i % 2:
             answer = await client.post("/v1/messages", json={
-                "model": "tiny", "max_tokens": 12, "temperature": 0.0, **extra,
+                "model": "tiny", "max_tokens": 200, "temperature": 0.0, **extra,
                 "messages": [{"role": "user", "content": PROMPTS[i % 4]}]})
         else:
-            answer = await client.post("/v1/completions", json=body(PROMPTS[i % 4], max_tokens=12, **extra))
+            answer = await client.post("/v1/completions", json=body(PROMPTS[i % 4], max_tokens=200, **extra))
         return i, answer, time.perf_counter() - started, extra
 
     async def all_at_once():
@@ -276,18 +277,22 @@ def test_64_clients_against_a_queue_of_8(engine):
                 assert error["type"] == "error" and error["error"]["type"] == "rate_limit_error"
             else:
                 assert error["error"]["type"] == "rate_limit_error" and error["error"]["code"] == "queue_full"
+        timeouts = 0
         for i, answer, took, extra in results:
             if answer.status_code != 200:
                 continue
             data = answer.json()
             reason = data["stop_reason"] if i % 2 else data["choices"][0]["finish_reason"]
             assert reason in (("timeout", "end_turn", "max_tokens") if i % 2 else ("timeout", "stop", "length"))
+            timeouts += reason == "timeout"
             if reason != "timeout":
                 assert (data["usage"]["output_tokens"] if i % 2 else data["usage"]["completion_tokens"]) > 0
             if extra:
                 assert took < extra["timeout"] + 3.0, (i, took)
+        assert timeouts
         metrics = httpx.get(f"{live.url}/metrics").text
         assert f'trt_llm_request_rejections_total{{reason="queue_full"}} {float(len(refused))}' in metrics
+        assert f'trt_llm_request_rejections_total{{reason="timeout"}} {float(timeouts)}' in metrics
         assert "trt_llm_queue_depth 0.0" in metrics and "trt_llm_num_requests_paused 0.0" in metrics
         assert 'trt_llm_num_requests_waiting{priority="0"} 0.0' in metrics
     finally:
