@@ -37,14 +37,26 @@ class GenerationStats(BaseModel):
     ms_per_token: float = Field(ge=0)
 
 
+class RequestSpeculation(BaseModel):
+    model_config = _FORBID
+    passes: int = Field(ge=0, description="Its verification passes with a proposal.")
+    proposed_tokens: int = Field(ge=0, description="Tokens proposed for it.")
+    accepted_tokens: int = Field(ge=0, description="Of them, the tokens the base took.")
+    mean_accepted_length: float = Field(ge=0, description="Tokens a pass emitted for it (taken + the base's own).")
+
+
 class SpeculativeStats(BaseModel):
     model_config = _FORBID
-    iterations: int = Field(ge=0, description="Verification passes, counted per row (EAGLE: every round; prompt "
-                                               "lookup: the rows' passes that had a proposal).")
+    strategy: str = Field("none", description="The run's decoding strategy: eagle, mtp, prompt-lookup or none.")
+    iterations: int = Field(ge=0, description="Verification passes, counted per row (EAGLE / MTP: every round; "
+                                               "prompt lookup: the rows' passes that had a proposal).")
     generated_tokens: int = Field(ge=0, description="Tokens those passes emitted.")
     mean_accepted_length: float = Field(ge=0, description="generated_tokens / iterations.")
-    proposed_tokens: int = Field(0, ge=0, description="Prompt lookup: tokens proposed from the rows' own text.")
-    accepted_tokens: int = Field(0, ge=0, description="Prompt lookup: of them, the tokens the base took.")
+    proposed_tokens: int = Field(0, ge=0, description="Tokens drafted (EAGLE / MTP: the nodes verified) or proposed "
+                                                       "from the rows' own text (prompt lookup).")
+    accepted_tokens: int = Field(0, ge=0, description="Of them, the tokens the base took.")
+    per_request: dict[str, RequestSpeculation] = Field(default_factory=dict, description="request_idx -> what "
+                                                       "speculation did for it (requests with a proposal).")
 
 
 class MultimodalStats(BaseModel):

@@ -510,4 +510,8 @@ def test_prompt_lookup_on_an_eagle_base_is_vanilla_and_profiled(engine, mode, tm
                      "--threads", "1", "--profile-output", str(tmp_path / "profile.json")]) == 0
     speculative = json.loads((tmp_path / "profile.json").read_text())["speculative"]
     assert speculative["proposed_tokens"] > speculative["accepted_tokens"] > 0
-    assert speculative["mean_accepted_length"] > 1.0
+    assert speculative["mean_accepted_length"] > 1.0 and speculative["strategy"] == "prompt-lookup"
+    per_request = speculative["per_request"].values()  # each request's counts add up to the run's
+    assert sum(r["proposed_tokens"] for r in per_request) == speculative["proposed_tokens"]
+    assert sum(r["accepted_tokens"] for r in per_request) == speculative["accepted_tokens"]
+    assert sum(r["passes"] for r in per_request) == speculative["iterations"]

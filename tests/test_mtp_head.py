@@ -269,6 +269,11 @@ def test_the_profile_and_metrics_count_the_heads_acceptance(engine, tmp_path):
                  "--speculation", "mtp", "--profile-output", str(tmp_path / "profile.json")]) == 0
     speculative = json.loads((tmp_path / "profile.json").read_text())["speculative"]
     assert 0 < speculative["accepted_tokens"] < speculative["proposed_tokens"], speculative
+    one = speculative["per_request"]["0"]  # (the file's one request: the run's counts)
+    assert speculative["strategy"] == "mtp" and one["passes"] == speculative["iterations"]
+    assert (one["proposed_tokens"], one["accepted_tokens"]) == (speculative["proposed_tokens"],
+                                                                speculative["accepted_tokens"])
+    assert one["mean_accepted_length"] == pytest.approx(speculative["mean_accepted_length"])
     _, runner = speculate(engine, "mtp")
     samples = {(s.name, s.labels.get("strategy")): s.value
                for family in SpeculationCollector(runner).collect() for s in family.samples}

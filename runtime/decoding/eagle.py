@@ -39,7 +39,7 @@ from trt_llm.runtime.decoding.draft import Draft, SpecStats
 from trt_llm.runtime.sampling.grammar import mask_logits
 from trt_llm.runtime.engine.model import Model
 from trt_llm.runtime.sampling.sampler import Sampler
-from trt_llm.runtime.engine.sequence import Sequence, append_token, record_step
+from trt_llm.runtime.engine.sequence import Sequence, append_token, count_speculation, record_step
 from trt_llm.runtime.decoding.spec_config import SpecConfig
 from trt_llm.runtime.engine.step import Step
 from trt_llm.schemas.graph_spec import DRAFT_HIDDEN, DRAFT_HIDDEN_OUT, TREE_MASK
@@ -151,6 +151,8 @@ class Eagle:
                 emitted_total += len(emitted)
                 proposed += len(chosen[index])
                 accepted += len(path)
+                if chosen[index]:
+                    count_speculation(request.sequence, len(chosen[index]), len(path), len(emitted))
                 if done:
                     finished.append(index)
                     continue

@@ -37,7 +37,7 @@ import numpy as np
 
 from trt_llm.runtime.decoding import recurrent
 from trt_llm.runtime.decoding.pass_cost import Acceptance, PassCost, plan
-from trt_llm.runtime.engine.sequence import Sequence, append_token, record_step
+from trt_llm.runtime.engine.sequence import Sequence, append_token, count_speculation, record_step
 from trt_llm.runtime.engine.step import Step
 from trt_llm.runtime.sampling.grammar import mask_logits
 
@@ -183,6 +183,7 @@ class PromptLookup:
                 if proposal:
                     taken = _matched(proposal, emitted)
                     rounds, speculated = rounds + 1, speculated + len(emitted)
+                    count_speculation(request.sequence, len(proposal), taken, len(emitted))
                     proposed, accepted = proposed + len(proposal), accepted + taken
                     r.acceptance.verified(len(proposal), taken)
                     if index in states and not done and taken < len(proposal):

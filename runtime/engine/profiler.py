@@ -50,6 +50,8 @@ class Profiler:
         self.counts: dict[str, int] = defaultdict(int)
         self.seconds: dict[str, float] = defaultdict(float)  # audio seconds of the requests, and encoded
         self.ttft_ms: dict[int, float] = {}
+        self.strategy = "none"  # the run's decoding strategy (LoadedEngine.engine_core)
+        self.speculation: dict[int, object] = {}  # request index -> its sequence.SpeculationCounts
         self.cache: dict[str, int] | None = None  # what a row of the pool holds (cache_set.cache_bytes)
 
     @contextmanager
@@ -88,7 +90,12 @@ class Profiler:
             speculative={"iterations": self.counts["spec_rounds"], "generated_tokens": self.counts["spec_emitted"],
                          "mean_accepted_length": (self.counts["spec_emitted"] / self.counts["spec_rounds"]
                                                   if self.counts["spec_rounds"] else 0.0),
-                         "proposed_tokens": self.counts["spec_proposed"], "accepted_tokens": self.counts["spec_accepted"]},
+                         "proposed_tokens": self.counts["spec_proposed"], "accepted_tokens": self.counts["spec_accepted"],
+                         "strategy": self.strategy,
+                         "per_request": {str(k): {"passes": c.passes, "proposed_tokens": c.proposed,
+                                                  "accepted_tokens": c.accepted,
+                                                  "mean_accepted_length": c.emitted / c.passes}
+                                         for k, c in sorted(self.speculation.items())}},
             # images and image tokens of the requests; the encoder's time per token it encoded (an image
             # sent again comes from its cache)
             multimodal={"images": self.counts["images"], "image_tokens": self.counts["image_tokens"],

@@ -94,6 +94,7 @@ class Sequence:
     # With log-probabilities on: per step, the top-K (ids, logprobs) and the sampled token's logprob.
     top_logprobs: list[tuple[list[int], list[float]]] = field(default_factory=list)
     token_logprobs: list[float] = field(default_factory=list)
+    speculation: "SpeculationCounts | None" = None  # what speculation did for it (a drafting strategy's)
     _counts: TokenCounts | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -107,6 +108,27 @@ class Sequence:
         if self._counts is None:
             self._counts = TokenCounts(self.prompt_ids, self.generated)
         return self._counts
+
+
+@dataclass
+class SpeculationCounts:
+    """A request's verification passes with a proposal, the tokens proposed, the ones taken and the tokens
+    those passes emitted (taken + each pass's bonus, less where it finished)."""
+
+    passes: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    emitted: int = 0
+
+    def add(self, proposed: int, accepted: int, emitted: int) -> None:
+        self.passes, self.proposed = self.passes + 1, self.proposed + proposed
+        self.accepted, self.emitted = self.accepted + accepted, self.emitted + emitted
+
+
+def count_speculation(s: Sequence, proposed: int, accepted: int, emitted: int) -> None:
+    if s.speculation is None:
+        s.speculation = SpeculationCounts()
+    s.speculation.add(proposed, accepted, emitted)
 
 
 def append_token(eos: set[int], s: Sequence, token: int, now: float) -> bool:

@@ -128,6 +128,8 @@ class LoadedEngine:
         """An EngineCore on this runner's model with the run's strategy (`strategy_name`): EAGLE with the
         engine's draft, prompt lookup, or (also where not `speculate`) vanilla decoding."""
         name = self.strategy_name(self.file_speculation) if speculate else "none"
+        if self.profiler is not None and speculate:
+            self.profiler.strategy = name
         if name in ("eagle", "mtp"):  # (an MTP head drafts as an EAGLE draft does: decoding/draft.py)
             # Sliding windows and recurrent layers take chains, not trees (decoding/eagle.py)
             chain = any(layer.kind in ("sliding", "recurrent") for layer in self.engine_dir.layers())
@@ -199,5 +201,7 @@ class LoadedEngine:
             response = self.responses.response(p, batch_idx, started, messages)
         if self.profiler:
             self.profiler.ttft_ms[p.index] = response.time_to_first_token_ms
+            if getattr(p.sequence, "speculation", None) is not None:
+                self.profiler.speculation[p.index] = p.sequence.speculation
             self.profiler.first_token(p.sequence.first_token_time)
         return response
