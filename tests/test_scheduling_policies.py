@@ -9,6 +9,7 @@ import json
 import time
 
 import httpx
+import numpy as np
 
 import pytest
 
@@ -398,3 +399,42 @@ def test_the_token_budget_flag(engine):
     assert config.max_num_batched_tokens == 64
     with pytest.raises(ValueError, match=r"^--max-num-batched-tokens 3: a decode step of 4 rows takes 4"):
         server_config(parse_args(["--engine-dir", str(engine), "--max-num-batched-tokens", "3"]), EngineDir.open(engine))
+
+
+def test_trt_llm_run_takes_the_token_budget(engine, tmp_path, monkeypatch):
+    """trt-llm-run --max-num-batched-tokens: the core under it passes at most that many tokens (counted at the
+    engine) and answers the tokens of the run without it; below the batch size it is refused in one line."""
+    from trt_llm.runtime.app.run_cli import main
+    from trt_llm.runtime.engine.engine_core import EngineCore
+
+    data = {"batch_size": 3, "temperature": 0.0, "max_generate_length": 12,
+            "requests": [{"messages": [{"role": "user", "content": f"Tell me about {t} in some detail."}]}
+                         for t in ("rivers", "mountains", "deserts", "forests")]}
+    (tmp_path / "in.json").write_text(json.dumps(data))
+    widest = []
+    original = EngineCore.__init__
+
+    def recording(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        run = self.model.engine.run
+
+        def counted(step, cache, *rest):
+            widest.append(int(np.asarray(step.query_lengths).sum()))
+            return run(step, cache, *rest)
+
+        self.model.engine.run = counted
+
+    monkeypatch.setattr(EngineCore, "__init__", recording)
+    outputs = {}
+    for budget in (None, "8"):
+        flags = ["--max-num-batched-tokens", budget] if budget else []
+        out = tmp_path / f"out-{budget}.json"
+        widest.clear()
+        assert main([str(tmp_path / "in.json"), "--engine-dir", str(engine), "-o", str(out), "--threads", "1",
+                     "--scheduling", "continuous", *flags]) == 0
+        outputs[budget] = [r["output_token_ids"] for r in json.loads(out.read_text())["responses"]]
+        if budget:
+            assert max(widest) <= 8
+    assert outputs["8"] == outputs[None]
+    assert main([str(tmp_path / "in.json"), "--engine-dir", str(engine), "-o", str(tmp_path / "x.json"),
+                 "--max-num-batched-tokens", "2"]) != 0

@@ -59,6 +59,9 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--prefill-latency-target", type=steps_above_one, metavar="STEPS",
                         help="while prompts go in, keep the running requests' time between tokens within this many "
                              "decode steps (chunks sized by measurement, decode steps in the same passes)")
+    parser.add_argument("--max-num-batched-tokens", type=positive_int, metavar="TOKENS",
+                        help="the most tokens a pass takes, prompt chunks and decode rows together (default: no "
+                             "cap beyond --prefill-chunk); at least the batch size")
     parser.add_argument("--no-spec-decode", action="store_true",
                         help="vanilla decoding even when the engine has an EAGLE draft")
     parser.add_argument("--speculation", choices=("prompt-lookup", "prompt_lookup", "eagle", "mtp", "none"),
@@ -183,13 +186,17 @@ def _run(args, log, progress: _Progress) -> int:
         draft = engine_dir.manifest["components"].get("draft")
         spec = resolve_spec(draft, engine_dir.manifest["backend"], args.draft_top_k, args.draft_steps,
                             args.verify_tree_size) if draft else None
+        if args.max_num_batched_tokens is not None and args.max_num_batched_tokens < settings.batch_size:
+            raise FlagError(f"--max-num-batched-tokens {args.max_num_batched_tokens}: a decode step of "
+                            f"{settings.batch_size} rows (the batch size) takes {settings.batch_size}; give at least that")
         progress.loaded, progress.settings, progress.output_path = loaded, settings, output_path
         runner = Runner(engine_dir, threads=threads or 0, prefix_cache=prefix_cache, profiler=profiler,
                         spec=spec, spec_decode=not args.no_spec_decode, scheduling=args.scheduling,
                         context_reuse=args.context_reuse,
                         prefill_chunk=args.prefill_chunk or (DEFAULT_PREFILL_CHUNK if args.scheduling == "continuous"
                                                              else None),
-                        latency_target=args.prefill_latency_target, speculation=args.speculation)
+                        latency_target=args.prefill_latency_target, speculation=args.speculation,
+                        max_batched_tokens=args.max_num_batched_tokens)
         log.info("engine %s: %s backend, %s threads, %d requests in batches of %d (%s scheduling)",
                  engine_dir.path, engine_dir.manifest["backend"], threads or "default", len(loaded.requests),
                  settings.batch_size, args.scheduling)

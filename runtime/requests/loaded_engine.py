@@ -40,7 +40,8 @@ class LoadedEngine:
     def __init__(self, engine_dir: EngineDir, threads: int = 0, prefix_cache: ContextCache | None = None,
                  profiler: Profiler | None = None, spec: SpecConfig | None = None, spec_decode: bool = True,
                  context_reuse: bool = False, prefill_chunk: int | None = None,
-                 latency_target: float | None = None, speculation: str | None = None):
+                 latency_target: float | None = None, speculation: str | None = None,
+                 max_batched_tokens: int | None = None):
         """speculation: the decoding strategy (runtime/decoding/choice.py: prompt-lookup, eagle, mtp,
         none; None: the engine's EAGLE draft if it has one, else none, unless an input file says
         otherwise); spec_decode False: none whatever either says. prefix_cache: the context cache
@@ -51,7 +52,8 @@ class LoadedEngine:
         in all (None: whole prompts; a sliding-window model's caches then hold its window and the
         longest prompt); latency_target: while others decode, a pass takes as many prompt tokens as
         keep their time between tokens within this many decode steps (engine/budget.py), its decode
-        step in the same pass where the strategy can (None: the chunk alone)."""
+        step in the same pass where the strategy can (None: the chunk alone). max_batched_tokens: the most
+        tokens a pass takes, prompt chunks and decode rows together (engine_core.EngineCore)."""
         from trt_llm.runtime.backends.engines import open_engine
 
         self.engine_dir = engine_dir
@@ -93,6 +95,7 @@ class LoadedEngine:
         self.prefix_stats = self.prefix_cache.stats
         self.context_reuse = context_reuse
         self.prefill_chunk, self.latency_target = prefill_chunk, latency_target
+        self.max_batched_tokens = max_batched_tokens
         self.profiler = profiler
         if profiler is not None:  # what a row of the pool holds (the profile's cache)
             itemsize = 2 if engine_dir.manifest["model"]["dtype"] in ("fp16", "bf16") else 4
@@ -148,7 +151,7 @@ class LoadedEngine:
         return EngineCore(self.model, max_rows, policy, self.lora_layout, self.profiler, strategy, sampler=sampler,
                           context=self.prefix_cache, prefill_chunk=self.prefill_chunk, step_tokens=self.prefill_chunk,
                           mixed_steps=self.latency_target is not None, latency_target=self.latency_target,
-                          context_reuse=self.context_reuse)
+                          context_reuse=self.context_reuse, max_batched_tokens=self.max_batched_tokens)
 
     def _stage(self, name: str):
         return self.profiler.stage(name) if self.profiler else nullcontext()

@@ -42,10 +42,11 @@ class Runner(LoadedEngine):
     def __init__(self, engine_dir: EngineDir, threads: int = 0, prefix_cache: ContextCache | None = None,
                  profiler: Profiler | None = None, spec: SpecConfig | None = None, spec_decode: bool = True,
                  scheduling: str = "static", context_reuse: bool = False, prefill_chunk: int | None = None,
-                 latency_target: float | None = None, speculation: str | None = None):
+                 latency_target: float | None = None, speculation: str | None = None,
+                 max_batched_tokens: int | None = None):
         """See LoadedEngine (runtime/requests/loaded_engine.py); scheduling: "static" or "continuous"."""
         super().__init__(engine_dir, threads, prefix_cache, profiler, spec, spec_decode, context_reuse,
-                         prefill_chunk, latency_target, speculation)
+                         prefill_chunk, latency_target, speculation, max_batched_tokens)
         self.scheduling = scheduling
         self.answered: dict[int, Response] = {}  # the run's embedding requests, answered before the rest
 
