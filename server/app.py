@@ -130,6 +130,7 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
     app = FastAPI(title="trt-llm", version="1", summary="OpenAI-compatible chat and completions", lifespan=lifespan)
     app.state.engine, app.state.metrics, app.state.config = engine, metrics, config
     capacity = runner.limits["max_kv_cache_capacity"]
+    metrics.watch_fleet(engine, config.max_rows, capacity, runner.prefix_cache.block_tokens)  # vllm: names
 
     @app.exception_handler(HttpError)
     async def _http_error(_request, error: HttpError):
@@ -224,6 +225,8 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
         stops); every route submits through here."""
         apply_batch_rules([prepared], settings)  # a batch of one: its own K and speculation
         job = Job(prepared, asyncio.get_running_loop(), client=CLIENT.get())
+        if prepared.adapter is not None:  # KV events name an adapter's blocks by the name it is served as
+            runner.prefix_cache.adapter_names[prepared.adapter.digest] = prepared.adapter.name
         try:
             engine.submit(job)
         except QueueFull as error:
@@ -300,6 +303,9 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
     from trt_llm.server.embeddings import add_embeddings  # it imports this module's HttpError
 
     add_embeddings(app, runner, engine, config, metrics)
+    from trt_llm.server.kv_events import add_kv_events
+
+    app.state.kv_events = add_kv_events(app, runner.prefix_cache)  # GET /v1/kv_events
     _add_limits(app, config, metrics)
     from trt_llm.server.anthropic import add_messages  # after the limits: its error shape wraps theirs
 

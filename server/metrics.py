@@ -56,6 +56,12 @@ class Metrics:
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, ...: read from /proc
         self.registry.register(_MemoryCollector(engine))
 
+    def watch_fleet(self, engine, max_rows: int, row_tokens: int, block_tokens: int) -> None:
+        """Report what a fleet's router reads, under vLLM's names (server/fleet_metrics.py)."""
+        from trt_llm.server.fleet_metrics import FleetCollector
+
+        self.registry.register(FleetCollector(engine, max_rows, row_tokens, block_tokens))
+
     def watch_scheduling(self, engine) -> None:
         """Report `engine`'s waiting requests by priority and its paused rows at every scrape."""
         self.registry.register(_SchedulingCollector(engine))

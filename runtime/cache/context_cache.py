@@ -20,6 +20,10 @@ snapshotted there (runtime/cache/reuse.py). With a directory,
 records are also written to disk (one safetensors file each, named by key, its metadata naming the
 format version and the engine), so a restarted process starts warm. A file that is corrupt, of
 another version or of another engine is skipped with one warning and never trusted.
+
+Subscribers (`subscribe`, runtime/cache/kv_events.py) hear of every block that enters the cache and
+every block that leaves it (vLLM's KV events: BlockStored with its key, its parent's and its tokens;
+BlockRemoved), so that a router can tell which replica holds which prompt blocks.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trt_llm.runtime.cache import kv_events
 from trt_llm.schemas.layer_spec import owns_cache
 
 log = logging.getLogger(__name__)
@@ -140,7 +145,10 @@ def chain_key(parent: str, token_ids, media: tuple = ()) -> str:
     digest.update(np.asarray(token_ids, dtype=np.int64).tobytes())
     for item in media:
         digest.update(repr(item).encode())
-    return digest.hexdigest()[:32]
+    key = digest.hexdigest()[:32]
+    if kv_events.PARENTS.on:  # someone listens for KV events: they name each stored block's parent
+        kv_events.PARENTS.note(key, parent)
+    return key
 
 
 class ContextCache:
@@ -162,6 +170,9 @@ class ContextCache:
         # hits / misses: requests that restored tokens / looked up and found none; saved: kept
         # entries made; fallbacks: prompts whose system prompt could not be kept (requests.prepare)
         self.stats = {"hits": 0, "misses": 0, "saved": 0, "fallbacks": 0}
+        self._subscribers: list = []  # KV event callbacks (subscribe)
+        self._roots: dict[str, str | None] = {}  # a chain's root key -> its adapter identity (root)
+        self.adapter_names: dict[str, str] = {}  # an adapter's digest -> the name it is served as (KV events)
 
     def expect(self, engine_dir) -> None:
         """Check every record read from disk against `engine_dir`'s layers (runtime/engine_dir.EngineDir):
@@ -200,7 +211,41 @@ class ContextCache:
 
     def root(self, adapter_identity: str | None) -> str:
         """The key a request's block chain starts from: the engine and its adapter."""
-        return chain_key(f"{self.engine_identity}/{adapter_identity}", [])
+        key = chain_key(f"{self.engine_identity}/{adapter_identity}", [])
+        self._roots[key] = adapter_identity
+        return key
+
+    # -- KV events (runtime/cache/kv_events.py) --------------------------------------------------------
+
+    def subscribe(self, callback, replay: bool = True):
+        """Call `callback(event)` (a kv_events dict: BlockStored, BlockRemoved) for every block that enters
+        or leaves the cache from now on, on the thread that changes it (the engine's); replay: first a
+        BlockStored for each block held now, oldest first. Returns the function that unsubscribes it."""
+        kv_events.PARENTS.listen()
+        if replay:
+            for key, entry in list(self._blocks.items()):
+                callback(self._stored(key, entry))
+        self._subscribers.append(callback)
+
+        def unsubscribe():
+            if callback in self._subscribers:
+                self._subscribers.remove(callback)
+                kv_events.PARENTS.leave()
+        return unsubscribe
+
+    def _stored(self, key: str, entry: Entry) -> dict:
+        parent, root = kv_events.PARENTS.lineage(key)
+        identity = self._roots.get(root)
+        name = None if identity is None else self.adapter_names.get(identity.split("/")[0], identity)
+        return kv_events.block_stored(key, None if parent == root else parent, entry.token_ids, self.block_tokens,
+                                      name, root)
+
+    def _publish(self, event: dict) -> None:
+        for callback in list(self._subscribers):
+            try:
+                callback(event)
+            except Exception:  # noqa: BLE001 - a subscriber's failure is its own: the cache goes on
+                log.exception("context cache: a KV event subscriber failed")
 
     # -- kept entries -------------------------------------------------------------------------------
 
@@ -257,6 +302,8 @@ class ContextCache:
             return
         self._blocks[key] = entry
         self.size_bytes += entry.nbytes
+        if self._subscribers:
+            self._publish(self._stored(key, entry))
         if self.directory:
             path = self._block_path(key)
             self._save(path, entry, {"key": key})  # over a file refused before, if any
@@ -301,14 +348,18 @@ class ContextCache:
     def _insert(self, records: OrderedDict, key: str, entry: Entry) -> None:
         records[key] = entry
         self.size_bytes += entry.nbytes
+        if records is self._blocks and self._subscribers:  # a block read back from disk is held again
+            self._publish(self._stored(key, entry))
         self._evict()
 
     def _evict(self) -> None:
         while self.size_bytes > self.budget_bytes:
             victims = self._blocks or self._kept  # blocks first: a kept entry is what a user asked to keep
-            _, evicted = victims.popitem(last=False)
+            key, evicted = victims.popitem(last=False)
             self.size_bytes -= evicted.nbytes
             self.evictions += 1
+            if victims is self._blocks and self._subscribers:
+                self._publish(kv_events.block_removed([key]))
 
     # -- on disk: one safetensors file per record -----------------------------------------------------
 
