@@ -72,6 +72,9 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all physical cores)")
     p.add_argument("--ray-replicas", type=positive_int, default=None,
                    help="serve N replicas on Ray Serve (the `ray` extra) instead of one process")
+    p.add_argument("--ray-routing", choices=("prefix", "pow2"), default="prefix",
+                   help="how Ray Serve picks a replica: prefix (default: the one holding the longest prefix of the "
+                        "request's text, else the less loaded of two) or pow2 (Ray's power of two choices alone)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p.parse_args(argv)
 

@@ -70,9 +70,10 @@ class Live:
         self.thread.join(timeout=30)
 
 
-def converse(replicas: dict, routing: str, seed: int = 1):
+def converse(replicas: dict, routing: str, seed: int = 1, headers=None):
     """The 4 conversations, a turn of each at a time, the 4 sent together (each routed with the requests
-    already in flight counted as its replica's load); per later turn (answer, cached share, replica)."""
+    already in flight counted as its replica's load): every answer, each later turn's cached share, and
+    where each turn ran (its X-Replica where the server says, else the name routed to), turn by turn."""
     router = PrefixRouter(list(replicas), max_imbalance=1, seed=seed)
     histories = [[{"role": "system", "content": SYSTEM}] for _ in QUESTIONS]
     answers, shares, where = [], [], []
@@ -88,23 +89,28 @@ def converse(replicas: dict, routing: str, seed: int = 1):
             sends.append((name, body))
         with ThreadPoolExecutor(len(sends)) as pool:
             replies = list(pool.map(lambda s: httpx.post(f"{replicas[s[0]]}/v1/chat/completions", json=s[1],
-                                                         timeout=120), sends))
+                                                         headers=headers, timeout=120), sends))
         for history, (name, _), reply in zip(histories, sends, replies):
             assert reply.status_code == 200, reply.text
             data = reply.json()
             content = data["choices"][0]["message"]["content"]
             history.append({"role": "assistant", "content": content})
             answers.append(content)
+            where.append(reply.headers.get("X-Replica", name))
             if turn:
                 usage = data["usage"]
                 shares.append(usage["prompt_tokens_details"]["cached_tokens"] / usage["prompt_tokens"])
-                where.append(name)
     return answers, shares, where
+
+
+def conversation_engine(tiny_model, build_engine_for):
+    """A tiny engine whose inputs hold the conversations' third turns."""
+    return build_engine_for(tiny_model("qwen3"), max_input_len=1024, max_kv_cache_capacity=1152)
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_model, build_engine_for):
-    return build_engine_for(tiny_model("qwen3"), max_input_len=1024, max_kv_cache_capacity=1152)
+    return conversation_engine(tiny_model, build_engine_for)
 
 
 def test_prefix_routing_keeps_each_conversation_cached(engine):
@@ -127,3 +133,4 @@ def test_prefix_routing_keeps_each_conversation_cached(engine):
     assert abs(sum(prefix[1]) - sum(alone[1])) <= 0.1 * sum(alone[1])  # as one replica's figure
     assert sum(pow2[1]) < sum(prefix[1]), (pow2[1], prefix[1])
     assert len(set(prefix[2])) == 2  # both replicas served
+    assert prefix[2][4:] == prefix[2][:4] * 2  # every conversation stayed where it began

@@ -1,6 +1,7 @@
-"""trt-llm-serve on Ray Serve: a local Ray instance with 2 replicas of a tiny model behind Ray's HTTP
-proxy; concurrent requests spread over both and each gets the answer one server gives it; the test
-stops Ray itself."""
+"""trt-llm-serve on Ray Serve: a local Ray instance with 2 replicas of a tiny model behind our proxy
+deployment; concurrent requests spread over both and each gets the answer one server gives it; routed
+by prefix (the default), 4 conversations x 3 turns keep their replicas and at least 0.8 of each later
+turn's prompt cached, Ray's power of two choices alone less; the test stops Ray itself."""
 
 import asyncio
 import socket
@@ -13,6 +14,7 @@ pytest.importorskip("ray.serve")
 pytest.importorskip("fastapi")
 
 from helpers import PROMPTS  # noqa: E402
+from test_prefix_router import Live, conversation_engine, converse  # noqa: E402
 from trt_llm.server.app import ServerConfig  # noqa: E402
 
 KEY = "ray-key"
@@ -24,11 +26,11 @@ def ray_server(tiny_model, build_engine_for):
 
     from trt_llm.server.ray_app import deployment
 
-    engine = build_engine_for(tiny_model("qwen3"))
+    engine = conversation_engine(tiny_model, build_engine_for)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)  # (logical: two apps of 2 replicas)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         config = ServerConfig(model_name="tiny", api_keys=(KEY,), max_rows=4)
@@ -61,3 +63,30 @@ def test_two_replicas_share_the_requests(ray_server):
     repeat = asyncio.run(everyone())
     assert {i: a.json()["choices"][0]["message"]["content"] for i, a in repeat} == again
     assert httpx.post(f"{url}/v1/chat/completions", json={"model": "tiny", "messages": []}).status_code == 401
+
+
+def test_prefix_routing_on_ray_keeps_conversations_cached(ray_server):
+    from ray import serve
+
+    from trt_llm.server.ray_app import deployment
+
+    url, engine = ray_server
+    auth = {"Authorization": f"Bearer {KEY}"}
+    config = ServerConfig(model_name="tiny", api_keys=(KEY,), max_rows=4)
+    serve.run(deployment(str(engine), config, replicas=2, threads=1, routing="pow2"), name="pow2",
+              route_prefix="/pow2")
+    prefix = converse({"ray": url}, "prefix", headers=auth)
+    pow2 = converse({"ray": f"{url}/pow2"}, "prefix", headers=auth)
+    one = Live(engine)
+    try:
+        alone = converse({"one": one.url}, "prefix")
+    finally:
+        one.close()
+    assert prefix[0] == pow2[0] == alone[0]  # the same answers wherever each turn ran
+    assert min(prefix[1]) >= 0.8, prefix[1]
+    assert abs(sum(prefix[1]) - sum(alone[1])) <= 0.1 * sum(alone[1])  # as one replica's figure
+    assert prefix[2][4:] == prefix[2][:4] * 2  # every conversation stayed on its replica
+    # Power of two choices: a turn that moved found only the system prompt there; one that stayed all.
+    moved = [i for i in range(8) if pow2[2][4 + i] != pow2[2][i]]
+    assert all(pow2[1][i] < prefix[1][i] for i in moved), (moved, pow2[1], prefix[1])
+    assert sum(pow2[1]) <= sum(prefix[1])
