@@ -4,6 +4,7 @@ by prefix (the default), 4 conversations x 3 turns keep their replicas and at le
 turn's prompt cached, Ray's power of two choices alone less; the test stops Ray itself."""
 
 import asyncio
+import json
 import socket
 
 import httpx
@@ -90,3 +91,21 @@ def test_prefix_routing_on_ray_keeps_conversations_cached(ray_server):
     moved = [i for i in range(8) if pow2[2][4 + i] != pow2[2][i]]
     assert all(pow2[1][i] < prefix[1][i] for i in moved), (moved, pow2[1], prefix[1])
     assert sum(pow2[1]) <= sum(prefix[1])
+
+
+def test_a_stream_comes_through_the_proxy(ray_server):
+    url, _ = ray_server
+    auth = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPTS[2]}], "max_tokens": 12, "temperature": 0}
+    whole = httpx.post(f"{url}/v1/chat/completions", json=body, headers=auth, timeout=120).json()
+    deltas, lines = [], []
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, headers=auth,
+                      timeout=120) as answer:
+        assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
+        for line in answer.iter_lines():
+            if line.startswith("data: "):
+                lines.append(line[6:])
+    assert lines[-1] == "[DONE]"
+    for data in lines[:-1]:
+        deltas.append(json.loads(data)["choices"][0]["delta"].get("content") or "")
+    assert "".join(deltas) == whole["choices"][0]["message"]["content"]
