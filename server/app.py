@@ -81,6 +81,7 @@ class ServerConfig:
     prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK  # prompt tokens a pass (runtime/engine/engine_core.py)
     latency_target: float | None = None  # streams' time between tokens while prompts go in, in decode steps
     max_num_batched_tokens: int | None = None  # the tokens a pass takes, prompt and decode (None: no limit)
+    reserved_rows: tuple[tuple[int, int], ...] = ()  # (priority, rows kept free for it and above)
     tool_call_parser: str = "auto"  # auto (from the chat template), hermes or none (server/tool_calls.py)
 
 
@@ -117,7 +118,7 @@ def create_app(runner, config: ServerConfig) -> FastAPI:
     # A chat client resends the whole conversation each turn: the turns before it are restored.
     runner.context_reuse = config.save_prefixes
     engine = ServingEngine(runner, config.max_rows, config.max_waiting, metrics, config.save_prefixes,
-                           config.max_num_batched_tokens)
+                           config.max_num_batched_tokens, dict(config.reserved_rows))
     metrics.watch_memory(engine)
     metrics.watch_scheduling(engine)
 

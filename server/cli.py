@@ -59,6 +59,9 @@ def parse_args(argv: list[str] | None):
                    help="the most tokens a pass takes, its new prompts' and its decode rows' together (vLLM's; "
                         "at least --max-batch-size; default: no limit beyond --prefill-chunk). An EAGLE or "
                         "prompt lookup verification pass is as wide as its trees")
+    p.add_argument("--reserve-rows", action="append", default=[], metavar="PRIORITY:ROWS",
+                   help="keep ROWS of the batch's rows free for requests of PRIORITY or above (repeatable): a "
+                        "lower request waits rather than take them, so an urgent one starts at once")
     p.add_argument("--tool-call-parser", choices=("auto", "hermes", "llama3_json", "gemma4", "none"), default="auto",
                    help="how an answer's tool calls are parsed (default auto: hermes when the chat template "
                         "mentions <tool_call>, llama3_json when it renders calls with their \"parameters\" "
@@ -101,6 +104,7 @@ def server_config(args, engine_dir):
     if args.max_num_batched_tokens is not None and args.max_num_batched_tokens < rows:
         raise ValueError(f"--max-num-batched-tokens {args.max_num_batched_tokens}: a decode step of {rows} rows "
                          f"takes {rows}; give at least --max-batch-size")
+    reserved = reserved_rows(args.reserve_rows, rows)
     memory = physical_memory()
     if memory and args.kv_cache_budget > memory:
         raise ValueError(f"--kv-cache-budget: {args.kv_cache_budget / 2**30:.1f} GiB is more than this machine's "
@@ -116,7 +120,25 @@ def server_config(args, engine_dir):
                         cors_origins=tuple(args.cors_origin), save_prefixes=not args.no_prefix_cache,
                         kv_cache_budget=args.kv_cache_budget, prefill_chunk=args.prefill_chunk,
                         latency_target=args.prefill_latency_target, tool_call_parser=args.tool_call_parser,
-                        max_num_batched_tokens=args.max_num_batched_tokens)
+                        max_num_batched_tokens=args.max_num_batched_tokens, reserved_rows=reserved)
+
+
+def reserved_rows(items: list[str], rows: int) -> tuple[tuple[int, int], ...]:
+    """--reserve-rows PRIORITY:ROWS, each class once, leaving the lowest priorities at least one row."""
+    reserved: dict[int, int] = {}
+    for item in items:
+        priority, sep, count = item.partition(":")
+        try:
+            priority, count = int(priority), int(count)
+        except ValueError:
+            raise ValueError(f"--reserve-rows {item!r}: expected PRIORITY:ROWS (integers)") from None
+        if not sep or count < 1 or priority in reserved:
+            raise ValueError(f"--reserve-rows {item!r}: expected PRIORITY:ROWS, ROWS at least 1, each priority once")
+        reserved[priority] = count
+    if sum(reserved.values()) >= rows:
+        raise ValueError(f"--reserve-rows: {sum(reserved.values())} rows reserved of {rows} (--max-batch-size): "
+                         "leave at least one for the lowest priorities")
+    return tuple(sorted(reserved.items()))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -92,12 +92,13 @@ class Work:
 
 class ServingEngine:
     def __init__(self, runner, max_rows: int, max_waiting: int, metrics, save_prefixes: bool = True,
-                 max_batched_tokens: int | None = None):
+                 max_batched_tokens: int | None = None, reserved_rows: dict[int, int] | None = None):
         """runner: a runtime.requests.runner.Runner (the model, its draft, the preparer, the context
         cache, whose context_reuse makes each conversation's next turn restore the turns before it);
         save_prefixes: a request's system prompt is also kept for the next one that starts with it."""
         self.runner, self.max_rows, self.max_waiting = runner, max_rows, max_waiting
         self.max_batched_tokens = max_batched_tokens  # a pass's prompt and decode tokens (--max-num-batched-tokens)
+        self.reserved_rows = dict(reserved_rows or {})  # a priority -> rows kept for it and above (--reserve-rows)
         self.metrics = metrics
         self.save_prefixes = save_prefixes
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -217,6 +218,7 @@ class ServingEngine:
     def _core(self):
         core = self.runner.engine_core(self.max_rows, "continuous")
         core.max_batched_tokens = self.max_batched_tokens
+        core.scheduler.reserved = self.reserved_rows
         return core
 
     def _one_pass(self) -> None:

@@ -438,3 +438,43 @@ def test_trt_llm_run_takes_the_token_budget(engine, tmp_path, monkeypatch):
     assert outputs["8"] == outputs[None]
     assert main([str(tmp_path / "in.json"), "--engine-dir", str(engine), "-o", str(tmp_path / "x.json"),
                  "--max-num-batched-tokens", "2"]) != 0
+
+
+def test_reserved_rows_stay_free_for_their_class(engine):
+    """--reserve-rows 1:1 5:1 on 3 rows: priority-0 requests take one row (two held); a priority-1 one
+    takes a second at once (the row held for 1 and above), the next priority-1 one waits (the last row is
+    5's), a priority-5 one takes it; as rows free, the waiting ones go in by priority."""
+    data = {"temperature": 0.0, "max_generate_length": 20, "requests": [chat_request(PROMPTS[i % 4]) for i in range(6)]}
+    runner = Runner(EngineDir.open(engine), threads=1)
+    requests = requests_of(runner, data)
+    core = runner.engine_core(3, "continuous")
+    core.scheduler.reserved = {1: 1, 5: 1}
+    order = []
+
+    def step_with(*added):
+        for r in added:
+            core.add_request(r)
+        order.extend(r.id for r in core.step())
+        return sorted(r.id for r in core.scheduler.running)
+
+    assert step_with(*requests[:3]) == [0]  # priority 0: two of three rows are held
+    requests[3].priority = requests[4].priority = 1
+    requests[5].priority = 5
+    assert step_with(*requests[3:5]) == [0, 3]  # one priority-1 request; the last row is priority 5's
+    assert step_with(requests[5]) == [0, 3, 5]
+    while core.has_unfinished():
+        order += [r.id for r in core.step()]
+    assert sorted(order) == list(range(6)) and order.index(4) < order.index(1)
+
+
+def test_the_reserve_rows_flag(engine):
+    from trt_llm.server.cli import parse_args, server_config
+
+    def config(*flags):
+        return server_config(parse_args(["--engine-dir", str(engine), *flags]), EngineDir.open(engine))
+
+    assert config("--reserve-rows", "1:1", "--reserve-rows", "5:2").reserved_rows == ((1, 1), (5, 2))
+    with pytest.raises(ValueError, match=r"^--reserve-rows: 4 rows reserved of 4 \(--max-batch-size\)"):
+        config("--reserve-rows", "1:4")
+    with pytest.raises(ValueError, match=r"^--reserve-rows 'x:1': expected PRIORITY:ROWS"):
+        config("--reserve-rows", "x:1")

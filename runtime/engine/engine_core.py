@@ -83,6 +83,8 @@ class Scheduler:
         self._arrivals = 0
         self._admissions = 0
         self._served: dict[str, int] = {}  # a client -> when one of its requests was last admitted
+        # Priority classes' reserved rows (continuous): a priority -> rows kept free for requests at or above it
+        self.reserved: dict[int, int] = {}
 
     def enqueue(self, request: EngineRequest) -> None:
         """`request` waits for a row: a new one (it gets its arrival) or a paused one (it keeps its own)."""
@@ -105,7 +107,8 @@ class Scheduler:
             while self.waiting and self.waiting[0].group == group and len(admitted) < self.max_rows:
                 admitted.append(self.waiting.pop(0))
         else:
-            while self.waiting and len(self.running) + len(admitted) < self.max_rows:
+            while (self.waiting and len(self.running) + len(admitted) < self.max_rows
+                   and self._room_for(self.waiting[0].priority, self.running + admitted)):
                 index = self._next()
                 if self.waiting[index].resuming and prefilling:
                     break
@@ -113,6 +116,13 @@ class Scheduler:
             admitted.sort(key=lambda r: not r.resuming)  # (stable)
         self.running += admitted
         return admitted
+
+    def _room_for(self, priority: int, taken: list) -> bool:
+        """Whether a request of `priority` may take a free row beside the `taken` ones: the rows reserved
+        for the classes above it that their own requests do not fill stay free for them."""
+        held = sum(max(0, rows - sum(r.priority >= floor for r in taken))
+                   for floor, rows in self.reserved.items() if priority < floor)
+        return self.max_rows - len(taken) > held
 
     def _next(self) -> int:
         """The waiting request admitted next: of the highest priority waiting, a paused one (the first),
