@@ -164,3 +164,31 @@ def tiny_eagle_engine(tiny_model, build_engine_for, tmp_path_factory):
     folder = tmp_path_factory.mktemp("draft")
     save_draft_eagle_format(draft, folder)
     return build_engine_for(base, draft={"model": str(folder), "max_draft_tree_size": 24, "max_verify_tree_size": 16})
+
+
+class LiveServer:
+    """uvicorn serving `app` on a free loopback port, in a thread; stopped by close()."""
+
+    def __init__(self, app):
+        import socket
+        import threading
+        import time
+
+        import uvicorn
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.app = app
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            assert time.time() < deadline, "the server did not start"
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def close(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)

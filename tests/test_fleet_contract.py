@@ -12,14 +12,13 @@
 """
 
 import json
-import socket
 import threading
 import time
 
 import httpx
 import pytest
 
-from helpers import make_adapter
+from helpers import LiveServer, make_adapter
 from trt_llm.runtime.cache.context_cache import chain_key
 from trt_llm.runtime.engine_dir import EngineDir
 from trt_llm.runtime.requests.runner import Runner
@@ -42,27 +41,6 @@ def model_and_adapters(tiny_model, build_engine_for, tmp_path_factory):
     folder = tmp_path_factory.mktemp("adapters")
     return base, engine, {"ada": str(make_adapter(base, folder / "ada", seed=1)),
                           "bob": str(make_adapter(base, folder / "bob", seed=2))}
-
-
-class Live:
-    """uvicorn on a free loopback port in a thread."""
-
-    def __init__(self, app):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started:
-            assert time.time() < deadline, "the server did not start"
-            time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{port}"
-
-    def close(self):
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 class Stream:
@@ -101,7 +79,7 @@ def start(engine, adapters, **config):
     heard = []
     runner.prefix_cache.subscribe(heard.append)
     app = create_app(runner, ServerConfig(model_name="tiny", lora=adapters, api_keys=(KEY,), **config))
-    live = Live(app)
+    live = LiveServer(app)
     live.engine = app.state.engine
     return live, runner.prefix_cache, heard
 

@@ -4,14 +4,12 @@ this process (two replicas, each with its own context cache; Ray Serve is not in
 earlier turns ran and at least 0.8 of its prompt is reported as cached_tokens; routed by power of two
 choices alone the figure is lower; every answer equals one server's."""
 
-import socket
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
+from helpers import LiveServer
 from trt_llm.runtime.engine_dir import EngineDir
 from trt_llm.runtime.requests.runner import Runner
 from trt_llm.server.prefix_router import CHUNK, PrefixRouter, body_text, chunk_keys
@@ -49,25 +47,10 @@ def test_a_conversation_sticks_to_its_replica_and_load_breaks_ties():
     assert router.matches(body_text({"model": "ada", "messages": [{"role": "system", "content": SYSTEM}]})) == {}
 
 
-class Live:
-    def __init__(self, engine, **config):
-        runner = Runner(EngineDir.open(engine), threads=1, scheduling="continuous")
-        app = create_app(runner, ServerConfig(model_name="tiny", max_rows=4, **config))
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started:
-            assert time.time() < deadline
-            time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{port}"
-
-    def close(self):
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
+def serve(engine, **config) -> LiveServer:
+    """The tiny engine served on a loopback port."""
+    runner = Runner(EngineDir.open(engine), threads=1, scheduling="continuous")
+    return LiveServer(create_app(runner, ServerConfig(model_name="tiny", max_rows=4, **config)))
 
 
 def converse(replicas: dict, routing: str, seed: int = 1, headers=None):
@@ -116,13 +99,13 @@ def engine(tiny_model, build_engine_for):
 def test_prefix_routing_keeps_each_conversation_cached(engine):
     results = {}
     for routing in ("prefix", "pow2"):
-        servers = {name: Live(engine) for name in ("r0", "r1")}
+        servers = {name: serve(engine) for name in ("r0", "r1")}
         try:
             results[routing] = converse({name: s.url for name, s in servers.items()}, routing)
         finally:
             for server in servers.values():
                 server.close()
-    one = Live(engine)
+    one = serve(engine)
     try:
         alone = converse({"only": one.url}, "prefix")
     finally:

@@ -6,12 +6,12 @@ requests get 4xx (never 500) without costing anyone else."""
 import asyncio
 import json
 import socket
-import threading
 import time
 
 import httpx
 import pytest
 
+import helpers
 from helpers import PROMPTS, make_adapter
 from trt_llm.runtime.engine_dir import EngineDir
 from trt_llm.runtime.requests.runner import Runner
@@ -33,29 +33,11 @@ def engine_and_adapter(tiny_model, build_engine_for, tmp_path_factory):
     return engine, adapter
 
 
-class LiveServer:
-    """uvicorn on a free loopback port, in a thread; stopped by close()."""
-
-    def __init__(self, app):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.app = app
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started:
-            assert time.time() < deadline, "the server did not start"
-            time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{self.port}"
+class LiveServer(helpers.LiveServer):
+    """uvicorn on a free loopback port (tests/helpers.py), with the official client."""
 
     def client(self, key=KEY):
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0)
-
-    def close(self):
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 def make_server(engine, adapter, **overrides):
