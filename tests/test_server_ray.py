@@ -15,7 +15,8 @@ pytest.importorskip("ray.serve")
 pytest.importorskip("fastapi")
 
 from helpers import PROMPTS  # noqa: E402
-from test_prefix_router import Live, conversation_engine, converse  # noqa: E402
+from test_prefix_router import conversation_engine, converse  # noqa: E402
+from test_prefix_router import serve as serve_alone  # noqa: E402
 from trt_llm.server.app import ServerConfig  # noqa: E402
 
 KEY = "ray-key"
@@ -78,7 +79,7 @@ def test_prefix_routing_on_ray_keeps_conversations_cached(ray_server):
               route_prefix="/pow2")
     prefix = converse({"ray": url}, "prefix", headers=auth)
     pow2 = converse({"ray": f"{url}/pow2"}, "prefix", headers=auth)
-    one = Live(engine)
+    one = serve_alone(engine)
     try:
         alone = converse({"one": one.url}, "prefix")
     finally:
