@@ -5,4 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
-python3 -m pytest -q -rs --durations=15 "$@"  # the slowest tests, to keep the suite within its budget
+# Two pytest-xdist workers (the CI machine has 2 cores; most tests run one thread). --dist loadfile: a
+# file's tests stay on one worker, so its module-scoped engines are built once; the session fixtures'
+# models and engines are shared by the workers (tests/conftest.py, shared_build). Serial: pass -n 0.
+# --durations: the slowest tests, to keep the suite within its budget.
+python3 -m pytest -q -rs --durations=15 -n 2 --dist loadfile "$@"

@@ -1,6 +1,12 @@
-"""Shared fixtures: the offline assets of tests/assets.py, built once per session."""
+"""Shared fixtures: the offline assets of tests/assets.py, built once per run.
 
+Under pytest-xdist (scripts/test.sh runs `-n 2`) each worker is a session of its own: the models and
+engines that cost seconds to build are built by the first worker that needs them, into a folder that
+all the workers of the run share, and reused by the others (shared_build)."""
+
+import hashlib
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -35,6 +41,36 @@ def pytest_configure(config):
     skip_report.register(config)  # every skip and its reason in the summary; CI fails one not allow-listed
 
 
+def _shared_root(tmp_path_factory) -> Path:
+    """A folder common to every worker of this run: under xdist each worker's base temp is
+    <run>/popen-gwN, and <run> is theirs together; without xdist, the session's own base temp."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
+    root.mkdir(exist_ok=True)
+    return root
+
+
+def shared_build(tmp_path_factory, kind: str, key: str, build) -> Path:
+    """build(folder) once per run for `key` (a deterministic description of what is built: the same
+    key in two workers means the same thing), into <shared root>/<kind>-<hash of key>; returns the folder.
+
+    A file lock makes the other workers wait for the first one's build instead of repeating it; a
+    marker beside the folder, written last, says it is whole: a folder without one (a build that
+    failed or was killed) is removed and built again, as the serial suite would retry it."""
+    from filelock import FileLock
+
+    root = _shared_root(tmp_path_factory)
+    name = f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    folder, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            done.write_text(key + "\n")
+    return folder
+
+
 def _cache_root() -> Path:
     """Survives across sessions: the SmolLM2 conversion takes ~40 s."""
     return Path(os.environ.get("TRT_LLM_TEST_CACHE", "~/.cache/trt-llm-tests")).expanduser()
@@ -53,8 +89,9 @@ def tiny_model(tmp_path_factory):
 
     def make(family: str, **overrides) -> Path:
         key = repr((family, sorted(overrides.items())))  # overrides may hold dicts
-        if key not in built:
-            built[key] = assets.make_tiny_model(family, tmp_path_factory.mktemp(f"tiny-{family}"), **overrides)
+        if key not in built:  # seeded: the same key is the same model in every worker
+            built[key] = shared_build(tmp_path_factory, f"tiny-{family}", key,
+                                      lambda folder: assets.make_tiny_model(family, folder, **overrides))
         return built[key]
 
     return make
@@ -97,8 +134,8 @@ def family_model(tmp_path_factory):
     def make(family: str):
         if family not in built:
             try:
-                built[family] = family_assets.make_family_model(family, tmp_path_factory.mktemp(family),
-                                                                _cache_root())
+                built[family] = shared_build(tmp_path_factory, family, family, lambda folder:
+                                             family_assets.make_family_model(family, folder, _cache_root()))
             except family_assets.assets.AssetUnavailable as exc:
                 pytest.skip(f"the {family} tokenizer is unavailable: {exc}")
         return built[family]
@@ -108,19 +145,24 @@ def family_model(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def build_engine_for(tmp_path_factory):
-    """Factory: build_engine_for(model_dir, **config) -> engine directory, each built once."""
+    """Factory: build_engine_for(model_dir, **config) -> engine directory, each built once a run (all
+    workers: a model folder of tiny_model, family_model or the cache has the same path in each)."""
     from trt_llm.build.cli import build_engine
     from trt_llm.schemas.build_config import BuildConfig
 
     built = {}
 
+    def build(model_dir, config, folder: Path) -> None:
+        out = folder / "engine"
+        settings = {"max_batch_size": 4, "max_input_len": 256, "max_kv_cache_capacity": 512, **config}
+        made = build_engine(BuildConfig(model=str(model_dir), output_dir=str(out), **settings), progress=False)
+        assert Path(made) == out, made  # the engine is where the other workers will look
+
     def make(model_dir, **config) -> Path:
         key = repr((str(model_dir), sorted(config.items())))
         if key not in built:
-            out = tmp_path_factory.mktemp("engine") / "engine"
-            settings = {"max_batch_size": 4, "max_input_len": 256, "max_kv_cache_capacity": 512, **config}
-            built[key] = build_engine(BuildConfig(model=str(model_dir), output_dir=str(out), **settings),
-                                      progress=False)
+            built[key] = shared_build(tmp_path_factory, "engine", key,
+                                      lambda folder: build(model_dir, config, folder)) / "engine"
         return built[key]
 
     return make

@@ -176,12 +176,14 @@ class LiveServer:
 
         import uvicorn
 
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        # The socket is bound here and handed to uvicorn: a port probed, closed and bound again could be
+        # taken in between by another test worker's server or client.
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", 0))
+        self.port = self.socket.getsockname()[1]
         self.app = app
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
         self.thread.start()
         deadline = time.time() + 30
         while not self.server.started:
@@ -192,3 +194,4 @@ class LiveServer:
     def close(self):
         self.server.should_exit = True
         self.thread.join(timeout=30)
+        self.socket.close()

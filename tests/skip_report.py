@@ -4,7 +4,7 @@
 A skip that nobody reads hides a check that never runs: a missing package or asset is a failure of
 the set-up (`bash scripts/setup.sh --test`), not a reason to pass. tests/conftest.py loads these hooks;
 `-p skip_report` loads them into any pytest run (tests/test_ci_contract.py). TRT_LLM_SKIP_ALLOWLIST
-names another allow-list file.
+names another allow-list file. Under pytest-xdist they run in the controller, which gets the workers' reports.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def under_ci() -> bool:
 
 def _reason(report) -> str:
     longrepr = report.longrepr
-    if isinstance(longrepr, tuple) and len(longrepr) == 3:  # (path, line, "Skipped: reason")
+    if isinstance(longrepr, (tuple, list)) and len(longrepr) == 3:  # (path, line, "Skipped: reason")
         return str(longrepr[2]).removeprefix("Skipped: ")
     return str(longrepr)
 
@@ -103,6 +103,10 @@ NAME = "trt-llm-skip-report"
 
 
 def register(config) -> None:
+    # Under pytest-xdist the controller sees every worker's test and collection reports (the hooks above
+    # run there), and it alone prints the summary and sets the run's exit status: not on the workers.
+    if hasattr(config, "workerinput"):
+        return
     if not config.pluginmanager.has_plugin(NAME):
         config.pluginmanager.register(SkipReport(), NAME)
 

@@ -38,7 +38,7 @@ def test_expected_to_fail():
 '''
 
 
-def _pytest(folder: Path, *, ci: bool, allowlist: str, sample: str = SAMPLE) -> subprocess.CompletedProcess:
+def _pytest(folder: Path, *, ci: bool, allowlist: str, sample: str = SAMPLE, args=()) -> subprocess.CompletedProcess:
     (folder / "test_sample.py").write_text(sample)
     (folder / "allow.txt").write_text(allowlist)
     env = {**os.environ, "PYTHONPATH": str(TESTS), "TRT_LLM_SKIP_ALLOWLIST": str(folder / "allow.txt"),
@@ -47,7 +47,7 @@ def _pytest(folder: Path, *, ci: bool, allowlist: str, sample: str = SAMPLE) -> 
     if ci:
         env["CI"] = "true"
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "skip_report", "-p", "no:cacheprovider", "-q",
-                           "test_sample.py"], cwd=folder, env=env, capture_output=True, text=True, timeout=120)
+                           *args, "test_sample.py"], cwd=folder, env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_a_skip_outside_the_allowlist_fails_under_ci_naming_it(tmp_path):
@@ -58,6 +58,40 @@ def test_a_skip_outside_the_allowlist_fails_under_ci_naming_it(tmp_path):
     assert "NOT ALLOWED  test_sample.py::test_needs_a_unicorn: no unicorn on this machine" in done.stdout
     assert "fail this run (CI is set)" in done.stdout
     assert "test_expected_to_fail" not in done.stdout.split("skipped: 1")[1]  # an xfail is not a skip
+
+
+def test_under_xdist_the_controller_reports_the_workers_skips(tmp_path):
+    """scripts/test.sh runs two pytest-xdist workers: their skips reach the controller's summary and
+    still fail the run under CI, once each (the workers print and decide nothing themselves)."""
+    done = _pytest(tmp_path, ci=True, allowlist="# nothing allowed\n", args=("-p", "xdist", "-n", "2"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "1 passed, 1 skipped, 1 xfailed" in done.stdout
+    assert "skipped: 1, 1 outside tests/skip_allowlist.txt" in done.stdout
+    assert done.stdout.count("NOT ALLOWED  test_sample.py::test_needs_a_unicorn: no unicorn on this machine") == 1
+    allowed = "test_sample.py::test_needs_a_* | no unicorn | unicorns are not lent to CI\n"
+    done = _pytest(tmp_path, ci=True, allowlist=allowed, args=("-p", "xdist", "-n", "2"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "allowed  test_sample.py::test_needs_a_unicorn: no unicorn on this machine" in done.stdout
+    sample = 'import pytest\npytest.importorskip("no_such_module_here")\n\ndef test_x():\n    pass\n'
+    done = _pytest(tmp_path, ci=True, allowlist="", sample=sample, args=("-p", "xdist", "-n", "2"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.count("NOT ALLOWED  test_sample.py: could not import 'no_such_module_here'") == 1
+
+
+def test_the_suite_runs_on_two_workers_with_its_reports():
+    """scripts/test.sh: two pytest-xdist workers, a file's tests on one of them (its module fixtures built
+    once), the slowest tests and every skip's reason listed, the user's arguments last (`-n 0`: serial);
+    pytest-xdist is in the test extra and pinned."""
+    command = [line for line in _commands(ROOT / "scripts" / "test.sh") if "-m pytest" in line]
+    assert len(command) == 1, command
+    words = command[0].split()
+    assert words[:3] == ["python3", "-m", "pytest"] and words[-1] == '"$@"', words
+    assert {"-rs", "--dist", "loadfile"} <= set(words) and words[words.index("-n") + 1] == "2"
+    assert any(word.startswith("--durations=") for word in words)
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(dep.startswith("pytest-xdist") for dep in extras["test"])
+    pins = (ROOT / "scripts" / "constraints.txt").read_text().splitlines()
+    assert any(line.startswith("pytest-xdist==") for line in pins)
 
 
 def test_without_ci_the_same_skip_is_listed_but_passes(tmp_path):
