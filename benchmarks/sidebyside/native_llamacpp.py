@@ -163,7 +163,7 @@ def binding_paths(stamp: dict) -> tuple[Path, Path] | None:
     by LLAMA_CPP_LIB_PATH, is the binding as pip would install it, minus a second compile (minutes on 2
     cores) and with the very native code llama-bench runs: the two differ by the binding alone."""
     root = Path(stamp["sdist"]).parent.parent
-    package = next((p.parent for p in (root / "src").glob("*/llama_cpp/__init__.py")), None)
+    package = next((p.parent.parent for p in (root / "src").glob("*/llama_cpp/__init__.py")), None)
     lib = next((p.parent for p in (root / "build").rglob("libllama.so")), None)
     return (package, lib) if package and lib else None
 
