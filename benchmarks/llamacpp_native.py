@@ -69,6 +69,7 @@ def parse_args(argv=None):
     p.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "trt-llm-bench")
     p.add_argument("--hf-dir", type=Path, default=None)
     p.add_argument("--out-dir", type=Path, default=REPO / "out" / "bench")
+    p.add_argument("--out-name", default="llamacpp_native", help="stem of the .json / .md written")
     p.add_argument("--rebuild", action="store_true")
     p.add_argument("--smoke", action="store_true",
                    help="a tiny random Llama, prompts 16 / 48, b1 and b2, N=4, 1 round, 1 rep; llama-bench "
@@ -132,9 +133,19 @@ def timed(meter: LoadMeter, args, what: str, fn):
     idle = meter.wait_idle(args.wait_idle)
     if idle is not None and idle >= CLEAN_LOAD:
         log(f"{what}: other processes use {idle:.1f} cores; running anyway")
-    before = meter.snapshot()
+    import resource
+
+    def reaped() -> float:  # children that ran and ended inside fn() (llama-bench): not "other"
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
+    before, children = meter.snapshot(), reaped()
     result = fn()
-    return result, meter.other_cores(before, meter.snapshot())
+    after = meter.snapshot()
+    other = meter.other_cores(before, after)
+    if other is not None:
+        other = max(0.0, other - (reaped() - children) / (after[0] - before[0]))
+    return result, other
 
 
 def measure(args, ctx: Context, engines: dict, native: dict | None, prompts: dict, warnings: list) -> dict:
@@ -265,6 +276,12 @@ def render(report: dict) -> str:
              f"(min-max in brackets). tok/s; prefill = prompt tokens/s at batch 1. Read bandwidth, "
              f"{m['threads']} threads: {bw['gb_s']} GB/s (best; medians {bw['medians']}). Other processes used "
              f"{report['load_summary']} cores during the timed settings (median, max).", "",
+             *([f"**A loaded machine**: other processes used {report['load_summary'][0]} cores (median) of "
+                f"{m['cores']} while {m['threads']} threads ran: these numbers measure how each engine bears "
+                "oversubscribed cores (llama.cpp's threads meet at an OpenMP barrier after every op, so a thread a "
+                "neighbour preempts stalls them all), not its "
+                "speed on a quiet machine. Rerun on a quiet one before quoting a ratio.", ""]
+              if report["load_summary"] and report["load_summary"][0] >= CLEAN_LOAD else []),
              "| engine | precision | " + " | ".join(metrics) + " | weights MB/token | roofline (decode b1) "
              "| roofline at the Q4_0 file's bytes |", "|---|---|" + "---:|" * (len(metrics) + 3)]
     for name, row in report["table"].items():
@@ -353,9 +370,9 @@ def main(argv=None) -> int:
         "tokens_b1": result["tokens"], "tokens_agree_with_trt-llm-int4_for": agreement,
         "notes": notes, "warnings": warnings, "seconds": round(time.perf_counter() - started, 1)}
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "llamacpp_native.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    (args.out_dir / f"{args.out_name}.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     markdown = render(report)
-    (args.out_dir / "llamacpp_native.md").write_text(markdown)
+    (args.out_dir / f"{args.out_name}.md").write_text(markdown)
     print(markdown)
     return 0
 
