@@ -6,6 +6,7 @@ from pathlib import Path
 
 import onnx
 from onnx import helper, numpy_helper
+from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 from trt_llm import plugins
 from trt_llm.build.quantize import QuantSpec
@@ -29,6 +30,8 @@ def compile_cpu(graph_path: Path, quantization: str = "none") -> Path:
     own file instead.
     """
     model = onnx.load(graph_path, load_external_data=False)
+    portable = [graph_path, *{graph_path.parent / ExternalDataInfo(t).location for t in _initializers(model.graph)
+                               if uses_external_data(t)}]  # the graph and its weight files
     if quantization != "none":  # the draft's float matmuls become the weight-only op, then lowered below
         if quantization not in DRAFT_SPECS:
             raise ValueError(f"quantization must be none, int8 or int4, got {quantization!r}")
@@ -45,9 +48,17 @@ def compile_cpu(graph_path: Path, quantization: str = "none") -> Path:
     if any(node.op_type == "DequantizeLinear" for node in model.graph.node):
         # Weight-only matmuls: ONNX Runtime's fusion of DequantizeLinear + MatMul into MatMulNBits is
         # most of a session's creation (SmolLM2-135M int4: ~500 of ~620 ms); done once here, the
-        # session at run time loads the fused graph without optimising it (also the load check).
-        optimise_offline(engine_path)
-        return engine_path
+        # session at run time loads the fused graph without optimising it (also the load check). The
+        # fused graph is the engine: it holds every weight it reads, and the graphs it was made from
+        # (the bundle's, in its own folder in a two-stage build) leave the engine directory, which would
+        # otherwise hold each matmul's weights twice (SmolLM2 int4: 72 MB beside 78).
+        optimised = optimise_offline(engine_path)
+        for path in (*portable, engine_path, engine_path.with_name(ENGINE_NAME + ".data")):
+            path.unlink(missing_ok=True)
+        return optimised
+    if quantization != "none":  # the draft's engine has its own weights: its float graph leaves
+        for path in portable:
+            path.unlink(missing_ok=True)
     # Fail at build time, not at run time, if ONNX Runtime cannot load what we wrote.
     import onnxruntime as ort
 
@@ -67,7 +78,8 @@ def optimise_offline(engine_path: Path) -> Path:
     optimising again where ONNX Runtime's version, the machine's architecture and the matmuls'
     accuracy level are the ones recorded. Extended level, not all: the layout transformations of the
     last level depend on the machine's instruction set, the extended fusions do not. Prepacked weights
-    are not saved (the packing is the machine's; saved or not, measured no faster to load)."""
+    are not saved (the packing is the machine's; saved or not, measured no faster to load). Its data
+    file holds every weight the optimised graph reads (own_weights), so it needs no other file."""
     import json
 
     import onnxruntime as ort
@@ -85,7 +97,7 @@ def optimise_offline(engine_path: Path) -> Path:
                                      optimised.name + ".data")
     options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     ort.InferenceSession(str(engine_path), options, providers=["CPUExecutionProvider"])
-    share_unchanged_weights(optimised, engine_path)
+    own_weights(optimised)
     record.write_text(json.dumps(ort_engine.offline_key(), indent=2) + "\n")
     return optimised
 
@@ -93,42 +105,29 @@ def optimise_offline(engine_path: Path) -> Path:
 ALIGNMENT = 4096  # a weight's offset in a data file we write: page-aligned, so ONNX Runtime can map it
 
 
-def share_unchanged_weights(optimised: Path, lowered: Path) -> None:
-    """The optimised graph's initializers that ONNX Runtime left as they were (a MoE's experts, norms,
-    the embedding-sized LM head of a float engine) read from the lowered graph's own weight file; its
-    data file keeps only what the optimisation made (MatMulNBits' repacked weights). Without this the
-    engine directory would hold every weight twice on disk."""
+def own_weights(optimised: Path) -> None:
+    """Rewrite the optimised graph's data file to hold every initializer the graph reads: ONNX Runtime
+    writes only those at least 1 KB (the rest stay in the proto) and keeps the ones its fusions left
+    as they were (a MoE's experts, norms) pointing at the lowered graph's weight file, which leaves
+    the engine directory. Each tensor page-aligned, so ONNX Runtime can map it."""
     import os
-
-    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
     folder = optimised.parent
     graph = onnx.load(str(optimised), load_external_data=False)
-    original = {t.name: ExternalDataInfo(t) for t in _initializers(onnx.load(str(lowered), load_external_data=False).graph)
-                if uses_external_data(t)}
-
-    def read(location: str, offset, length) -> bytes:
-        with open(folder / location, "rb") as data:
-            data.seek(offset or 0)
-            return data.read(length) if length else data.read()
-
     data_name = optimised.name + ".data"
-    compact = folder / (data_name + ".compact")
-    with open(compact, "wb") as out:
+    whole = folder / (data_name + ".whole")
+    with open(whole, "wb") as out:
         for tensor in _initializers(graph.graph):  # a Loop's body has its own (the delta rule's chunked form)
             if not uses_external_data(tensor):
                 continue
             info = ExternalDataInfo(tensor)
-            blob = read(info.location, info.offset, info.length)
-            source = original.get(tensor.name)
-            if source is not None and source.length == len(blob) and read(source.location, source.offset,
-                                                                         source.length) == blob:
-                _point(tensor, source.location, source.offset or 0, len(blob))
-                continue
+            with open(folder / info.location, "rb") as data:
+                data.seek(info.offset or 0)
+                blob = data.read(info.length) if info.length else data.read()
             out.write(b"\0" * (-out.tell() % ALIGNMENT))
             _point(tensor, data_name, out.tell(), len(blob))
             out.write(blob)
-    os.replace(compact, folder / data_name)
+    os.replace(whole, folder / data_name)
     onnx.save_model(graph, str(optimised))
 
 
@@ -253,7 +252,6 @@ def fuse_rms_norms(model: onnx.ModelProto) -> onnx.ModelProto:
 def _read_weights(model: onnx.ModelProto, folder: Path) -> None:
     """Bring the external weights into the model. (onnx.load_external_data_for_model refuses a file
     with several hard links, and a compile's staging folder hard-links the bundle's files.)"""
-    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
     for tensor in model.graph.initializer:
         if not uses_external_data(tensor):

@@ -215,9 +215,10 @@ class EngineDir:
 
         digest = hashlib.sha256((self.path / "manifest.json").read_bytes())
         digest.update(str(self.component_path("llm", "engine").stat().st_size).encode())
-        data = self.path / (self.manifest["components"]["llm"]["graph"] + ".data")
-        if data.is_file():
-            digest.update(str(data.stat().st_size).encode())
+        llm = self.manifest["components"]["llm"]
+        for data in sorted({self.path / (llm[key] + ".data") for key in ("graph", "engine")}):  # whichever has weights
+            if data.is_file():
+                digest.update(str(data.stat().st_size).encode())
         return digest.hexdigest()[:32]
 
     @property

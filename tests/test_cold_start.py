@@ -82,49 +82,59 @@ def int4_engine(tiny_model, build_engine_for):
     return build_engine_for(tiny_model("llama"), quantization={"weights": "int4", "group_size": 32})
 
 
-def test_quantized_engine_is_optimised_at_build_time(int4_engine, tmp_path, monkeypatch, caplog):
-    """The build writes ONNX Runtime's optimised graph (MatMulNBits already fused) and its key; the
-    runtime loads it unoptimised and gets the tokens of the lowered graph optimised at session
-    creation. A key of another ONNX Runtime, or a damaged copy, falls back to the lowered graph."""
+def test_quantized_engine_is_optimised_at_build_time(int4_engine, tmp_path, monkeypatch):
+    """The build writes ONNX Runtime's optimised graph (MatMulNBits already fused) and its key as the
+    engine, with every weight it reads in its own file (the bundle's graphs are not in the engine); the
+    runtime loads it unoptimised. A key of another ONNX Runtime or accuracy level, or OFFLINE_ENV=0,
+    has it optimised again as it loads, at this runtime's accuracy level: the same tokens."""
     import onnx
+    import onnxruntime as ort
 
-    lowered = int4_engine / "llm" / "model.cpu.onnx"
-    optimised, record = ort_engine.offline_paths(lowered)
-    assert optimised.is_file() and json.loads(record.read_text()) == ort_engine.offline_key()
-    graph = onnx.load(optimised, load_external_data=False)
+    engine = EngineDir.open(int4_engine).component_path("llm", "engine")
+    record = engine.with_name("model.cpu.opt.json")
+    assert engine.name == "model.cpu.opt.onnx" and json.loads(record.read_text()) == ort_engine.offline_key()
+    assert not any((engine.parent / name).exists() for name in ("model.cpu.onnx", "model.onnx", "model.onnx.data"))
+    graph = onnx.load(engine, load_external_data=False)
     ops = {n.op_type for n in graph.graph.node}
     assert "MatMulNBits" in ops and "DequantizeLinear" not in ops
-    # What the optimisation left as it was is read from the lowered graph's file, not copied
     locations = {entry.value for t in graph.graph.initializer for entry in t.external_data if entry.key == "location"}
-    assert locations == {"model.onnx.data", optimised.name + ".data"}
-    assert (optimised.parent / (optimised.name + ".data")).stat().st_size < (lowered.parent / "model.onnx.data").stat().st_size
-    layers = EngineDir.open(int4_engine).layers()
-    assert OrtEngine(lowered, layers, threads=1).graph_path == optimised
+    assert locations == {engine.name + ".data"}
 
+    opened = []  # (what each session was made from, its optimisation level)
+    session = ort_engine._session
+    monkeypatch.setattr(ort_engine, "_session", lambda graph, options: (
+        opened.append((graph if isinstance(graph, str) else "bytes", options.graph_optimization_level)),
+        session(graph, options))[1])
+    layers = EngineDir.open(int4_engine).layers()
+    assert OrtEngine(engine, layers, threads=1).graph_path == engine
+    assert opened.pop() == (str(engine), ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     data = {"temperature": 0.0, "max_generate_length": 8, "requests": [chat_request(PROMPTS[0])]}
     tokens = run(int4_engine, data).responses[0].output_token_ids
+
     monkeypatch.setenv(ort_engine.OFFLINE_ENV, "0")
-    assert OrtEngine(lowered, layers, threads=1).graph_path == lowered
     assert run(int4_engine, data).responses[0].output_token_ids == tokens
+    assert opened.pop() == (str(engine), ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     monkeypatch.delenv(ort_engine.OFFLINE_ENV)
 
     copy = tmp_path / "engine"
     shutil.copytree(int4_engine, copy)
-    copy_lowered = copy / "llm" / "model.cpu.onnx"
-    copy_optimised, copy_record = ort_engine.offline_paths(copy_lowered)
+    copy_record = copy / "llm" / record.name
     copy_record.write_text(json.dumps({**ort_engine.offline_key(), "onnxruntime": "0.0.0"}))
-    assert OrtEngine(copy_lowered, layers, threads=1).graph_path == copy_lowered
-    copy_record.write_text(json.dumps(ort_engine.offline_key()))
-    copy_optimised.write_bytes(copy_optimised.read_bytes()[:1000])  # truncated
-    with caplog.at_level("WARNING"):
-        assert OrtEngine(copy_lowered, layers, threads=1).graph_path == copy_lowered
-    assert "cannot load" in caplog.text
     assert run(copy, data).responses[0].output_token_ids == tokens
+    assert opened.pop() == (str(copy / "llm" / engine.name), ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    # Made at another accuracy level: its matmuls are set to this runtime's in the graph it loads
+    copy_record.write_text(json.dumps({**ort_engine.offline_key(), "matmul_accuracy_level": 1}))
+    loaded = onnx.load_from_string(ort_engine._at_accuracy_level(copy / "llm" / engine.name, ort.SessionOptions()))
+    levels = {a.i for n in loaded.graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "accuracy_level"}
+    assert levels == {ort_engine.MATMUL_ACCURACY_LEVEL}
+    assert run(copy, data).responses[0].output_token_ids == tokens
+    assert opened.pop()[0] == "bytes"
 
 
 def test_a_float_engine_has_no_optimised_copy(smollm2_engine):
     """Its optimisation at session creation costs little (its time is prepacking): no second copy of
-    its weights on disk."""
+    its weights on disk; the lowered graph reads the bundle's weight file."""
+    assert EngineDir.open(smollm2_engine).component_path("llm", "engine").name == "model.cpu.onnx"
     optimised, record = ort_engine.offline_paths(smollm2_engine / "llm" / "model.cpu.onnx")
     assert not optimised.exists() and not record.exists()
 

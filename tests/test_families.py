@@ -162,7 +162,7 @@ def test_quantized_experts_build_and_run(weights, family_model, build_engine_for
     engine's (int4 in blocks of 32 on every linear of a random model moves them)."""
     model = family_model("qwen3_moe")
     engine = build_engine_for(model, quantization={"weights": weights, "group_size": 32})
-    graph = onnx_ops(engine / "llm" / "model.cpu.onnx")
+    graph = onnx_ops(EngineDir.open(engine).component_path("llm", "engine"))
     assert "QMoE" in graph and "MoE" not in graph
     summary = json.loads((engine / "manifest.json").read_text())["model"]["quantization"]
     assert summary["quantized_expert_layers"] == 2  # layer 1 is dense (mlp_only_layers)

@@ -20,6 +20,7 @@ from test_greedy_parity import assert_batch_matches_transformers
 from trt_llm.build.quantize import QuantSpec
 from trt_llm.build.quantize.rtn import quantize_rtn
 from trt_llm.runtime.backends import ort_engine
+from trt_llm.runtime.engine_dir import EngineDir
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -65,8 +66,8 @@ def test_quantized_engine_matches_transformers_on_dequantized_weights(
         family, quantization, spec, tiny_model, build_engine_for, tmp_path, exact_matmuls):
     model_dir = tiny_model(family)
     engine = build_engine_for(model_dir, quantization=quantization)
-    graph = onnx.load(engine / "llm" / "model.onnx", load_external_data=False)
-    quantized = [n for n in graph.graph.node if n.op_type.endswith("WeightOnlyMatMul")]
+    graph = onnx.load(EngineDir.open(engine).component_path("llm", "engine"), load_external_data=False)
+    quantized = [n for n in graph.graph.node if n.op_type == "MatMulNBits"]
     lm_head = quantization.get("lm_head", True)
     assert len(quantized) == 2 * 4 + bool(lm_head)  # per layer qkv, o, gate_up, down
     oracle = dequantized_copy(model_dir, tmp_path / "dequantized", spec, lm_head=lm_head is True)
@@ -76,19 +77,20 @@ def test_quantized_engine_matches_transformers_on_dequantized_weights(
     assert max(lengths) >= 16
 
 
-def test_quantized_engine_is_smaller_and_shares_the_bundle_weights(tiny_model, build_engine_for):
+def test_quantized_engine_is_smaller_and_holds_each_weight_once(tiny_model, build_engine_for):
     model_dir = tiny_model("llama", hidden_size=256, intermediate_size=512, num_attention_heads=8, head_dim=32)
     full = build_engine_for(model_dir)
     small = build_engine_for(model_dir, quantization="int4")
-    # The optimised copy ONNX Runtime loads (tests/test_cold_start.py) holds the fused matmuls' weights
-    # once more: at most the bundle's weights again; the rest is 0.3x the float engine.
-    optimised = [f for f in (small / "llm").iterdir() if ".opt." in f.name]
-    assert sum(f.stat().st_size for f in optimised) <= (small / "llm" / "model.onnx.data").stat().st_size * 1.05
-    size = {e: sum(f.stat().st_size for f in (e / "llm").iterdir() if ".opt." not in f.name) for e in (full, small)}
+    # The engine is the graph ONNX Runtime optimised at build time (tests/test_cold_start.py), with every
+    # weight it reads in its own file; the bundle's graphs it was made from are not in the engine.
+    engine = EngineDir.open(small).component_path("llm", "engine")
+    assert sorted(f.name for f in engine.parent.iterdir()) == sorted(
+        ["config.json", "embedding.safetensors", engine.name, engine.name + ".data", "model.cpu.opt.json"])
+    graph = onnx.load(engine, load_external_data=False)
+    locations = {e.value for t in graph.graph.initializer for e in t.external_data if e.key == "location"}
+    assert locations == {engine.name + ".data"}
+    size = {e: sum(f.stat().st_size for f in (e / "llm").iterdir()) for e in (full, small)}
     assert size[small] <= 0.3 * size[full], size
-    cpu = onnx.load(small / "llm" / "model.cpu.onnx", load_external_data=False)
-    locations = {e.value for t in cpu.graph.initializer for e in t.external_data if e.key == "location"}
-    assert locations == {"model.onnx.data"}  # the cpu graph reads the bundle's file, no copy
 
 
 @pytest.mark.parametrize("settings,message", [

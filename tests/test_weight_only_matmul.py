@@ -22,6 +22,7 @@ from trt_llm.build.export import export_graph
 from trt_llm.build.quantize import QuantizedWeight, QuantSpec
 from trt_llm.build.quantize.rtn import quantize_rtn
 from trt_llm.plugins import weight_only_matmul as op
+from trt_llm.runtime.backends import ort_engine
 
 N = 48
 CASES = [  # bits, group_size (0 = one scale per column), form, K
@@ -82,6 +83,15 @@ def _session(path, accuracy_level: int | None = None, optimized=None, fuse=True)
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
+def _engine_session(engine, accuracy_level: int, monkeypatch) -> ort.InferenceSession:
+    """A session on compile_cpu's engine graph with its matmuls at `accuracy_level`, as the runtime opens it."""
+    monkeypatch.setattr(ort_engine, "MATMUL_ACCURACY_LEVEL", accuracy_level)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(accuracy_level))
+    return ort_engine.open_session(engine, options)[0]
+
+
 def _inputs(k: int):
     # Batches of several shapes through one graph: rows are independent, so a ragged (padded)
     # batch is each of its rows.
@@ -113,7 +123,7 @@ def test_reference_is_the_hand_dequantized_matmul():
 
 
 @pytest.mark.parametrize("bits,group,form,k", CASES)
-def test_onnx_body_and_cpu_lowering_equal_the_reference(tmp_path, bits, group, form, k):
+def test_onnx_body_and_cpu_lowering_equal_the_reference(tmp_path, monkeypatch, bits, group, form, k):
     _, w = _weight(bits, group, form, k)
     module = OneMatMul(w)
     path = export_graph(module, (torch.zeros(2, 3, k),), ["x"], ["y"], ({0: Dim("batch"), 1: Dim("seq")},),
@@ -136,15 +146,19 @@ def test_onnx_body_and_cpu_lowering_equal_the_reference(tmp_path, bits, group, f
             np.testing.assert_allclose(got, module(x).numpy(), rtol=1e-5, atol=1e-5)
         return
     engine = compile_cpu(path)
+    # The kernels ONNX Runtime runs: the graph it optimised at build time (the engine, where the matmuls
+    # are blocked: tests/test_cold_start.py), else the lowered graph as a session optimises it.
+    optimized = engine if engine.name.endswith(ort_engine.OPTIMISED_SUFFIX) else tmp_path / "optimized.onnx"
+    _session(engine, optimized=None if optimized == engine else optimized)
+    kernels = [n.op_type for n in onnx.load(optimized, load_external_data=False).graph.node]
     # fp32 compute (accuracy level 1): the lowering's arithmetic is the reference's (int8 compute is checked below).
-    lowered = _session(engine, accuracy_level=1, optimized=tmp_path / "optimized.onnx")
-    kernels = [n.op_type for n in onnx.load(tmp_path / "optimized.onnx", load_external_data=False).graph.node]
+    lowered = _engine_session(engine, 1, monkeypatch)
     per_column_int8 = bits == 8 and group == 0
     if form == "offset":  # and the block sums' small matmul
         assert "MatMulNBits" in kernels and "DequantizeLinear" not in kernels, kernels
     else:
         assert kernels == ["DynamicQuantizeMatMul" if per_column_int8 else "MatMulNBits"], kernels
-    fast = _session(engine, accuracy_level=4)
+    fast = _engine_session(engine, 4, monkeypatch)
     for x in _inputs(k):
         reference = module(x).numpy().astype(np.float32)
         got = body.run(None, {"x": x.numpy()})[0]

@@ -38,17 +38,19 @@ SPIN_US = 20
 MATMUL_ACCURACY_LEVEL = 4
 
 # A quantized engine's graph as ONNX Runtime optimised it at build time (build/cpu_backend.py's
-# optimise_offline), beside the lowered graph: `<engine>.opt.onnx` (+ `.data`) and what it was made
-# with (`<engine>.opt.json`: offline_key()). Loaded without optimising it again where the key is this
-# runtime's; else (another ONNX Runtime, machine or accuracy level, or OFFLINE_ENV=0) the lowered graph
-# is optimised at session creation as before.
+# optimise_offline): `<engine>.opt.onnx` (+ `.data`, every weight it reads) and what it was made with
+# (`<engine>.opt.json`: offline_key()). It is the engine itself, the only copy of the weights: loaded
+# without optimising it again where the key is this runtime's; else (another ONNX Runtime, machine or
+# accuracy level, or OFFLINE_ENV=0) optimised again as it loads, its matmuls set to this runtime's
+# accuracy level. (An engine built before that keeps its lowered graph beside the optimised copy.)
 OFFLINE_ENV = "TRT_LLM_ORT_OFFLINE"
+OPTIMISED_SUFFIX = ".opt.onnx"
 
 
 def offline_paths(engine_path: Path) -> tuple[Path, Path]:
     """(the optimised graph, its record) of a lowered graph."""
     stem = Path(engine_path).with_suffix("")
-    return stem.with_name(stem.name + ".opt.onnx"), stem.with_name(stem.name + ".opt.json")
+    return stem.with_name(stem.name + OPTIMISED_SUFFIX), stem.with_name(stem.name + ".opt.json")
 
 
 def offline_key() -> dict:
@@ -60,17 +62,70 @@ def offline_key() -> dict:
             "matmul_accuracy_level": MATMUL_ACCURACY_LEVEL, "graph_optimization_level": "extended"}
 
 
-def offline_graph(engine_path: Path) -> Path | None:
-    """The optimised graph to load instead of `engine_path`, None where there is none this runtime may use."""
+def _record(path: Path) -> dict | None:
     import json
 
-    optimised, record = offline_paths(engine_path)
-    if os.environ.get(OFFLINE_ENV, "1") == "0" or not optimised.is_file() or not record.is_file():
-        return None
     try:
-        return optimised if json.loads(record.read_text()) == offline_key() else None
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def offline_graph(engine_path: Path) -> Path | None:
+    """The optimised graph to load instead of a lowered `engine_path` (an engine built before the
+    optimised graph became the engine), None where there is none this runtime may use."""
+    optimised, record = offline_paths(engine_path)
+    if os.environ.get(OFFLINE_ENV, "1") == "0" or not optimised.is_file():
+        return None
+    return optimised if _record(record) == offline_key() else None
+
+
+def open_session(engine_path: Path, options):
+    """An ONNX Runtime session on a cpu component's engine graph (`options`: its SessionOptions,
+    changed here); returns (session, the graph it runs)."""
+    import onnxruntime as ort
+
+    engine_path = Path(engine_path)
+    if engine_path.name.endswith(OPTIMISED_SUFFIX):  # optimised at build time: the engine itself
+        record = _record(engine_path.with_name(engine_path.name.removesuffix(OPTIMISED_SUFFIX) + ".opt.json"))
+        if os.environ.get(OFFLINE_ENV, "1") != "0" and record == offline_key():
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # only its kernels made
+            return _session(str(engine_path), options), engine_path
+        if (record or {}).get("matmul_accuracy_level") == MATMUL_ACCURACY_LEVEL:
+            return _session(str(engine_path), options), engine_path
+        return _session(_at_accuracy_level(engine_path, options), options), engine_path
+    offline = offline_graph(engine_path)
+    if offline is not None:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        try:
+            return _session(str(offline), options), offline
+        except Exception as error:  # a damaged optimised copy: the lowered graph still serves
+            log.warning("%s: cannot load (%s); optimising %s instead", offline,
+                        (str(error).strip().splitlines() or [type(error).__name__])[0][:200], engine_path)
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return _session(str(engine_path), options), engine_path
+
+
+def _session(graph, options):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+
+
+def _at_accuracy_level(path: Path, options) -> bytes:
+    """The optimised graph `path` with its MatMulNBits at this runtime's accuracy level (the attribute
+    the build's level wrote; tests compare level 1 with transformers exactly), its weights read from
+    the files beside it."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            for attribute in node.attribute:
+                if attribute.name == "accuracy_level":
+                    attribute.i = MATMUL_ACCURACY_LEVEL
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
+    return model.SerializeToString()
 
 
 # Session creation prepacks every weight into MLAS's layout, one initializer after another. ONNX
@@ -124,22 +179,9 @@ class OrtEngine:
         options.intra_op_num_threads = threads  # 0 = ONNX Runtime's choice (all physical cores)
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        offline = offline_graph(engine_path)
-        if offline is not None:  # optimised at build time: only its kernels are made (and prepacked)
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         apply_env_options(options, os.environ.get(OPTIONS_ENV))
         self._ort = ort
-        self.graph_path = offline or Path(engine_path)  # the graph the session runs
-        try:
-            self.session = ort.InferenceSession(str(self.graph_path), options, providers=["CPUExecutionProvider"])
-        except Exception as error:  # a damaged optimised copy: the lowered graph still serves
-            if offline is None:
-                raise
-            log.warning("%s: cannot load (%s); optimising %s instead", offline,
-                        (str(error).strip().splitlines() or [type(error).__name__])[0][:200], engine_path)
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            self.graph_path = Path(engine_path)
-            self.session = ort.InferenceSession(str(engine_path), options, providers=["CPUExecutionProvider"])
+        self.session, self.graph_path = open_session(engine_path, options)  # graph_path: the graph it runs
         inputs = {i.name: i for i in self.session.get_inputs()}
         self.dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[inputs["inputs_embeds"].type]
         if isinstance(layers, int):

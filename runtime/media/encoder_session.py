@@ -15,20 +15,17 @@ class OrtSession:
 
         import onnxruntime as ort
 
-        from trt_llm.runtime.backends.ort_engine import MATMUL_ACCURACY_LEVEL, offline_graph
+        from trt_llm.runtime.backends.ort_engine import MATMUL_ACCURACY_LEVEL, open_session
 
         options = ort.SessionOptions()
         options.log_severity_level = 3
         if threads:
             options.intra_op_num_threads = threads
         options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(MATMUL_ACCURACY_LEVEL))
-        # A quantized encoder's graph as ONNX Runtime optimised it at build time (as the decoder's,
-        # runtime/backends/ort_engine.py): loaded without fusing its matmuls again (int8 Whisper's
+        # A quantized encoder's graph is the one ONNX Runtime optimised at build time (as the decoder's,
+        # runtime/backends/ort_engine.py), loaded without fusing its matmuls again (int8 Whisper's
         # encoder: 89 -> 28 ms). A float encoder has none.
-        offline = offline_graph(Path(path))
-        if offline is not None:
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        self.session = ort.InferenceSession(str(offline or path), options, providers=["CPUExecutionProvider"])
+        self.session, _ = open_session(Path(path), options)
         self.types = {i.name: i.type for i in self.session.get_inputs()}
 
     def input_dtype(self, name: str) -> np.dtype:
