@@ -195,3 +195,49 @@ class LiveServer:
         self.server.should_exit = True
         self.thread.join(timeout=30)
         self.socket.close()
+
+
+class Announced:
+    """trt-llm-serve started with `--port 0`, in `server` (a Popen with stderr piped, text): it binds a free
+    port itself and says which on stderr (`trt-llm-serve: listening on URL`), so no other test worker can
+    take the port between a probe and the server's bind. Reads stderr in a thread from the start;
+    `.stderr` is all of it so far (for assertion messages)."""
+
+    def __init__(self, server):
+        import queue
+        import threading
+
+        self.lines: list[str] = []
+        self.heard: queue.Queue = queue.Queue()
+
+        def read():
+            for line in server.stderr:
+                self.lines.append(line)
+                self.heard.put(line)
+            self.heard.put(None)  # stderr closed: the server exited
+
+        self.server, self.reader = server, threading.Thread(target=read, daemon=True)
+        self.reader.start()
+
+    def url(self, timeout: float = 60) -> str:
+        """The address, once the server says it listens there."""
+        import queue
+
+        while True:
+            try:
+                line = self.heard.get(timeout=timeout)
+            except queue.Empty:
+                raise AssertionError(f"the server did not come up in {timeout} s: {self.stderr}") from None
+            assert line is not None, f"the server exited: {self.stderr}"
+            if line.startswith("trt-llm-serve: listening on http://127.0.0.1:"):
+                return line.split()[-1]
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.lines)
+
+    def wait(self, timeout: float = 30) -> str:
+        """Wait for the server to exit; all of its stderr."""
+        self.server.wait(timeout=timeout)
+        self.reader.join(timeout=timeout)
+        return self.stderr

@@ -6,14 +6,12 @@ this process, where torch is loaded."""
 import importlib.util
 import json
 import signal
-import socket
 import subprocess
-import time
 
 import httpx
 
 import without_transformers
-from helpers import PROMPTS, chat_request, run_input
+from helpers import PROMPTS, Announced, chat_request, run_input
 
 BLOCKED = ("transformers", "torch")
 HAS_LLGUIDANCE = importlib.util.find_spec("llguidance") is not None
@@ -65,32 +63,23 @@ def test_run_and_eval_without_torch(tiny_model, build_engine_for, tmp_path):
 
 def test_serve_without_torch(tiny_model, build_engine_for):
     engine = _engine(tiny_model, build_engine_for)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = without_transformers.command("trt_llm.server.cli", "--engine-dir", engine, "--port", port,
+    # --port 0: the server takes a free port and says which (a probed one another test worker could take)
+    command = without_transformers.command("trt_llm.server.cli", "--engine-dir", engine, "--port", 0,
                                            "--model-name", "tiny", "--threads", "1", forbidden=BLOCKED)
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    announced = Announced(server)
     try:
-        deadline = time.time() + 60
-        while True:
-            assert server.poll() is None, server.communicate()[1]
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.time() < deadline, "the server did not come up"
-            time.sleep(0.2)
+        url = announced.url()
+        assert httpx.get(f"{url}/health").status_code == 200
         body = {"model": "tiny", "prompt": PROMPTS[3], "max_tokens": 6, "temperature": 0.7, "top_p": 0.9,
                 "seed": 5, "logprobs": 2}
-        answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60)
+        answer = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
         assert answer.status_code == 200, answer.text
         choice = answer.json()["choices"][0]
         assert answer.json()["usage"]["completion_tokens"] >= 1
         assert len(choice["logprobs"]["token_logprobs"]) == answer.json()["usage"]["completion_tokens"]
     finally:
         server.send_signal(signal.SIGTERM)
-        _, stderr = server.communicate(timeout=30)
+        stderr = announced.wait(timeout=30)
     assert server.returncode in (0, 128 + signal.SIGTERM), stderr
     assert without_transformers.loaded(stderr, server.returncode) == []

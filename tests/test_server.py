@@ -5,7 +5,6 @@ requests get 4xx (never 500) without costing anyone else."""
 
 import asyncio
 import json
-import socket
 import time
 
 import httpx
@@ -389,24 +388,14 @@ def test_trt_llm_serve_end_to_end(engine_and_adapter, tmp_path):
     import sys
 
     engine, _ = engine_and_adapter
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "trt_llm.server.cli", "--engine-dir", str(engine), "--port", str(port),
+    # --port 0: the server takes a free port and says which (a probed one another test worker could take)
+    command = [sys.executable, "-m", "trt_llm.server.cli", "--engine-dir", str(engine), "--port", "0",
                "--model-name", "tiny", "--threads", "1"]
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 60
-        while True:
-            assert server.poll() is None, server.stderr.read()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.time() < deadline, "the server did not come up"
-            time.sleep(0.2)
-        answer = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0) \
+        url = helpers.Announced(server).url()
+        assert httpx.get(f"{url}/health").status_code == 200
+        answer = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0) \
             .chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
         assert answer.usage.completion_tokens >= 1
     finally:
