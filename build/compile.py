@@ -226,6 +226,10 @@ def compile_in_place(directory: Path, manifest: dict, config: BuildConfig, steps
             entry = components[name]
             components[name] = {"graph": entry["graph"], "engine": path.relative_to(directory).as_posix(),
                                 **{k: v for k, v in entry.items() if k != "graph"}}
+        if config.backend == "cpu":  # a head of the embedding's own blocks: one copy (build/tied_embedding.py)
+            from trt_llm.build.tied_embedding import share_embedding_with_head
+
+            share_embedding_with_head(directory, components["llm"])
         if tensorrt_version is not None:
             components["llm"]["tensorrt_version"] = tensorrt_version
         engine_manifest = {

@@ -102,11 +102,23 @@ class Limits(BaseModel):
     max_kv_cache_capacity: PositiveInt
 
 
+class HeadRows(BaseModel):
+    """Where an engine's int8 embedding rows are its 8-bit LM head's (build/tied_embedding.py): byte
+    offsets in the file components.llm.embedding names, rows [vocab, hidden] uint8 around zero_point,
+    scales [vocab, hidden / block] float32."""
+    model_config = _LENIENT
+    rows_offset: int = Field(ge=0)
+    scales_offset: int = Field(ge=0)
+    block: PositiveInt  # values of a row per scale
+    zero_point: int = Field(ge=0, le=255)
+
+
 class LlmComponent(BaseModel):
     model_config = _LENIENT
     graph: RelativePath
     engine: RelativePath | None = None  # absent in a bundle
     embedding: RelativePath
+    embedding_from_head: HeadRows | None = None  # the embedding file is the engine's weights: where in it
     per_layer_embedding: RelativePath | None = None  # the table model.per_layer_inputs describes
     config: RelativePath
     tensorrt_version: str | None = None

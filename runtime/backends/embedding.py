@@ -25,9 +25,11 @@ ACTIVATION_DTYPES = {"fp32": np.float32, "fp16": np.float16}
 class EmbeddingTable:
     """Indexable like the array [V, H] it stands for: `table[ids]` is the rows in `dtype`."""
 
-    def __init__(self, rows: np.ndarray, dtype, scales: np.ndarray | None = None, multiplier: float | None = None):
+    def __init__(self, rows: np.ndarray, dtype, scales: np.ndarray | None = None, multiplier: float | None = None,
+                 zero_point: int = 0):
         self.rows = rows  # [V, H]: float, or int8 with scales [V, H / G] (G values of a row per scale)
         self.scales = scales
+        self.zero_point = zero_point  # what an integer row's values are around (an LM head's uint8: 128)
         self.dtype = np.dtype(dtype)
         # every row times this, in the graph's dtype (Gemma's embedding scale); None: as stored
         self.multiplier = None if multiplier is None else self.dtype.type(multiplier)
@@ -41,7 +43,8 @@ class EmbeddingTable:
             rows = rows if rows.dtype == self.dtype else rows.astype(self.dtype)
         else:
             scales = self.scales[ids]
-            blocks = rows.reshape(*rows.shape[:-1], scales.shape[-1], -1).astype(np.float32) * scales[..., None]
+            blocks = rows.reshape(*rows.shape[:-1], scales.shape[-1], -1).astype(np.float32)
+            blocks = (blocks - self.zero_point if self.zero_point else blocks) * scales[..., None]
             rows = blocks.reshape(rows.shape).astype(self.dtype)
         return rows if self.multiplier is None else rows * self.multiplier
 
@@ -63,9 +66,15 @@ def load_embedding(path: Path, graph_dtype: str, dims: dict, scale: float | None
 
 def engine_embedding(engine_dir) -> EmbeddingTable | np.ndarray:
     """An engine directory's table, as its manifest says to look it up."""
-    model = engine_dir.manifest["model"]
-    return load_embedding(engine_dir.component_path("llm", "embedding"), model["dtype"], engine_dir.dims,
-                          model.get("embedding_scale"))
+    model, path = engine_dir.manifest["model"], engine_dir.component_path("llm", "embedding")
+    head = engine_dir.manifest["components"]["llm"].get("embedding_from_head")
+    if head is not None:  # the LM head's 8-bit blocks in the engine's weight file (build/tied_embedding.py)
+        vocab, hidden = engine_dir.dims["vocab_size"], engine_dir.dims["hidden_size"]
+        rows = np.memmap(path, np.uint8, "r", head["rows_offset"], (vocab, hidden))
+        scales = np.memmap(path, np.float32, "r", head["scales_offset"], (vocab, hidden // head["block"]))
+        return EmbeddingTable(rows, ACTIVATION_DTYPES[model["dtype"]], scales, model.get("embedding_scale"),
+                              head["zero_point"])
+    return load_embedding(path, model["dtype"], engine_dir.dims, model.get("embedding_scale"))
 
 
 _SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16, "I8": np.int8}
