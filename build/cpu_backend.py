@@ -252,7 +252,6 @@ def fuse_rms_norms(model: onnx.ModelProto) -> onnx.ModelProto:
 def _read_weights(model: onnx.ModelProto, folder: Path) -> None:
     """Bring the external weights into the model. (onnx.load_external_data_for_model refuses a file
     with several hard links, and a compile's staging folder hard-links the bundle's files.)"""
-
     for tensor in model.graph.initializer:
         if not uses_external_data(tensor):
             continue

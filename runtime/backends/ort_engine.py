@@ -118,12 +118,16 @@ def _at_accuracy_level(path: Path, options) -> bytes:
     the files beside it."""
     import onnx
 
-    model = onnx.load(str(path), load_external_data=False)
-    for node in model.graph.node:
-        if node.op_type == "MatMulNBits":
+    def set_level(graph):
+        for node in graph.node:
             for attribute in node.attribute:
-                if attribute.name == "accuracy_level":
+                if node.op_type == "MatMulNBits" and attribute.name == "accuracy_level":
                     attribute.i = MATMUL_ACCURACY_LEVEL
+                for body in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
+                    set_level(body)  # a Loop's or If's
+
+    model = onnx.load(str(path), load_external_data=False)
+    set_level(model.graph)
     options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
     return model.SerializeToString()
 
