@@ -102,6 +102,14 @@ def machine(threads: int) -> dict:
             "kernel": platform.release()}
 
 
+def git_head() -> str | None:
+    """This checkout's commit, "-dirty" when the tree has changes (other sessions' edits included)."""
+    import subprocess
+
+    done = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
+    return done.stdout.strip() or None
+
+
 def native_anchor(args, gguf: Path | None, notes: list) -> dict | None:
     """llama-bench, built (cached); None with a note when it cannot run."""
     if "llama-bench" not in args.engines:
@@ -300,6 +308,12 @@ def render(report: dict) -> str:
         target = "(information)" if r["target"] is None else f">= {r['target']}x: " + ("met" if r["met"] else "NOT met")
         lines.append(f"| {r['engine']} / {r['peer']} ({r['metric']}) | {', '.join(f'{v:.2f}' for v in r['per_round'])} "
                      f"| {r['median']:.2f}x | {target} |")
+    agree = report.get("tokens_agree_with_trt-llm-int4_for") or {}
+    if agree:
+        lines += ["", f"Greedy tokens of the b1 decode ({report['new_tokens']} per engine, the same prompt ids): "
+                  "the first N agree with trt-llm-int4's: "
+                  + ", ".join(f"{k} {v}" for k, v in agree.items() if k != "trt-llm-int4")
+                  + " (llama-bench makes no text; the same weights, but each engine quantizes and sums activations its own way)."]
     native = report.get("native")
     if native:
         s = native["stamp"]
@@ -307,6 +321,8 @@ def render(report: dict) -> str:
                   f"{s['llama_cpp_commit']}, {s['compiler']}, cmake {' '.join(s['cmake_args'])} (defaults otherwise: "
                   f"GGML_NATIVE={s['cmake_cache'].get('GGML_NATIVE')}), built in {s['build_seconds']:.0f} s.",
                   f"System info: `{s['system_info']}`", f"Command: `{' '.join(native['command'])}`"]
+    lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
+              f"Command: `{report['command']}` ({report['seconds']:.0f} s)"]
     lines += [""] + [f"- {note}" for note in report["notes"] + report["warnings"]]
     return "\n".join(lines) + "\n"
 
@@ -358,7 +374,7 @@ def main(argv=None) -> int:
                  for name, toks in result["tokens"].items() if ours and " " not in name}
     report = {
         "command": " ".join([sys.executable, *sys.argv]), "model": model_dir.name, "machine": machine(args.threads),
-        "bandwidth": bw, "versions": {**decode_speed.versions(["llamacpp"]), **({
+        "bandwidth": bw, "versions": {**decode_speed.versions(["llamacpp"]), "trt-llm (git)": git_head(), **({
             "llama.cpp (native)": native["stamp"]["llama_cpp_commit"],
             "llama-cpp-python (sdist built)": native["stamp"]["llama_cpp_python_version"]} if native else {})}, "rounds": args.rounds, "reps": args.reps,
         "new_tokens": args.new_tokens, "prefill": args.prefill, "batch_sizes": args.batch_sizes,
