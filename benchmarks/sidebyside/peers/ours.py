@@ -57,8 +57,6 @@ def prepare(ctx: Context, quantization: dict | None = None, model: Path | None =
 
 class Runner:
     def __init__(self, path: Path, threads: int, capacity: int):
-        from safetensors.numpy import load_file
-
         from trt_llm.runtime.engine_dir import EngineDir
         from trt_llm.runtime.backends.ort_engine import OrtEngine
 
@@ -69,16 +67,27 @@ class Runner:
 
         ed = EngineDir.open(path)
         dims = ed.dims
+        try:  # the runtime's own loader (since issue 44 a GGUF engine's embedding may be its LM head's rows)
+            from trt_llm.runtime.backends.embedding import engine_embedding
+
+            embedding = engine_embedding(ed)
+        except ImportError:  # an older trt-llm (peers/ours_ref.py runs one)
+            embedding = self._older_embedding(ed, dims)
+        engine = OrtEngine(ed.component_path("llm", "engine"), dims["num_layers"], threads)
+        self.model = Model(engine, embedding, dims, [])  # no EOS: every row makes exactly n tokens
+
+    @staticmethod
+    def _older_embedding(ed, dims):
+        from safetensors.numpy import load_file
+
         try:  # a quantized engine stores its embedding in fp16 or int8 blocks
             from trt_llm.runtime.backends.embedding import load_embedding
 
             scale = ed.manifest["model"].get("embedding_scale")  # Gemma's, looked up on the host since issue 42
-            embedding = load_embedding(ed.component_path("llm", "embedding"), ed.manifest["model"]["dtype"], dims,
-                                       *([scale] if scale else []))
-        except ImportError:  # a trt-llm before issue 17 (peers/ours_ref.py runs one)
-            embedding = load_file(str(ed.component_path("llm", "embedding")))["embedding"]
-        engine = OrtEngine(ed.component_path("llm", "engine"), dims["num_layers"], threads)
-        self.model = Model(engine, embedding, dims, [])  # no EOS: every row makes exactly n tokens
+            return load_embedding(ed.component_path("llm", "embedding"), ed.manifest["model"]["dtype"], dims,
+                                  *([scale] if scale else []))
+        except ImportError:  # a trt-llm before issue 17
+            return load_file(str(ed.component_path("llm", "embedding")))["embedding"]
 
     def run(self, prompts: list[list[int]], n: int) -> dict:
         from trt_llm.runtime.engine.generate import generate
