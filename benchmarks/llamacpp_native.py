@@ -289,7 +289,9 @@ def render(report: dict) -> str:
                 "oversubscribed cores (llama.cpp's threads meet at an OpenMP barrier after every op, so a thread a "
                 "neighbour preempts stalls them all), not its "
                 "speed on a quiet machine. Rerun on a quiet one before quoting a ratio.", ""]
-              if report["load_summary"] and report["load_summary"][0] >= CLEAN_LOAD else []),
+              # Loaded = the cores others used leave fewer than our threads free.
+              if report["load_summary"] and report["load_summary"][0] + m["threads"] >= m["cores"] + CLEAN_LOAD
+              else []),
              "| engine | precision | " + " | ".join(metrics) + " | weights MB/token | roofline (decode b1) "
              "| roofline at the Q4_0 file's bytes |", "|---|---|" + "---:|" * (len(metrics) + 3)]
     for name, row in report["table"].items():
