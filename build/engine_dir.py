@@ -4,6 +4,8 @@
       manifest.json         kind "engine", format version, backend, build config, model dims,
                             components, limits, tool versions
       llm/                  model.onnx (+ .data), the backend's engine, config.json, embedding.safetensors
+                            (a quantized cpu engine: its optimised graph alone, with every weight; a GGUF's
+                            tied head also the embedding: build/tied_embedding.py)
       draft/                EAGLE3 draft: model.onnx (+ .data), its engine, tensors.safetensors
       tokenizer/            tokenizer files, chat template, generation_config.json
 
