@@ -245,14 +245,14 @@ def test_a_body_timeout_ends_the_answer_with_its_partial_text(engine):
 def test_64_clients_against_a_queue_of_8(engine):
     """64 clients at once (half OpenAI completions, half Anthropic messages) against 2 rows and a queue
     of 8: each is answered 200 or 429; a 429 carries Retry-After (whole seconds, >= 1) and the API's
-    error shape; every accepted request is answered whole; those with a 0.3 s timeout are answered
-    within it (plus the noisy machine's slack), finish_reason timeout or done (the 10 accepted answers
-    of up to 200 tokens take seconds on 2 rows: some time out); /metrics' rejections equal the 429s the
+    error shape; every accepted request is answered whole; those with a 20 ms timeout are answered
+    within it (plus the noisy machine's slack), finish_reason timeout (200 tokens take longer on any
+    machine); /metrics' rejections equal the 429s the
     clients saw, and the queue is empty after."""
     live = served(engine, max_rows=2, max_waiting=8)
 
     async def one(client, i):
-        extra = {"timeout": 0.3} if i % 4 == 0 else {}
+        extra = {"timeout": 0.02} if i % 4 == 0 else {}
         started = time.perf_counter()
         if i % 2:
             answer = await client.post("/v1/messages", json={
@@ -290,7 +290,10 @@ def test_64_clients_against_a_queue_of_8(engine):
                 assert (data["usage"]["output_tokens"] if i % 2 else data["usage"]["completion_tokens"]) > 0
             if extra:
                 assert took < extra["timeout"] + 3.0, (i, took)
-        assert timeouts
+        # A request with a timeout runs out of it: quiet, the tiny engine makes 2 rows of 200 tokens in about
+        # 0.1 s, and one that waits waits longer (the accepted are the first to arrive: 2 of every 8 timed)
+        timed = [i for i, answer, _, extra in results if answer.status_code == 200 and extra]
+        assert timeouts == len(timed) and timed, timed
         metrics = httpx.get(f"{live.url}/metrics").text
         assert f'trt_llm_request_rejections_total{{reason="queue_full"}} {float(len(refused))}' in metrics
         assert f'trt_llm_request_rejections_total{{reason="timeout"}} {float(timeouts)}' in metrics
