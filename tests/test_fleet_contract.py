@@ -226,8 +226,11 @@ def test_vllm_metrics_while_requests_run_and_wait(model_and_adapters):
         seen = None
         while time.time() < deadline:
             values = _scrape(live.url)
-            if values["vllm:num_requests_waiting"] == 2:
-                seen = values
+            # (counted as waiting once submitted; their adapters listed once the scheduler holds them, at its
+            # next step: the scrape after both)
+            if values["vllm:num_requests_waiting"] == 2 and len(core.scheduler.waiting) == 2:
+                values = _scrape(live.url)
+                seen = values if values["vllm:num_requests_waiting"] == 2 else None
                 break
             time.sleep(0.01)
         assert seen is not None, "the two later requests were never seen waiting"
