@@ -45,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cold_start  # noqa: E402  (the cold request's message, the profile's load stages)
 import decode_speed  # noqa: E402  (the checkpoint, cpu name, versions)
 from sidebyside.artifacts import Context, prepare_engines  # noqa: E402
-from sidebyside.measure import CLEAN_LOAD, LoadMeter, lock_work_dir, log, pin_threads, run_timed  # noqa: E402
+from sidebyside.measure import (  # noqa: E402
+    CLEAN_LOAD, LoadMeter, engine_list, lock_work_dir, log, pin_threads, run_timed, smoke_defaults)
 from sidebyside.prompts import exact_prompts  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -93,12 +94,8 @@ def parse_args(argv=None):
     # The engines' limits are quantized_speed.py's, so that both share the cached builds.
     args.max_input = 64 if args.smoke else 512
     if args.smoke:
-        for name, value in {"rounds": 1, "new_tokens": 4, "prompt_length": 24, "wait_idle": 0.0}.items():
-            if getattr(args, name) == p.get_default(name):
-                setattr(args, name, value)
-    args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    if set(args.engines) - set(ENGINES):
-        p.error(f"unknown engines: {', '.join(sorted(set(args.engines) - set(ENGINES)))}")
+        smoke_defaults(p, args, {"rounds": 1, "new_tokens": 4, "prompt_length": 24, "wait_idle": 0.0})
+    args.engines = engine_list(p, args.engines, ENGINES)
     if args.rounds < 1 or args.new_tokens < 2 or args.prompt_length < 1:
         p.error("--rounds >= 1, --new-tokens >= 2 (decode is timed after the first token), --prompt-length >= 1")
     return args
@@ -174,7 +171,7 @@ def cold_run(key: str, artifact: Path, threads: int, capacity: int, tmp: Path) -
 def measure(args, ctx: Context, engines: dict, prompts: list[list[int]], warnings: list[str]) -> tuple[dict, dict]:
     """The interleaved rounds: per round, every engine's cold run, then its decode runs. Returns the cold
     runs and the decode runs ({name: [run]}, {(name, batch): [tok/s]})."""
-    from sidebyside.worker import Worker, WorkerError
+    from sidebyside.worker import Worker, drop_unready
 
     n = args.new_tokens
     cold: dict[str, list] = {name: [] for name in engines}
@@ -189,12 +186,7 @@ def measure(args, ctx: Context, engines: dict, prompts: list[list[int]], warning
             log(f"{what}: other processes use {idle:.1f} cores; running anyway")
 
     try:
-        for name in list(workers):
-            try:
-                workers[name].wait_ready()
-            except WorkerError as error:
-                warnings.append(f"{name} could not load for decoding: {str(error).splitlines()[-1]}")
-                workers.pop(name).kill()
+        drop_unready(workers, warnings, " for decoding")
         settings = [(name, b) for name in engines for b in args.batch_sizes
                     if name in workers and (b == 1 or engines[name]["batched"])]
         with tempfile.TemporaryDirectory(prefix="edge-sidebyside-") as tmp:

@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import decode_speed  # noqa: E402  (the checkpoint, versions)
 from sidebyside import bandwidth, llama_bench, native_llamacpp  # noqa: E402
 from sidebyside.artifacts import Context, prepare_engines  # noqa: E402
-from sidebyside.measure import CLEAN_LOAD, LoadMeter, cpu_name, lock_work_dir, log, pin_threads  # noqa: E402
+from sidebyside.measure import (  # noqa: E402
+    CLEAN_LOAD, LoadMeter, cpu_name, engine_list, lock_work_dir, log, pin_threads, smoke_defaults)
 from sidebyside.prompts import exact_prompts  # noqa: E402
 from sidebyside.weight_bytes import gguf_bytes_per_token, onnx_bytes_per_token  # noqa: E402
 
@@ -78,12 +79,8 @@ def parse_args(argv=None):
     args.prefill = [16, 48] if args.smoke else [64, 512]
     args.batch_sizes = [1, 2] if args.smoke else [1, 8]
     if args.smoke:
-        for name, value in {"rounds": 1, "reps": 1, "new_tokens": 4, "wait_idle": 0.0}.items():
-            if getattr(args, name) == p.get_default(name):
-                setattr(args, name, value)
-    args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    if set(args.engines) - set(ENGINES):
-        p.error(f"unknown engines: {', '.join(sorted(set(args.engines) - set(ENGINES)))}")
+        smoke_defaults(p, args, {"rounds": 1, "reps": 1, "new_tokens": 4, "wait_idle": 0.0})
+    args.engines = engine_list(p, args.engines, ENGINES)
     if min(args.rounds, args.reps) < 1 or args.new_tokens < 2:
         p.error("--rounds >= 1, --reps >= 1, --new-tokens >= 2 (decode is timed after the first token)")
     return args
@@ -158,18 +155,13 @@ def timed(meter: LoadMeter, args, what: str, fn):
 
 def measure(args, ctx: Context, engines: dict, native: dict | None, prompts: dict, warnings: list) -> dict:
     """The interleaved rounds: {"values": {engine: {metric: [per round]}}, "load": [...], "tokens": {...}}."""
-    from sidebyside.worker import Worker, WorkerError
+    from sidebyside.worker import Worker, drop_unready
 
     n, values, load, tokens = args.new_tokens, {}, [], {}
     workers = {name: Worker(e["key"], Path(e["artifact"]), args.threads, ctx.capacity) for name, e in engines.items()}
     meter = LoadMeter()
     try:
-        for name in list(workers):
-            try:
-                workers[name].wait_ready()
-            except WorkerError as error:
-                warnings.append(f"{name} could not load: {str(error).splitlines()[-1]}")
-                workers.pop(name).kill()
+        drop_unready(workers, warnings)
         settings = {name: [("decode", b) for b in args.batch_sizes if b == 1 or engines[name]["batched"]]
                     + [("prefill", p) for p in args.prefill] for name in workers}
 

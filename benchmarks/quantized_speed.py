@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     args.work_dir.mkdir(parents=True, exist_ok=True)
     from transformers import AutoTokenizer
 
-    from sidebyside.worker import Worker, WorkerError
+    from sidebyside.worker import Worker, drop_unready
 
     model_dir = decode_speed.hf_dir(args)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -101,12 +101,7 @@ def main(argv=None) -> int:
     results: dict[tuple, list] = {}
     meter = LoadMeter()
     try:
-        for name in list(workers):
-            try:
-                workers[name].wait_ready()
-            except WorkerError as error:
-                warnings.append(f"{name} could not load: {str(error).splitlines()[-1]}")
-                workers.pop(name).kill()
+        drop_unready(workers, warnings)
         plan = [(name, length, b) for length in args.prompt_lengths for b in args.batch_sizes for name in workers
                 if b == 1 or engines[name]["batched"]]
         log(f"warm-up ({len(plan)} settings)")

@@ -24,6 +24,21 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def smoke_defaults(parser, args, values: dict) -> None:
+    """--smoke's settings, for each option the command line left at its default."""
+    for name, value in values.items():
+        if getattr(args, name) == parser.get_default(name):
+            setattr(args, name, value)
+
+
+def engine_list(parser, spec: str, known) -> list[str]:
+    """--engines' comma-separated names, each one of `known` (else the parser's one-line error)."""
+    names = [e.strip() for e in spec.split(",") if e.strip()]
+    if set(names) - set(known):
+        parser.error(f"unknown engines: {', '.join(sorted(set(names) - set(known)))}")
+    return names
+
+
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 

@@ -65,6 +65,17 @@ class WorkerError(RuntimeError):
     pass
 
 
+def drop_unready(workers: dict, warnings: list, doing: str = "") -> None:
+    """Wait for each worker to load; one that cannot is killed, removed from `workers` and said in
+    `warnings` ("<name> could not load<doing>: <its last line>")."""
+    for name in list(workers):
+        try:
+            workers[name].wait_ready()
+        except WorkerError as error:
+            warnings.append(f"{name} could not load{doing}: {str(error).splitlines()[-1]}")
+            workers.pop(name).kill()
+
+
 class Worker:
     """The orchestrator's handle on one engine process."""
 
