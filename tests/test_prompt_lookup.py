@@ -76,9 +76,12 @@ def test_the_pass_cost_is_fitted_from_the_timed_passes():
     assert acceptance.p > 0.6  # back near the prior: it is tried again
 
 
-def test_smollm2_copies_with_vanilla_tokens(smollm2_engine):
+def test_smollm2_copies_with_vanilla_tokens(smollm2_engine, monkeypatch):
     """Copying requests beside a free one, continuous (the seeded test below is a static batch): the same
-    tokens as vanilla decoding, and proposals were taken (the test would pass without speculating otherwise)."""
+    tokens as vanilla decoding, and proposals were taken (the test would pass without speculating otherwise).
+    The pass cost is pinned: fitted from timed passes, on a loaded machine it can find wide passes dear and
+    propose little (CI on two workers: 13 proposed), and how much it proposes is not what this test checks."""
+    monkeypatch.setattr(PassCost, "slope", lambda self, batch: 0.1)
     requests = COPYING + [FREE]
     vanilla, _ = run(smollm2_engine, requests, "none")
     looked, runner = run(smollm2_engine, requests, "prompt-lookup", scheduling="continuous")
