@@ -183,3 +183,27 @@ def test_reuse_across_processes(setup, tmp_path, caplog):
     warned = [path.name for path in blocks if path.name in caplog.text]
     assert warned and "unreadable" in caplog.text
     assert all(caplog.text.count(name) == 1 for name in warned)  # one warning a file
+
+
+def test_an_idle_row_beside_a_row_by_row_prefill(setup):
+    """A restored prefix beside a fresh prompt wider than the pool: the pass runs row by row, and a row
+    whose one remaining token waits for the incomplete row before it has nothing to compute in it (it
+    made a pass of no tokens, 'GatherElements: Out of range' for the whole batch: the server soak and the
+    Ray benchmark found it). Every row then decodes the tokens it decodes alone."""
+    engine, _ = setup
+    runner = Runner(EngineDir.open(engine), threads=1, context_reuse=True, prefill_chunk=60)
+    rng = np.random.default_rng(0)
+    cached = rng.integers(3, 200, size=65).tolist()  # blocks of 16: restoring it leaves one token
+    engine_run(runner, [cached], "prefill")
+    prompts = [rng.integers(3, 200, size=100).tolist(), cached, rng.integers(3, 200, size=10).tolist()]
+    core = runner.engine_core(3, "continuous")
+    rows = []
+    for i, ids in enumerate(prompts):  # counts of the first pass: 60, 0 (waits for row 0), 9
+        s = Sequence(list(ids), 4)
+        s.context = ContextPlan(runner.prefix_cache.root(None), lookup=True, commit="prefill")
+        core.add_request(EngineRequest(i, s, SamplingParams(0.0, 0, 1.0, None)))
+        rows.append(s)
+    core.run_to_completion()
+    assert rows[1].reused_tokens == 64
+    alone = engine_run(Runner(EngineDir.open(engine), threads=1), prompts, "none", max_new=4)
+    assert [s.generated for s in rows] == [s.generated for s in alone]

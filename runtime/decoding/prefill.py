@@ -52,16 +52,21 @@ def prefill(model: Model, sequences: list[Sequence], cache, lora: dict, stage, p
         else:
             # ONNX Runtime's attention writes a row's whole padded chunk after its cached tokens: a long
             # reused prefix beside a long fresh prompt would overrun the row, so such a batch
-            # prefills row by row (each row computes what it computes in the batch).
-            parts = [_pass(model, sequences[i:i + 1], tokens[i:i + 1], cache.window(i, i + 1),
-                           {name: array[i:i + 1] for name, array in lora.items()}, past[i:i + 1])
-                     for i in range(len(sequences))]
-            logits = np.concatenate([part[0] for part in parts])
+            # prefills row by row (each row computes what it computes in the batch). An idle row (a
+            # count of 0: its last token waits for the row before it) has no pass of its own: a pass of
+            # no tokens has no last token to take logits at; its logits and features stay zeros, unread.
+            parts = {i: _pass(model, sequences[i:i + 1], tokens[i:i + 1], cache.window(i, i + 1),
+                              {name: array[i:i + 1] for name, array in lora.items()}, past[i:i + 1])
+                     for i in range(len(sequences)) if lengths[i]}
+            logits = np.zeros((len(sequences), 1, model.vocab_size), dtype=np.float32)
             features = None
-            if parts[0][1] is not None:
-                features = np.zeros((len(parts), int(lengths.max()), parts[0][1].shape[-1]), parts[0][1].dtype)
-                for i, (_, part) in enumerate(parts):
-                    features[i, : part.shape[1]] = part[0]
+            for i, (row_logits, row_features) in parts.items():
+                logits[i] = row_logits[0]
+                if row_features is not None:
+                    if features is None:
+                        features = np.zeros((len(sequences), int(lengths.max()), row_features.shape[-1]),
+                                            row_features.dtype)
+                    features[i, : row_features.shape[1]] = row_features[0]
     complete = _advance(sequences, past, lengths, cache, context, profiler)
     return Prefilled(logits, lengths, features, complete)
 
