@@ -10,8 +10,8 @@ import os
 import sys
 from pathlib import Path
 
-from trt_llm.common.cli_args import (OneLineParser, byte_size, capped_threads, port_number, positive_float, positive_int,
-                                     physical_memory, steps_above_one)
+from trt_llm.common.cli_args import (OneLineParser, byte_size, capped_threads, non_negative_int, port_number,
+                                     physical_memory, positive_float, positive_int, steps_above_one)
 from trt_llm.runtime.engine import DEFAULT_PREFILL_CHUNK
 
 PROG = "trt-llm-serve"
@@ -78,6 +78,10 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--ray-routing", choices=("prefix", "pow2"), default="prefix",
                    help="how Ray Serve picks a replica: prefix (default: the one holding the longest prefix of the "
                         "request's text, else the less loaded of two) or pow2 (Ray's power of two choices alone)")
+    p.add_argument("--ray-max-imbalance", type=non_negative_int, default=4, metavar="REQUESTS",
+                   help="routing by prefix: the replica holding the prefix gets the request while it has at most "
+                        "this many more requests in flight than the least loaded one (default 4; 0: only when "
+                        "it is as idle as any)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p.parse_args(argv)
 

@@ -112,9 +112,11 @@ class _Proxy:
 
 
 def deployment(engine_dir: str, config, replicas: int, threads: int, spec_decode: bool = True,
-               routing: str = "prefix"):
+               routing: str = "prefix", max_imbalance: int = 4):
     """The Ray Serve application: `replicas` engine replicas (each with `threads` CPUs) behind one proxy.
-    The ServerConfig travels to each replica pickled."""
+    The ServerConfig travels to each replica pickled. max_imbalance: routing by prefix, how many more
+    requests in flight than the least loaded replica the one holding the prefix may have and still get
+    the request (server/prefix_router.py)."""
     from ray import serve
 
     if routing not in ROUTINGS:
@@ -125,7 +127,8 @@ def deployment(engine_dir: str, config, replicas: int, threads: int, spec_decode
 
         from trt_llm.server.ray_router import PrefixRequestRouter
 
-        options["request_router_config"] = RequestRouterConfig(request_router_class=PrefixRequestRouter)
+        options["request_router_config"] = RequestRouterConfig(
+            request_router_class=PrefixRequestRouter, request_router_kwargs={"max_imbalance": max_imbalance})
     engines = serve.deployment(name=ENGINE, num_replicas=replicas, ray_actor_options={"num_cpus": max(threads, 1)},
                                **options)(_EngineReplica).bind(engine_dir, config, threads, spec_decode)
     return serve.deployment(name="trt-llm", ray_actor_options={"num_cpus": 0})(_Proxy).bind(engines)
@@ -139,7 +142,7 @@ def serve_on_ray(args, config) -> int:
     ray.init(ignore_reinit_error=True)  # RAY_ADDRESS (e.g. auto) joins a running cluster
     serve.start(http_options={"host": args.host, "port": args.port})
     app = deployment(str(args.engine_dir), config, args.ray_replicas, args.threads or 1, not args.no_spec_decode,
-                     args.ray_routing)
+                     args.ray_routing, args.ray_max_imbalance)
     log.warning("serving %d replicas on http://%s:%d (Ray Serve, routing by %s)", args.ray_replicas, args.host,
                 args.port, args.ray_routing)
     serve.run(app, name="trt-llm", route_prefix="/", blocking=True)

@@ -110,3 +110,21 @@ def test_a_stream_comes_through_the_proxy(ray_server):
     for data in lines[:-1]:
         deltas.append(json.loads(data)["choices"][0]["delta"].get("content") or "")
     assert "".join(deltas) == whole["choices"][0]["message"]["content"]
+
+
+def test_the_load_margin_reaches_the_prefix_router():
+    """--ray-max-imbalance (default 4) is the prefix router's max_imbalance on the engine replicas' deployment
+    (Ray passes request_router_kwargs to PrefixRequestRouter.initialize_state); pow2 has no router of ours."""
+    from trt_llm.server.cli import parse_args
+    from trt_llm.server.ray_app import deployment
+
+    def router_config(*flags):
+        args = parse_args(["--engine-dir", "x", "--ray-replicas", "2", *flags])
+        app = deployment("x", ServerConfig(model_name="x"), args.ray_replicas, 1, routing=args.ray_routing,
+                         max_imbalance=args.ray_max_imbalance)
+        engines = app._bound_deployment.init_args[0]._bound_deployment  # (the proxy's handle to them)
+        return engines._deployment_config.request_router_config
+
+    assert router_config().request_router_kwargs == {"max_imbalance": 4}
+    assert router_config("--ray-max-imbalance", "0").request_router_kwargs == {"max_imbalance": 0}
+    assert router_config("--ray-routing", "pow2").request_router_kwargs == {}

@@ -41,6 +41,13 @@ def positive_int(value: str) -> int:
     return number
 
 
+def non_negative_int(value: str) -> int:
+    number = _parsed(value, int, "an integer")
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{value} is below 0")
+    return number
+
+
 def positive_float(value: str) -> float:
     """A finite number above 0 (seconds, say)."""
     number = _parsed(value, float, "a number")
