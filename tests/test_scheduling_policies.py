@@ -20,6 +20,7 @@ from trt_llm.runtime.text.prompt import PromptFormatter
 from trt_llm.schemas.input_file import parse_input_dict
 
 NO_EOS = {"0": -100.0, "2": -100.0}  # the tiny model's end-of-sequence ids never win: long answers
+THREE_TOKENS = {"100": 40.0, "200": 40.0, "300": 40.0}
 
 
 @pytest.fixture(scope="module")
@@ -60,13 +61,19 @@ FILE = {"max_generate_length": 24, "seed": 7, "requests": [
 ]}
 
 
-@pytest.mark.parametrize("reuse", [False, True], ids=["recompute", "context-reuse"])
-def test_a_paused_row_resumes_with_the_tokens_it_has_alone(engine, reuse):
+@pytest.mark.parametrize("reuse, speculation", [(False, None), (True, None), (True, "prompt-lookup")],
+                         ids=["recompute", "context-reuse", "prompt-lookup"])
+def test_a_paused_row_resumes_with_the_tokens_it_has_alone(engine, reuse, speculation):
     """Two low-priority rows fill a pool of 2; a priority-5 request arrives mid-decode and pauses the
     later of them (the latest arrival among the lowest); it resumes when a row frees, its cache
-    recomputed by prefill (no context reuse) or restored from the blocks it committed as it left."""
-    runner = Runner(EngineDir.open(engine), threads=1, context_reuse=reuse)
-    low_greedy, low_seeded, urgent = requests_of(runner, FILE)
+    recomputed by prefill (no context reuse) or restored from the blocks it committed as it left. Under
+    prompt lookup the resumed row's n-gram index is rebuilt; each request still gets vanilla's tokens
+    alone (prompt lookup's own tests: vanilla's tokens are its tokens)."""
+    data = FILE
+    if speculation:  # a random model copies nothing: three tokens it orders by its own logits recur
+        data = {**FILE, "requests": [{**r, "logit_bias": {**r["logit_bias"], **THREE_TOKENS}} for r in FILE["requests"]]}
+    runner = Runner(EngineDir.open(engine), threads=1, context_reuse=reuse, speculation=speculation)
+    low_greedy, low_seeded, urgent = requests_of(runner, data)
     core = runner.engine_core(2, "continuous")
     core.add_request(low_greedy)
     core.add_request(low_seeded)
@@ -80,10 +87,12 @@ def test_a_paused_row_resumes_with_the_tokens_it_has_alone(engine, reuse):
     hits = runner.prefix_cache.stats["hits"]
     core.run_to_completion()
     assert urgent.sequence.finish_reason == "max-length"
+    if speculation:  # (the resumed row is the strategy's again: a row it lost would be out of step)
+        assert runner.lookup_stats.rounds > 0
     if reuse:  # the resumed row restored its committed blocks
         assert runner.prefix_cache.stats["hits"] > hits
     for index, request in ((0, low_greedy), (1, low_seeded), (2, urgent)):
-        want = alone(engine, FILE, index)
+        want = alone(engine, data, index)
         assert request.sequence.generated == want.generated, index
         assert request.sequence.finish_reason == want.finish_reason
         assert [ids for ids, _ in request.sequence.top_logprobs] == [ids for ids, _ in want.top_logprobs]

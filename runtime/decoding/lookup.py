@@ -129,6 +129,11 @@ class PromptLookup:
     def leave(self, keep: list[int]) -> None:
         self.rows = [self.rows[i] for i in keep]
 
+    def resumed(self, index: int, sequence: Sequence) -> None:
+        """A paused row is decoding row `index` again (runtime/engine/preemption.py): its n-gram index is
+        rebuilt from its prompt and generated tokens (_Row.sync), its acceptance starts from the prior."""
+        self.rows.insert(index, _Row(sequence))
+
     def _proposal(self, request, r: _Row, model, core) -> list[int]:
         if not request.speculate:
             return []

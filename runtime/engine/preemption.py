@@ -15,10 +15,12 @@ again, restored from the context cache as far as it holds them and computed by p
 the rest, and the next decode step feeds its last token, as it would have had it never left. A row
 paused mid-prompt starts its prompt again (its computed blocks restore where they were committed).
 
-Only rows of vanilla decoding on attention caches are paused (`preemptible`): an EAGLE / MTP draft
-and prompt lookup keep per-row state the core cannot rebuild for a resumed row, a recurrent layer's
-state (Qwen3.5, LFM2) is not recomputed by a plain prefill here, and an encoder-decoder row holds its
-clip's cross keys. There higher priorities are still admitted first, and nothing is paused.
+Only rows of vanilla decoding and prompt lookup on attention caches are paused (`preemptible`; prompt
+lookup's row state, its n-gram index, is rebuilt from the row's tokens as it resumes: the strategy's
+`resumed`): an EAGLE / MTP draft keeps a cache of its own per row that the core cannot rebuild, a
+recurrent layer's state (Qwen3.5, LFM2) is not recomputed by a plain prefill here, and an
+encoder-decoder row holds its clip's cross keys. There higher priorities are still admitted first, and
+nothing is paused.
 """
 
 from __future__ import annotations
@@ -51,9 +53,10 @@ def expire(core) -> list:
 
 
 def preemptible(core) -> bool:
+    from trt_llm.runtime.decoding.lookup import PromptLookup
     from trt_llm.runtime.decoding.vanilla import Vanilla
 
-    return (core.scheduler.policy == "continuous" and type(core.strategy) is Vanilla
+    return (core.scheduler.policy == "continuous" and type(core.strategy) in (Vanilla, PromptLookup)
             and not (core.cache is not None and core.cache.recurrent)
             and not any(r.sequence.media is not None and r.sequence.media.cross is not None
                         for r in core.scheduler.running))
@@ -114,3 +117,5 @@ def resume(core, index: int, request) -> None:
     if core.profiler:
         core.profiler.count("prefill_computed_tokens", len(tokens) - restored)
         core.profiler.count("prefill_reused_tokens", restored)
+    if hasattr(core.strategy, "resumed"):  # a strategy's per-row state, for a row it never prefilled
+        core.strategy.resumed(index, s)
