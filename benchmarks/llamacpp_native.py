@@ -41,7 +41,7 @@ import decode_speed  # noqa: E402  (the checkpoint, versions)
 from sidebyside import bandwidth, llama_bench, native_llamacpp  # noqa: E402
 from sidebyside.artifacts import Context, prepare_engines  # noqa: E402
 from sidebyside.measure import (  # noqa: E402
-    CLEAN_LOAD, LoadMeter, cpu_name, engine_list, lock_work_dir, log, pin_threads, smoke_defaults)
+    CLEAN_LOAD, LoadMeter, cpu_name, engine_list, git_head, lock_work_dir, log, pin_threads, smoke_defaults)
 from sidebyside.prompts import exact_prompts  # noqa: E402
 from sidebyside.weight_bytes import gguf_bytes_per_token, onnx_bytes_per_token  # noqa: E402
 
@@ -97,14 +97,6 @@ def machine(threads: int) -> dict:
         pass
     return {"cpu": cpu_name(), "cpu_flags": flags, "cores": os.cpu_count(), "threads": threads,
             "kernel": platform.release()}
-
-
-def git_head() -> str | None:
-    """This checkout's commit, "-dirty" when the tree has changes (other sessions' edits included)."""
-    import subprocess
-
-    done = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
-    return done.stdout.strip() or None
 
 
 def native_anchor(args, gguf: Path | None, notes: list) -> dict | None:

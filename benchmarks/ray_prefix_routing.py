@@ -35,7 +35,6 @@ import random
 import re
 import shlex
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -44,7 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sidebyside.measure import cpu_name  # noqa: E402
+from sidebyside.measure import cpu_name, free_port, git_head  # noqa: E402
 
 MODEL = "bench"  # the served model name
 # The tiny engine: 8 rows (all 8 conversations decode together on one replica); a sixth turn's prompt is
@@ -132,12 +131,6 @@ def tiny_engine(work_dir: Path) -> Path:
     build_engine(BuildConfig(model=str(model), output_dir=str(engine), **TINY), progress=False)
     done.write_text(json.dumps(TINY))
     return engine
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class LocalServer:
@@ -263,12 +256,6 @@ def verdicts(runs: dict, expected: int, caches: dict) -> dict:
         "no_context_cache_evictions": all(v == 0 for seen in evictions.values() for v in seen.values()),
         "evictions": evictions,
     }
-
-
-def git_head() -> str | None:
-    """This checkout's commit, "-dirty" when the tree has changes (other sessions' edits included)."""
-    done = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
-    return done.stdout.strip() or None
 
 
 def markdown(report: dict) -> str:

@@ -33,7 +33,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from server_load import load, prompts  # noqa: E402
+from sidebyside.measure import free_port  # noqa: E402
 
 MODEL = "smollm2"  # the name server_load's clients ask for
 MB = 1 << 20
@@ -142,12 +142,6 @@ def reading(pid: int, port: int, has_metrics: bool) -> dict:
 
 
 # --- one server ----------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
 
 def wait_listening(process: subprocess.Popen, port: int, log_path: Path, timeout: float = 600) -> None:
     import httpx

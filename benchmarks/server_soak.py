@@ -46,7 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sidebyside.measure import cpu_name, log, smoke_defaults  # noqa: E402
+from sidebyside.measure import cpu_name, git_head, log, smoke_defaults  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "soak"
@@ -441,11 +441,6 @@ def log_findings(text: str) -> dict:
             "error_lines": len(errors), "first_error": errors[0] if errors else None,
             "first_traceback": "\n".join(lines[tracebacks[0]: tracebacks[0] + 30]) if tracebacks else None,
             "first_5xx": errors_5xx[0] if errors_5xx else None}
-
-
-def git_head() -> str | None:
-    done = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
-    return done.stdout.strip() or None
 
 
 def versions() -> dict:

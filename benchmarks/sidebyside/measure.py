@@ -1,5 +1,5 @@
 """Measuring tools: thread pinning, read bandwidth, the matmul floor, weight bytes, other processes' CPU,
-timed builds."""
+timed builds; what a report records of the machine and the checkout."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 CLEAN_LOAD = 0.3  # cores used by other processes below which a timed run counts as undisturbed
+REPO = Path(__file__).resolve().parents[2]
 
 
 def cpu_name() -> str:
@@ -22,6 +23,21 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def git_head() -> str | None:
+    """This checkout's commit, "-dirty" when the tree has changes (other sessions' edits included)."""
+    done = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
+    return done.stdout.strip() or None
+
+
+def free_port() -> int:
+    """A loopback port free now, for a server that must be given a number (a subprocess, Ray's proxy)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def smoke_defaults(parser, args, values: dict) -> None:
