@@ -90,7 +90,7 @@ def optimise_offline(engine_path: Path) -> Path:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(ort_engine.MATMUL_ACCURACY_LEVEL))
+    options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(ort_engine.BUILD_ACCURACY_LEVEL))
     options.add_session_config_entry("session.disable_prepacking", "1")
     options.optimized_model_filepath = str(optimised)
     options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
@@ -98,7 +98,7 @@ def optimise_offline(engine_path: Path) -> Path:
     options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     ort.InferenceSession(str(engine_path), options, providers=["CPUExecutionProvider"])
     own_weights(optimised)
-    record.write_text(json.dumps(ort_engine.offline_key(), indent=2) + "\n")
+    record.write_text(json.dumps(ort_engine.offline_key(ort_engine.BUILD_ACCURACY_LEVEL), indent=2) + "\n")
     return optimised
 
 

