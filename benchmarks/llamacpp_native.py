@@ -8,7 +8,8 @@ each engine's fraction of the machine's memory roofline, in one interleaved run.
 Engines: native `llama-bench` (`llama-bench`, built from llama-cpp-python's sdist with llama.cpp's default
 native flags: sidebyside/native_llamacpp.py, cached) on the Q4_0 GGUF that sidebyside/gguf_convert.py writes
 from the fp32 HF folder; llama.cpp through llama-cpp-python on that file (`llamacpp-q4_0`, when installed);
-trt-llm int4 built from that very file (`ours-int4`), trt-llm int4 in GenAI's layout (`ours-int4-g32`) and
+trt-llm int4 built from that very file (`ours-int4`; `ours-int4-mlas`: the same engine on ONNX Runtime's MatMulNBits
+instead of our kernels, TRT_LLM_CPU_KERNELS=0), trt-llm int4 in GenAI's layout (`ours-int4-g32`) and
 GenAI int4 (`genai-int4`) from the HF folder. A missing one is skipped with the reason.
 
 Per round (the engines' order rotates each round), every engine in turn:
@@ -47,7 +48,7 @@ from sidebyside.weight_bytes import gguf_bytes_per_token, onnx_bytes_per_token  
 
 REPO = Path(__file__).resolve().parent.parent
 NATIVE = "llama.cpp-native"
-WORKER_ENGINES = ("llamacpp-q4_0", "ours-int4", "ours-int4-g32", "genai-int4")
+WORKER_ENGINES = ("llamacpp-q4_0", "ours-int4", "ours-int4-mlas", "ours-int4-g32", "genai-int4")
 ENGINES = ("llama-bench", *WORKER_ENGINES)
 METRICS = ("decode b1", "decode b8", "prefill 64", "prefill 512")
 # (engine, peer, metric, target): ratio = engine / peer per round; target None = for information.
@@ -55,6 +56,9 @@ TARGETS = [("trt-llm-int4", NATIVE, "decode b1", 1.0), ("trt-llm-int4", NATIVE, 
            ("trt-llm-int4", NATIVE, "prefill 512", 1.0), ("trt-llm-int4-g32", NATIVE, "decode b1", None),
            ("trt-llm-int4-g32", NATIVE, "prefill 64", None), ("trt-llm-int4-g32", NATIVE, "prefill 512", None),
            ("trt-llm-int4", "ort-genai-int4", "decode b8", 1.0), ("trt-llm-int4-g32", "ort-genai-int4", "decode b8", 1.0),
+           # what our kernels change: the same engine on ONNX Runtime's MatMulNBits
+           ("trt-llm-int4", "trt-llm-int4-mlas", "decode b1", None), ("trt-llm-int4", "trt-llm-int4-mlas", "decode b8", None),
+           ("trt-llm-int4", "trt-llm-int4-mlas", "prefill 512", None), ("trt-llm-int4-mlas", NATIVE, "decode b1", None),
            ("llama.cpp-Q4_0", NATIVE, "decode b1", None), ("ort-genai-int4", NATIVE, "decode b1", None)]
 
 

@@ -44,7 +44,9 @@ def main(argv=None) -> int:
     try:
         from . import peers
 
-        runner = peers.load(args.engine).Runner(args.path, args.threads, args.capacity)
+        engine = peers.load(args.engine)
+        os.environ.update(getattr(engine, "ENV", {}))
+        runner = engine.Runner(args.path, args.threads, args.capacity)
     except Exception:
         send({"error": traceback.format_exc()})
         return 1

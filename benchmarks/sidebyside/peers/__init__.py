@@ -6,6 +6,7 @@
     prepare(ctx)  -> artifacts.Artifact: builds (or finds) what the runner loads
     Runner(path, threads, capacity).run(prompts, n) -> {ttft_s, decode_s, tokens}
     worker_pythonpath()  optional: a folder its worker process imports first
+    ENV           optional: environment variables its worker process sets before the runner loads
 
 Runner.run gets token ids (one list per row, all the same length) and must generate exactly n tokens per
 row, greedy, without stopping at an end-of-sequence token, and report: ttft_s = from the call until the
@@ -21,7 +22,7 @@ ENGINES = {"ours": "ours", "ours-ref": "ours_ref", "transformers": "hf", "genai"
            "llamacpp-q4": "llamacpp_q4",
            # quantized (benchmarks/quantized_speed.py)
            "ours-int8": "ours_int8", "ours-int4": "ours_int4", "ours-int4-g128": "ours_int4_g128",
-           "ours-int4-g32": "ours_int4_g32",
+           "ours-int4-g32": "ours_int4_g32", "ours-int4-mlas": "ours_int4_mlas",
            "genai-int4": "genai_int4", "llamacpp-q4_0": "llamacpp_q4_0"}
 
 
