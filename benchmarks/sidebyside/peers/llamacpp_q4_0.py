@@ -1,5 +1,6 @@
 """llama.cpp on a Q4_0 GGUF written from the same fp32 HF directory (sidebyside/gguf_convert.py
---type Q4_0: every matmul weight Q4_0 by gguf's own quantizer, the tied embedding Q8_0). trt-llm-int4
+--type Q4_0: every matmul weight Q4_0 by gguf's own quantizer, the tied embedding Q8_0), or on the ready
+file of ctx.gguf (a model gguf_convert.py does not write: llama.cpp's own requantization). trt-llm-int4
 is built from this very file."""
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ def missing(ctx: Context) -> str | None:
 def prepare(ctx: Context) -> Artifact:
     from importlib import metadata
 
+    if ctx.gguf is not None:  # the model's own file, requantized by llama-quantize: nothing to build here
+        return Artifact(path=ctx.gguf, precision="Q4_0", build=None,
+                        notes=[f"{ctx.gguf.name}, written by llama.cpp's llama-quantize (see the source above)"])
     out = ctx.work_dir / "model-q4_0.gguf"
 
     def build():

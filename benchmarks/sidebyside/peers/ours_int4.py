@@ -14,7 +14,7 @@ Runner = ours.Runner
 
 
 def missing(ctx: Context) -> str | None:
-    return llamacpp_q4_0.missing_converter()
+    return None if ctx.gguf is not None else llamacpp_q4_0.missing_converter()
 
 
 def prepare(ctx: Context) -> Artifact:
