@@ -203,3 +203,58 @@ def test_an_int4_engine_scores_a_text_alike_on_either_kernel(built, tiny_model, 
     assert np.abs(scores["1"] - scores["0"]).max() < 1e-3
     assert (scores["1"].argmax(-1) == scores["0"].argmax(-1)).all()
 
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("bits,group,normalize", [(4, 32, True), (8, 32, False), (4, 64, False)])
+def test_the_moe_kernel_computes_what_qmoe_does(built, path, bits, group, normalize, monkeypatch, tmp_path):
+    """A sparse block exported and lowered as the build does (QMoE), with MoEBlocks8 swapped in: at blocks
+    of 32 it rounds the activations exactly as QMoE at accuracy level 4 (within 1e-5 of it); at 64 it rounds
+    them per 32 where QMoE does per 64, so both are held to the float op on the dequantized weights."""
+    import torch
+    from torch.export import Dim
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+    from trt_llm.build.cpu_backend import compile_cpu
+    from trt_llm.build.export import export_graph
+    from trt_llm.build.models.moe import SparseMoe
+    from trt_llm.build.quantize import QuantSpec
+    from trt_llm.plugins import moe as op
+
+    monkeypatch.setenv(cpu_kernels.ENV, path)
+    hidden, experts, width = 128, 8, 64
+    config = Qwen3MoeConfig(hidden_size=hidden, num_experts=experts, num_experts_per_tok=2, moe_intermediate_size=width,
+                            norm_topk_prob=normalize)
+    config._experts_implementation = "eager"
+    torch.manual_seed(0)
+    block = Qwen3MoeSparseMoeBlock(config).eval()
+    for parameter in block.parameters():
+        torch.nn.init.normal_(parameter, std=0.2)
+    moe = SparseMoe.from_hf(block, QuantSpec(bits, group), torch.float32)
+    example = torch.randn(2, 3, hidden)
+    graph = export_graph(moe, (example,), ["x"], ["y"], ({0: Dim("batch"), 1: Dim("seq")},), tmp_path / "moe.onnx")
+    engine = onnx.load(compile_cpu(graph))
+    assert [n.op_type for n in engine.graph.node].count("QMoE") == 1
+    ours = onnx.ModelProto()
+    ours.CopyFrom(engine)
+    assert rewrite.swap_matmuls(ours) == 1 and [n.op_type for n in ours.graph.node].count(rewrite.MOE_OP) == 1
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(str(built))
+    sessions = [ort.InferenceSession(m.SerializeToString(), o, providers=["CPUExecutionProvider"])
+                for m, o in ((engine, ort.SessionOptions()), (ours, options))]
+    float_op = SparseMoe(moe.router, zip(op.dequantize(moe.gate_up, moe.gate_up_scales, bits),
+                                         op.dequantize(moe.down, moe.down_scales, bits)),
+                         experts, moe.top_k, bool(moe.normalize), 0, torch.float32)
+    generator = torch.Generator().manual_seed(1)
+    for shape in [(1, 1), (1, 7), (3, 5)]:  # decode, a prefill with experts of several tokens, a batch
+        x = torch.randn(*shape, hidden, generator=generator)
+        qmoe, got = (s.run(None, {"x": x.numpy()})[0] for s in sessions)
+        with torch.no_grad():
+            exact = float_op(x).numpy()
+        scale = np.abs(exact).max()
+        if group == 32:
+            np.testing.assert_allclose(got, qmoe, rtol=0, atol=1e-5 * scale)
+        # int8 activations (both): within a few percent of the float op, ours no further than QMoE's
+        assert np.abs(got - exact).max() <= 0.05 * scale
+        assert np.abs(got - exact).mean() <= 1.5 * np.abs(qmoe - exact).mean() + 1e-7

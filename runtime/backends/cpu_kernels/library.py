@@ -1,4 +1,4 @@
-"""Our kernels' shared library: compiled from `matmul_blocks.c` into a per-user cache, found there.
+"""Our kernels' shared library: compiled from the C files beside this one into a per-user cache.
 
 Compiled once per source, header and compiler (the key names the folder), by `cc` (or $CC) with no
 -march: the VNNI path is chosen at run time by the CPU's flags (function target attributes), so one
@@ -17,9 +17,9 @@ from pathlib import Path
 
 from trt_llm.runtime.backends.cpu_kernels import headers
 
-SOURCE = Path(__file__).with_name("matmul_blocks.c")
+FOLDER = Path(__file__).parent
 NAME = "libtrt_llm_cpu.so"
-FLAGS = ("-O3", "-fPIC", "-shared", "-pthread", "-Wall", "-Wno-unused-parameter")
+FLAGS = ("-O3", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter")
 CACHE_ENV = "TRT_LLM_KERNEL_CACHE"
 
 
@@ -49,7 +49,9 @@ def library(download: bool = False) -> Path:
     cc = compiler()
     if cc is None:
         raise LibraryUnavailable("no C compiler (cc, gcc or clang; or $CC)")
-    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), header.read_bytes(), cc.encode(), " ".join(FLAGS).encode()]))
+    sources = sorted(FOLDER.glob("*.c"))
+    parts = [f.read_bytes() for f in (*sources, *sorted(FOLDER.glob("*.h")))]
+    key = hashlib.sha256(b"\0".join([*parts, header.read_bytes(), cc.encode(), " ".join(FLAGS).encode()]))
     path = folder / key.hexdigest()[:16] / NAME
     if path.is_file():
         return path
@@ -59,7 +61,7 @@ def library(download: bool = False) -> Path:
         if path.is_file():  # another process built it while this one waited
             return path
         partial = path.with_name(f".{NAME}.{os.getpid()}")
-        command = [cc, *FLAGS, f"-I{header.parent}", "-o", str(partial), str(SOURCE), "-lm"]
+        command = [cc, *FLAGS, f"-I{header.parent}", "-o", str(partial), *map(str, sources), "-lm"]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             partial.unlink(missing_ok=True)

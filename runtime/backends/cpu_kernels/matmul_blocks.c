@@ -1,6 +1,7 @@
 /* trt_llm.cpu::MatMulBlocks8: ONNX Runtime's MatMulNBits (4 or 8 bits, blocks of 32, no zero points,
  * accuracy level 4) as a kernel of our own, for the decode step at one token, which reads every weight
- * once and is bound by memory (issue 44: MatMulNBits reached ~20 GB/s of a ~30 GB/s machine).
+ * once and is bound by memory (issue 44: MatMulNBits reached ~20 GB/s of a ~30 GB/s machine). Also the
+ * library's entry point, RegisterCustomOps, which registers it and MoEBlocks8 (moe_blocks.c).
  *
  * The node takes MatMulNBits' own inputs and attributes, so the engine on disk is unchanged and the
  * stock op stays the fallback (runtime/backends/cpu_kernels/rewrite.py swaps the op type at load):
@@ -10,379 +11,33 @@
  *   scales  float32 [N * K/32], constant
  *   attributes K, N, bits (4 or 8), block_size (32)
  *   Y       float32 [..., N] = A @ W^T, W[n, k] = (B[n, k] - zero) * scales[n, k/32]
- *
- * At kernel creation the weights are copied once into our layout and ORT's initializer is not read
- * again: 8 rows interleaved per block, so one 256-bit VNNI dpbusd yields 8 rows' partial dots and the
- * float work (convert, scale, fma) is paid once per 8 blocks; the scales as fp16 where every one of
- * the node's is exactly an fp16 (a GGUF's are: 18 bytes a 4-bit block, the file's own size), else fp32.
- * The copies sit in a shared arena on transparent huge pages (the kernels' weights are 0.2-2 MB each,
- * below a huge page alone): a decode step streams them all, and the hardware prefetchers stop at
- * every 4 KiB page; each thread also prefetches a fixed distance ahead (measured: README of the probe,
- * issue 44's closing notes).
- *
- * Arithmetic, as MatMulNBits at accuracy level 4 and llama.cpp's Q4_0 x Q8_0: each row of A is
- * quantized per block of 32 to int8 (d_a = max|a| / 127, round to nearest even); a block's dot is
- * d_w * d_a * (sum(q_w * q_a) - zero * sum(q_a)), the zero folded into the integer accumulator, so the
- * weights go in unsigned as dpbusd (u8 x s8) wants. Results agree with MatMulNBits to float rounding
- * (the summation order). AVX-512 VNNI (its 256-bit forms) where the CPU has it, chosen at run time;
- * plain C elsewhere (correct, slower than MLAS: the runtime only swaps the op in where VNNI is, or
- * where TRT_LLM_CPU_KERNELS=c asks for this path, which the tests use). Work is split over N in units
- * of 16 columns on the session's intra-op threads (KernelContext_ParallelFor). Only ONNX Runtime's
- * C API is used; its header comes from Debian's libonnxruntime-dev (headers.py).
+ * The weights are packed once at kernel creation (blocks.c); A's rows are quantized on the session's
+ * intra-op threads, then the output's units of 16 columns are computed on them (KernelContext_ParallelFor).
+ * Only ONNX Runtime's C API is used; its header comes from Debian's libonnxruntime-dev (headers.py).
  */
-#include <math.h>
-#include <pthread.h>
-#include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
-#include "onnxruntime_c_api.h"
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "blocks.h"
 
-static const OrtApi *api;
+const OrtApi *api;
 
-enum { QK = 32, UNIT = 16 };                 /* block length; output columns per work unit (2 groups) */
-enum { PREFETCH = 8192 };                     /* bytes ahead of the weight stream (a sweep of 1-16 KiB) */
-enum { ARENA_CHUNK = 64 << 20, HUGE_PAGE = 2 << 20 };
-
-/* ---------------- the packed weights ----------------
- * Groups of 8 rows, pairs of groups (one work unit); within a pair, block by block, each group's
- * block: 8 scales (fp16 or fp32), then the 8 rows' payload (16 bytes a row at 4 bits, 32 at 8) in
- * chunks of 32 bytes where byte 4r + c of chunk t is row r's byte 4t + c. At 4 bits that byte holds
- * elements 4t + c (low nibble) and 16 + 4t + c (high), at 8 bits element 4t + c. So a pair is one
- * sequential stream (the prefetch runs straight ahead) and a chunk is one dpbusd. */
-typedef struct chunk { uint8_t *base; size_t size, used; int refs; } chunk;
-
-typedef struct {
-  int64_t K, N, nb, bits;
-  int sb;                /* bytes of a scale: 2 (fp16) or 4 */
-  int vnni;              /* the VNNI path, else plain C */
-  int64_t block_bytes;   /* one group's block: 8 * sb + 8 * payload */
-  const uint8_t *w;      /* the packed weights, in the arena */
-  chunk *home;
-} kernel_state;
-
-/* ---------------- the arena: kernels' weights side by side on huge pages ---------------- */
-static pthread_mutex_t arena_lock = PTHREAD_MUTEX_INITIALIZER;
-static chunk *current;
-
-static chunk *chunk_new(size_t need) {
-  size_t size = need > ARENA_CHUNK ? (need + HUGE_PAGE - 1) & ~(size_t)(HUGE_PAGE - 1) : ARENA_CHUNK;
-  /* mmap is 4 KiB-aligned: map a huge page more and start at the first 2 MiB boundary */
-  uint8_t *raw = mmap(NULL, size + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) return NULL;
-  uint8_t *base = (uint8_t *)(((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
-  if (base > raw) munmap(raw, (size_t)(base - raw));
-  munmap(base + size, (size_t)(raw + HUGE_PAGE - base));
-#ifdef MADV_HUGEPAGE
-  madvise(base, size, MADV_HUGEPAGE);  /* THP "madvise" hosts; "always" ones need nothing, "never" ones ignore it */
-#endif
-  chunk *c = malloc(sizeof *c);
-  if (!c) { munmap(base, size); return NULL; }
-  c->base = base; c->size = size; c->used = 0; c->refs = 0;
-  return c;
-}
-
-static uint8_t *arena_alloc(size_t n, chunk **home) {
-  size_t need = (n + 63) & ~(size_t)63;
-  pthread_mutex_lock(&arena_lock);
-  if (!current || current->size - current->used < need) {
-    chunk *c = chunk_new(need);
-    if (!c) { pthread_mutex_unlock(&arena_lock); return NULL; }
-    if (current && current->refs == 0) { munmap(current->base, current->size); free(current); }
-    current = c;
-  }
-  uint8_t *p = current->base + current->used;
-  current->used += need; current->refs++;
-  *home = current;
-  pthread_mutex_unlock(&arena_lock);
-  return p;
-}
-
-static void arena_release(chunk *c) {
-  pthread_mutex_lock(&arena_lock);
-  if (--c->refs == 0) {  /* the last kernel on it: a session closed */
-    if (c == current) current = NULL;
-    munmap(c->base, c->size); free(c);
-  }
-  pthread_mutex_unlock(&arena_lock);
-}
-
-/* ---------------- scales ---------------- */
-static float half_to_float(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-  if (exp == 0) {
-    if (man == 0) bits = sign;
-    else { float f = ldexpf((float)man, -24); memcpy(&bits, &f, 4); bits |= sign; }
-  } else if (exp == 31) bits = sign | 0x7f800000u | (man << 13);
-  else bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-  float f; memcpy(&f, &bits, 4); return f;
-}
-
-/* f as an fp16 if it is one exactly (checked by converting back), else 0 */
-static int exact_half(float f, uint16_t *h) {
-  uint32_t bits; memcpy(&bits, &f, 4);
-  uint16_t sign = (uint16_t)((bits >> 16) & 0x8000);
-  float a = fabsf(f);
-  if (a == 0.0f) { *h = sign; return 1; }
-  if (!(a <= 65504.0f)) return 0;  /* too large, inf or nan */
-  int e; frexpf(a, &e);            /* a = m * 2^e, m in [0.5, 1) */
-  uint16_t out;
-  if (e - 1 >= -14) {              /* a normal fp16: 10 bits of mantissa */
-    uint32_t m = bits & 0x7fffff;
-    out = (uint16_t)(sign | (uint16_t)((e - 1 + 15) << 10) | (uint16_t)(m >> 13));
-  } else {                         /* subnormal: a multiple of 2^-24 */
-    float k = ldexpf(a, 24);
-    if (k != floorf(k) || k >= 1024.0f) return 0;
-    out = (uint16_t)(sign | (uint16_t)k);
-  }
-  if (half_to_float(out) != f) return 0;
-  *h = out; return 1;
-}
-
-/* ---------------- A's rows as int8 blocks ---------------- */
-typedef struct {
-  int8_t *q;      /* K values, 64-byte aligned */
-  float *d;       /* nb scales */
-  int32_t *bias;  /* nb: -zero * sum(q of the block), the weights' zero point folded in */
-} q8_row;
-
-static void quantize_row_c(const float *a, int64_t K, int zero, q8_row *out) {
-  for (int64_t b = 0; b < K / QK; b++) {
-    const float *x = a + b * QK;
-    float amax = 0.0f;
-    for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(x[i]));
-    float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-    int32_t s = 0;
-    for (int i = 0; i < QK; i++) {
-      int v = (int)lrintf(x[i] * id);  /* nearest, ties to even (the default rounding mode) */
-      out->q[b * QK + i] = (int8_t)v; s += v;
-    }
-    out->d[b] = d; out->bias[b] = -zero * s;
-  }
-}
-
-#if defined(__x86_64__)
-/* The same arithmetic 16 lanes at a time: max, the same division and reciprocal, cvtps rounds to
- * nearest even as lrintf does (the default rounding mode): the same int8 values, bit for bit. */
-__attribute__((target("avx512f,avx512bw"))) static void quantize_row_avx512(const float *a, int64_t K, int zero,
-                                                                             q8_row *out) {
-  for (int64_t b = 0; b < K / QK; b++) {
-    __m512 x0 = _mm512_loadu_ps(a + b * QK), x1 = _mm512_loadu_ps(a + b * QK + 16);
-    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-    float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-    __m512 vid = _mm512_set1_ps(id);
-    __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, vid)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, vid));
-    _mm_storeu_si128((__m128i *)(out->q + b * QK), _mm512_cvtsepi32_epi8(q0));
-    _mm_storeu_si128((__m128i *)(out->q + b * QK + 16), _mm512_cvtsepi32_epi8(q1));
-    out->d[b] = d; out->bias[b] = -zero * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-  }
-}
-#endif
-
-static void quantize_row(const float *a, int64_t K, int zero, q8_row *out, int vnni) {
-#if defined(__x86_64__)
-  if (vnni) { quantize_row_avx512(a, K, zero, out); return; }
-#endif
-  quantize_row_c(a, K, zero, out);
-}
-
-/* ---------------- plain C ---------------- */
-static float scale_at(const uint8_t *blk, int r, int sb) {
-  if (sb == 2) { uint16_t h; memcpy(&h, blk + 2 * r, 2); return half_to_float(h); }
-  float f; memcpy(&f, blk + 4 * r, 4); return f;
-}
-
-/* One group (8 rows) over nb blocks; stride: bytes from one of its blocks to the next. */
-static void group_c(const uint8_t *g, int64_t stride, const kernel_state *k, const q8_row *a, float *y) {
-  for (int r = 0; r < 8; r++) {
-    float sum = 0.0f;
-    for (int64_t b = 0; b < k->nb; b++) {
-      const uint8_t *blk = g + b * stride, *pay = blk + 8 * k->sb;
-      const int8_t *q = a->q + b * QK;
-      int32_t acc = a->bias[b];
-      if (k->bits == 4) {
-        for (int t = 0; t < 4; t++)
-          for (int c = 0; c < 4; c++) {
-            uint8_t v = pay[32 * t + 4 * r + c];
-            acc += (v & 0x0f) * q[4 * t + c] + (v >> 4) * q[16 + 4 * t + c];
-          }
-      } else {
-        for (int t = 0; t < 8; t++)
-          for (int c = 0; c < 4; c++) acc += pay[32 * t + 4 * r + c] * q[4 * t + c];
-      }
-      sum += scale_at(blk, r, k->sb) * a->d[b] * (float)acc;
-    }
-    y[r] = sum;
-  }
-}
-
-/* ---------------- AVX-512 VNNI (256-bit EVEX forms) ---------------- */
-#if defined(__x86_64__)
-#define VNNI __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni,f16c,fma")))
-
-/* 8 rows' integer dots over one block (bias folded in); qa: the block's 32 int8 as 8 int32 */
-VNNI static inline __m256i block4(const uint8_t *pay, const int32_t *qa, int32_t bias) {
-  const __m256i lo = _mm256_set1_epi8(0x0f);
-  __m256i c0 = _mm256_set1_epi32(bias), c1 = _mm256_setzero_si256();
-  for (int t = 0; t < 4; t++) {
-    __m256i v = _mm256_loadu_si256((const __m256i *)(pay + 32 * t));
-    c0 = _mm256_dpbusd_epi32(c0, _mm256_and_si256(v, lo), _mm256_set1_epi32(qa[t]));
-    c1 = _mm256_dpbusd_epi32(c1, _mm256_and_si256(_mm256_srli_epi16(v, 4), lo), _mm256_set1_epi32(qa[4 + t]));
-  }
-  return _mm256_add_epi32(c0, c1);
-}
-
-VNNI static inline __m256i block8(const uint8_t *pay, const int32_t *qa, int32_t bias) {
-  __m256i c0 = _mm256_set1_epi32(bias), c1 = _mm256_setzero_si256();
-  for (int t = 0; t < 8; t += 2) {
-    c0 = _mm256_dpbusd_epi32(c0, _mm256_loadu_si256((const __m256i *)(pay + 32 * t)), _mm256_set1_epi32(qa[t]));
-    c1 = _mm256_dpbusd_epi32(c1, _mm256_loadu_si256((const __m256i *)(pay + 32 * t + 32)), _mm256_set1_epi32(qa[t + 1]));
-  }
-  return _mm256_add_epi32(c0, c1);
-}
-
-VNNI static inline __m256 scales8(const uint8_t *blk, int sb) {
-  return sb == 2 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk)) : _mm256_loadu_ps((const float *)blk);
-}
-
-/* One work unit: 1 or 2 groups of a pair (their blocks interleaved), one row of A. Specialised per
- * (bits, scale bytes) so the inner loop has no branches. */
-VNNI static inline __attribute__((always_inline)) void unit_vnni_impl(
-    const uint8_t *pair, int groups, const kernel_state *k, const q8_row *a, float *y, const int bits, const int sb) {
-  const int32_t *qa = (const int32_t *)a->q;
-  const int64_t bs = 8 * sb + 8 * (bits == 4 ? 16 : 32);
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  if (groups == 2) {
-    for (int64_t b = 0; b < k->nb; b++) {
-      const uint8_t *b0 = pair + b * 2 * bs, *b1 = b0 + bs;
-      for (int64_t off = 0; off < 2 * bs; off += 64) _mm_prefetch((const char *)b0 + PREFETCH + off, _MM_HINT_T0);
-      __m256i p0 = bits == 4 ? block4(b0 + 8 * sb, qa + b * 8, a->bias[b]) : block8(b0 + 8 * sb, qa + b * 8, a->bias[b]);
-      __m256i p1 = bits == 4 ? block4(b1 + 8 * sb, qa + b * 8, a->bias[b]) : block8(b1 + 8 * sb, qa + b * 8, a->bias[b]);
-      __m256 da = _mm256_set1_ps(a->d[b]);
-      acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(scales8(b0, sb), da), acc0);
-      acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(scales8(b1, sb), da), acc1);
-    }
-    _mm256_storeu_ps(y, acc0);
-    _mm256_storeu_ps(y + 8, acc1);
-  } else {
-    for (int64_t b = 0; b < k->nb; b++) {
-      const uint8_t *b0 = pair + b * bs;
-      __m256i p0 = bits == 4 ? block4(b0 + 8 * sb, qa + b * 8, a->bias[b]) : block8(b0 + 8 * sb, qa + b * 8, a->bias[b]);
-      acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(scales8(b0, sb), _mm256_set1_ps(a->d[b])), acc0);
-    }
-    _mm256_storeu_ps(y, acc0);
-  }
-}
-
-/* Four rows of A at once (a prefill, or a verified chain): each block's weights are loaded and
- * unpacked once for the four, which a pass of many tokens is bound by (at one token, memory is). */
-VNNI static inline __attribute__((always_inline)) void tile4_vnni_impl(
-    const uint8_t *pair, int groups, const kernel_state *k, const q8_row *a, float *y, int64_t ldy,
-    const int bits, const int sb) {
-  const int64_t bs = 8 * sb + 8 * (bits == 4 ? 16 : 32), stride = groups * bs;
-  const __m256i lo = _mm256_set1_epi8(0x0f);
-  for (int g = 0; g < groups; g++) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t b = 0; b < k->nb; b++) {
-      const uint8_t *blk = pair + b * stride + g * bs, *pay = blk + 8 * sb;
-      __m256i w[8];
-      if (bits == 4) {
-        for (int t = 0; t < 4; t++) {
-          __m256i v = _mm256_loadu_si256((const __m256i *)(pay + 32 * t));
-          w[t] = _mm256_and_si256(v, lo); w[4 + t] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo);
-        }
-      } else {
-        for (int t = 0; t < 8; t++) w[t] = _mm256_loadu_si256((const __m256i *)(pay + 32 * t));
-      }
-      const __m256 dw = scales8(blk, sb);
-      for (int r = 0; r < 4; r++) {
-        const int32_t *qa = (const int32_t *)a[r].q + b * 8;
-        __m256i c0 = _mm256_set1_epi32(a[r].bias[b]), c1 = _mm256_setzero_si256();
-        for (int t = 0; t < 8; t += 2) {
-          c0 = _mm256_dpbusd_epi32(c0, w[t], _mm256_set1_epi32(qa[t]));
-          c1 = _mm256_dpbusd_epi32(c1, w[t + 1], _mm256_set1_epi32(qa[t + 1]));
-        }
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(c0, c1)),
-                                 _mm256_mul_ps(dw, _mm256_set1_ps(a[r].d[b])), acc[r]);
-      }
-    }
-    for (int r = 0; r < 4; r++) _mm256_storeu_ps(y + r * ldy + 8 * g, acc[r]);
-  }
-}
-
-VNNI static void tile4_vnni(const uint8_t *pair, int groups, const kernel_state *k, const q8_row *a, float *y) {
-  if (k->bits == 4 && k->sb == 2) tile4_vnni_impl(pair, groups, k, a, y, k->N, 4, 2);
-  else if (k->bits == 4) tile4_vnni_impl(pair, groups, k, a, y, k->N, 4, 4);
-  else if (k->sb == 2) tile4_vnni_impl(pair, groups, k, a, y, k->N, 8, 2);
-  else tile4_vnni_impl(pair, groups, k, a, y, k->N, 8, 4);
-}
-
-VNNI static void unit_vnni(const uint8_t *pair, int groups, const kernel_state *k, const q8_row *a, float *y) {
-  if (k->bits == 4 && k->sb == 2) unit_vnni_impl(pair, groups, k, a, y, 4, 2);
-  else if (k->bits == 4) unit_vnni_impl(pair, groups, k, a, y, 4, 4);
-  else if (k->sb == 2) unit_vnni_impl(pair, groups, k, a, y, 8, 2);
-  else unit_vnni_impl(pair, groups, k, a, y, 8, 4);
-}
-#endif
-
-static int cpu_has_vnni(void) {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
-#else
-  return 0;
-#endif
-}
-
-/* The path a kernel takes, chosen when it is made: VNNI where the CPU has it, unless
- * TRT_LLM_CPU_KERNELS=c asks for the plain C one (the tests run both in one process). */
-static int choose_vnni(void) {
-  const char *env = getenv("TRT_LLM_CPU_KERNELS");
-  return cpu_has_vnni() && !(env && strcmp(env, "c") == 0);
-}
-
-/* ---------------- compute ---------------- */
-typedef struct { const kernel_state *k; q8_row *rows; int64_t M; float *y; const float *a; } job;
+typedef struct { const packed *k; q8_row *rows; int64_t M; float *y; const float *a; } job;
 
 static void quantize_rows(void *p, size_t i) {  /* unit i: up to 8 rows of A */
   const job *j = (const job *)p;
-  int zero = j->k->bits == 4 ? 8 : 128;
   for (int64_t m = (int64_t)i * 8; m < j->M && m < (int64_t)i * 8 + 8; m++)
-    quantize_row(j->a + m * j->k->K, j->k->K, zero, &j->rows[m], j->k->vnni);
+    quantize_row(j->a + m * j->k->K, j->k->K, (int)j->k->bits, &j->rows[m], j->k->vnni);
 }
 
 static void run_unit(void *p, size_t i) {
   const job *j = (const job *)p;
-  const kernel_state *k = j->k;
-  int64_t n0 = (int64_t)i * UNIT;
-  int groups = n0 + UNIT <= k->N ? 2 : 1;
-  const uint8_t *pair = k->w + (size_t)i * 2 * (size_t)(k->nb * k->block_bytes);
-  int64_t m = 0;
-#if defined(__x86_64__)
-  if (k->vnni)
-    for (; m + 4 <= j->M; m += 4) tile4_vnni(pair, groups, k, &j->rows[m], j->y + m * k->N + n0);
-#endif
-  for (; m < j->M; m++) {
-    float *y = j->y + m * k->N + n0;
-#if defined(__x86_64__)
-    if (k->vnni) { unit_vnni(pair, groups, k, &j->rows[m], y); continue; }
-#endif
-    for (int g = 0; g < groups; g++) group_c(pair + g * k->block_bytes, groups * k->block_bytes, k, &j->rows[m], y + 8 * g);
-  }
+  packed_unit(j->k, i, j->rows, j->M, j->y, j->k->N);
 }
-
-#define TRY(x) do { OrtStatus *s_ = (x); if (s_) return s_; } while (0)
 
 static OrtStatus *fail(OrtErrorCode code, const char *msg) { return api->CreateStatus(code, msg); }
 
 static OrtStatus *compute(void *kernel, OrtKernelContext *ctx) {
-  const kernel_state *k = (const kernel_state *)kernel;
+  const packed *k = (const packed *)kernel;
   const OrtValue *in_a; OrtValue *out; OrtTensorTypeAndShapeInfo *info;
   size_t rank; int64_t dims[16];
   TRY(api->KernelContext_GetInput(ctx, 0, &in_a));
@@ -401,105 +56,53 @@ static OrtStatus *compute(void *kernel, OrtKernelContext *ctx) {
   TRY(api->GetTensorMutableData((OrtValue *)in_a, (void **)&a));
   TRY(api->GetTensorMutableData(out, (void **)&y));
   if (M == 0) return NULL;
-  /* one allocation: per row K int8, then nb scales and nb biases; each row 64-byte aligned */
-  size_t per_row = ((size_t)k->K + (size_t)k->nb * 8 + 63) & ~(size_t)63;
-  uint8_t *buf = aligned_alloc(64, per_row * (size_t)M);
-  q8_row *rows = malloc(sizeof(q8_row) * (size_t)M);
-  if (!buf || !rows) { free(buf); free(rows); return fail(ORT_FAIL, "MatMulBlocks8: out of memory"); }
-  for (int64_t m = 0; m < M; m++) {
-    uint8_t *base = buf + per_row * (size_t)m;
-    rows[m].q = (int8_t *)base; rows[m].d = (float *)(base + k->K); rows[m].bias = (int32_t *)(base + k->K + k->nb * 4);
-  }
+  uint8_t *buf;
+  q8_row *rows = q8_rows_new(M, k->K, &buf);
+  if (!rows) return fail(ORT_FAIL, "MatMulBlocks8: out of memory");
   job j = {k, rows, M, y, a};
   if (M <= 8) quantize_rows(&j, 0);  /* a decode step: not worth waking the threads */
   else st = api->KernelContext_ParallelFor(ctx, quantize_rows, (size_t)((M + 7) / 8), 0, &j);
-  if (!st) st = api->KernelContext_ParallelFor(ctx, run_unit, (size_t)((k->N + UNIT - 1) / UNIT), 0, &j);
+  if (!st) st = api->KernelContext_ParallelFor(ctx, run_unit, packed_units(k), 0, &j);
   free(buf); free(rows);
   return st;
 }
 
-/* ---------------- kernel creation: the weights into our layout ---------------- */
-static OrtStatus *constant_input(const OrtApi *a, const OrtKernelInfo *info, size_t index, int64_t expect,
-                                 const void **data) {
+OrtStatus *constant_input(const OrtKernelInfo *info, size_t index, int64_t expect, const void **data, const char *message) {
   int is_const = 0; const OrtValue *v = NULL;
-  TRY(a->KernelInfoGetConstantInput_tensor(info, index, &is_const, &v));
-  if (!is_const || !v) return a->CreateStatus(ORT_INVALID_ARGUMENT, "MatMulBlocks8: B and scales must be initializers");
+  TRY(api->KernelInfoGetConstantInput_tensor(info, index, &is_const, &v));
+  if (!is_const || !v) return api->CreateStatus(ORT_INVALID_ARGUMENT, message);
   OrtTensorTypeAndShapeInfo *ti; size_t count = 0;
-  TRY(a->GetTensorTypeAndShape(v, &ti));
-  OrtStatus *st = a->GetTensorShapeElementCount(ti, &count);
-  a->ReleaseTensorTypeAndShapeInfo(ti);
+  TRY(api->GetTensorTypeAndShape(v, &ti));
+  OrtStatus *st = api->GetTensorShapeElementCount(ti, &count);
+  api->ReleaseTensorTypeAndShapeInfo(ti);
   if (st) return st;
-  if ((int64_t)count != expect)
-    return a->CreateStatus(ORT_INVALID_ARGUMENT, "MatMulBlocks8: B must hold N*K/32 blocks of 32 values and scales N*K/32");
-  return a->GetTensorMutableData((OrtValue *)v, (void **)data);
+  if ((int64_t)count != expect) return api->CreateStatus(ORT_INVALID_ARGUMENT, message);
+  return api->GetTensorMutableData((OrtValue *)v, (void **)data);
 }
 
-static OrtStatus *attribute(const OrtApi *a, const OrtKernelInfo *info, const char *name, int64_t *value) {
-  OrtStatus *st = a->KernelInfoGetAttribute_int64(info, name, value);
-  if (st) { a->ReleaseStatus(st); return a->CreateStatus(ORT_INVALID_ARGUMENT, "MatMulBlocks8: needs attributes K, N, bits, block_size"); }
+OrtStatus *int_attribute(const OrtKernelInfo *info, const char *name, int64_t *value, const char *message) {
+  OrtStatus *st = api->KernelInfoGetAttribute_int64(info, name, value);
+  if (st) { api->ReleaseStatus(st); return api->CreateStatus(ORT_INVALID_ARGUMENT, message); }
   return NULL;
 }
 
-static void pack(kernel_state *k, const uint8_t *src, const float *scales, uint8_t *dst) {
-  const int64_t payload = k->bits == 4 ? 16 : 32, pair_bytes = 2 * k->nb * k->block_bytes;
-  for (int64_t n = 0; n < k->N; n++) {
-    int64_t g = n / 8, r = n % 8, pair = g / 2, in_pair = g % 2;
-    int groups = pair * UNIT + UNIT <= k->N ? 2 : 1;
-    for (int64_t b = 0; b < k->nb; b++) {
-      uint8_t *blk = dst + pair * pair_bytes + (b * groups + in_pair) * k->block_bytes;
-      float s = scales[n * k->nb + b];
-      if (k->sb == 2) { uint16_t h; exact_half(s, &h); memcpy(blk + 2 * r, &h, 2); }
-      else memcpy(blk + 4 * r, &s, 4);
-      const uint8_t *row = src + (n * k->nb + b) * payload;  /* MatMulNBits' block */
-      uint8_t *pay = blk + 8 * k->sb;
-      if (k->bits == 4) {
-        uint8_t q[QK];
-        for (int j = 0; j < 16; j++) { q[2 * j] = row[j] & 0x0f; q[2 * j + 1] = row[j] >> 4; }
-        for (int t = 0; t < 4; t++)
-          for (int c = 0; c < 4; c++) pay[32 * t + 4 * r + c] = (uint8_t)(q[4 * t + c] | (q[16 + 4 * t + c] << 4));
-      } else {
-        for (int t = 0; t < 8; t++)
-          for (int c = 0; c < 4; c++) pay[32 * t + 4 * r + c] = row[4 * t + c];
-      }
-    }
-  }
-}
-
-/* ORT keeps the initializer we packed from, but never reads it again: where it is a mapping of the
- * engine's weight file (ORT maps page-aligned external data), the pages our read brought in would
- * stay in the process's memory beside our copy. MADV_PAGEOUT hands them back; it is only a hint
- * (anonymous memory with no swap stays as it is), so whatever the initializer is, it keeps its bytes. */
-static void let_go(const void *p, size_t n) {
-#ifdef MADV_PAGEOUT
-  const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-  uintptr_t start = ((uintptr_t)p + page - 1) & ~(page - 1), end = ((uintptr_t)p + n) & ~(page - 1);
-  if (end > start) madvise((void *)start, end - start, MADV_PAGEOUT);
-#endif
-}
-
 static OrtStatus *create_kernel(const OrtCustomOp *op, const OrtApi *a, const OrtKernelInfo *info, void **out) {
+  static const char *needs = "MatMulBlocks8: needs attributes K, N, bits 4 or 8, block_size 32 (K a multiple of 32, N of 8)";
   int64_t K, N, bits, block;
-  TRY(attribute(a, info, "K", &K)); TRY(attribute(a, info, "N", &N));
-  TRY(attribute(a, info, "bits", &bits)); TRY(attribute(a, info, "block_size", &block));
+  TRY(int_attribute(info, "K", &K, needs)); TRY(int_attribute(info, "N", &N, needs));
+  TRY(int_attribute(info, "bits", &bits, needs)); TRY(int_attribute(info, "block_size", &block, needs));
   if (block != QK || (bits != 4 && bits != 8) || K <= 0 || K % QK || N <= 0 || N % 8)
-    return a->CreateStatus(ORT_INVALID_ARGUMENT,
-                           "MatMulBlocks8: needs bits 4 or 8, block_size 32, K a multiple of 32 and N of 8");
-  const int64_t nb = K / QK, blocks = N * nb, payload = bits == 4 ? 16 : 32;
+    return a->CreateStatus(ORT_INVALID_ARGUMENT, needs);
+  const int64_t blocks = N * (K / QK), payload = bits == 4 ? 16 : 32;
+  static const char *shapes = "MatMulBlocks8: B must be an initializer of N*K/32 blocks of 32 values, scales of N*K/32";
   const void *src, *scales;
-  TRY(constant_input(a, info, 1, blocks * payload, &src));
-  TRY(constant_input(a, info, 2, blocks, &scales));
-  kernel_state *k = calloc(1, sizeof *k);
-  if (!k) return a->CreateStatus(ORT_FAIL, "MatMulBlocks8: out of memory");
-  k->K = K; k->N = N; k->nb = nb; k->bits = bits; k->sb = 2; k->vnni = choose_vnni();
-  for (int64_t i = 0; i < blocks && k->sb == 2; i++) {
-    uint16_t h;
-    if (!exact_half(((const float *)scales)[i], &h)) k->sb = 4;
+  TRY(constant_input(info, 1, blocks * payload, &src, shapes));
+  TRY(constant_input(info, 2, blocks, &scales, shapes));
+  packed *k = calloc(1, sizeof *k);
+  if (!k || packed_init(k, K, N, (int)bits, (const uint8_t *)src, (const float *)scales)) {
+    free(k);
+    return a->CreateStatus(ORT_FAIL, "MatMulBlocks8: out of memory for the packed weights");
   }
-  k->block_bytes = 8 * k->sb + 8 * payload;
-  uint8_t *w = arena_alloc((size_t)(N / 8) * (size_t)(nb * k->block_bytes), &k->home);
-  if (!w) { free(k); return a->CreateStatus(ORT_FAIL, "MatMulBlocks8: out of memory for the packed weights"); }
-  pack(k, (const uint8_t *)src, (const float *)scales, w);
-  k->w = w;
   let_go(src, (size_t)(blocks * payload));
   let_go(scales, (size_t)blocks * 4);
   *out = k;
@@ -507,9 +110,8 @@ static OrtStatus *create_kernel(const OrtCustomOp *op, const OrtApi *a, const Or
 }
 
 static void destroy(void *kernel) {
-  kernel_state *k = (kernel_state *)kernel;
-  if (k->home) arena_release(k->home);
-  free(k);
+  packed_free((packed *)kernel);
+  free(kernel);
 }
 
 static const char *op_name(const OrtCustomOp *op) { return "MatMulBlocks8"; }
@@ -523,28 +125,22 @@ static size_t one(const OrtCustomOp *op) { return 1; }
 static OrtCustomOpInputOutputCharacteristic required(const OrtCustomOp *op, size_t i) { return INPUT_OUTPUT_REQUIRED; }
 static OrtMemType cpu_memory(const OrtCustomOp *op, size_t i) { return OrtMemTypeDefault; }
 
-static OrtCustomOp matmul_blocks8;
-static pthread_once_t described = PTHREAD_ONCE_INIT;
+static OrtCustomOp matmul_blocks8 = {
+  .version = ORT_API_VERSION, .CreateKernelV2 = create_kernel, .GetName = op_name,
+  .GetExecutionProviderType = provider, .GetInputType = in_type, .GetInputTypeCount = three,
+  .GetOutputType = out_type, .GetOutputTypeCount = one, .KernelComputeV2 = compute, .KernelDestroy = destroy,
+  .GetInputCharacteristic = required, .GetOutputCharacteristic = required, .GetInputMemoryType = cpu_memory,
+};
 
-/* Filled once: every session of the process registers this same op, and ORT reads its functions at
- * each run (a second registration must not rewrite what a running session is reading). */
-static void describe(void) {
-  matmul_blocks8.version = ORT_API_VERSION;
-  matmul_blocks8.GetName = op_name; matmul_blocks8.GetExecutionProviderType = provider;
-  matmul_blocks8.GetInputType = in_type; matmul_blocks8.GetInputTypeCount = three;
-  matmul_blocks8.GetOutputType = out_type; matmul_blocks8.GetOutputTypeCount = one;
-  matmul_blocks8.GetInputCharacteristic = required; matmul_blocks8.GetOutputCharacteristic = required;
-  matmul_blocks8.GetInputMemoryType = cpu_memory;
-  matmul_blocks8.CreateKernelV2 = create_kernel; matmul_blocks8.KernelComputeV2 = compute;
-  matmul_blocks8.KernelDestroy = destroy;
-}
-
-OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
+/* Every session of the process registers these same ops (static, never rewritten: ORT reads their
+ * functions at each run). */
+__attribute__((visibility("default"))) OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options,
+                                                                                 const OrtApiBase *base) {
   api = base->GetApi(ORT_API_VERSION);
   if (!api) return NULL;  /* an ONNX Runtime older than the header: nothing registered, the op then unknown */
-  pthread_once(&described, describe);
   OrtCustomOpDomain *domain;
   TRY(api->CreateCustomOpDomain("trt_llm.cpu", &domain));
   TRY(api->CustomOpDomain_Add(domain, &matmul_blocks8));
+  TRY(api->CustomOpDomain_Add(domain, moe_blocks_op()));
   return api->AddCustomOpDomain(options, domain);
 }

@@ -1,0 +1,62 @@
+/* Packed weight matrices and their kernels: what our ONNX Runtime ops (matmul_blocks.c, moe_blocks.c)
+ * share. A matrix W [N, K] of 4- or 8-bit unsigned values in blocks of 32 along K (zero point 8 or 128,
+ * MatMulNBits' and QMoE's layout: at 4 bits element 2j in byte j's low nibble, 2j+1 in its high one),
+ * a float scale per block, is copied once into our layout (blocks.c says which) and multiplied by rows
+ * of activations quantized per block of 32 to int8, as MatMulNBits at accuracy level 4 and llama.cpp's
+ * Q8_0 do. */
+#ifndef TRT_LLM_BLOCKS_H
+#define TRT_LLM_BLOCKS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "onnxruntime_c_api.h"
+
+#define HIDDEN __attribute__((visibility("hidden")))
+
+enum { QK = 32, UNIT = 16 };  /* block length; output columns per work unit (2 groups of 8 rows) */
+
+typedef struct chunk chunk;
+
+typedef struct {
+  int64_t K, N, nb, bits;
+  int sb;                /* bytes of a scale: 2 (fp16, where every one of the matrix's is one) or 4 */
+  int vnni;              /* the VNNI path, else plain C */
+  int64_t block_bytes;   /* one group's block: 8 * sb + 8 * payload */
+  const uint8_t *w;      /* the packed weights, in the arena */
+  chunk *home;
+} packed;
+
+/* A row of activations as int8 blocks. */
+typedef struct {
+  int8_t *q;      /* K values, 64-byte aligned */
+  float *d;       /* nb scales */
+  int32_t *bias;  /* nb: -zero * sum(q of the block), the weights' zero point folded in */
+} q8_row;
+
+/* W from `src` ([N, K/32, 16 or 32] bytes) and `scales` ([N * K/32], one per block of 32): 0, or -1
+ * where memory ran out. K a multiple of 32, N of 8. */
+HIDDEN int packed_init(packed *k, int64_t K, int64_t N, int bits, const uint8_t *src, const float *scales);
+HIDDEN void packed_free(packed *k);
+/* work units of 16 output columns */
+HIDDEN size_t packed_units(const packed *k);
+/* Unit `unit`'s columns of rows @ W^T for M rows: y[m * ldy + n] (y: row 0, column 0 of the output). */
+HIDDEN void packed_unit(const packed *k, size_t unit, const q8_row *rows, int64_t M, float *y, int64_t ldy);
+
+/* M rows of K activations, quantized for a matrix of `bits`: rows[m] (`buffer` holds them; free both) */
+HIDDEN q8_row *q8_rows_new(int64_t M, int64_t K, uint8_t **buffer);
+HIDDEN void quantize_row(const float *a, int64_t K, int bits, q8_row *out, int vnni);
+
+HIDDEN int choose_vnni(void);
+
+/* ONNX Runtime's API, set by RegisterCustomOps (matmul_blocks.c) */
+HIDDEN extern const OrtApi *api;
+#define TRY(x) do { OrtStatus *s_ = (x); if (s_) return s_; } while (0)
+/* a constant input's data, checked to hold `expect` elements; an attribute that must be there */
+HIDDEN OrtStatus *constant_input(const OrtKernelInfo *info, size_t index, int64_t expect, const void **data,
+                                 const char *message);
+HIDDEN OrtStatus *int_attribute(const OrtKernelInfo *info, const char *name, int64_t *value, const char *message);
+HIDDEN const OrtCustomOp *moe_blocks_op(void);
+/* ORT keeps an initializer we packed from: hand back the file pages our read brought in */
+HIDDEN void let_go(const void *p, size_t n);
+
+#endif
