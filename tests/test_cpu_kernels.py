@@ -35,10 +35,11 @@ def built():
 PATHS = ["c"] + (["1"] if cpu_kernels.cpu_supported() else [])
 
 
-def matmul_nbits(K, N, bits, weights, scales, accuracy_level=4, zero_points=None, name="m"):
+def matmul_nbits(K, N, bits, weights, scales, accuracy_level=4, zero_points=None, name="m", block_size=32):
     inputs = ["A", "B", "S"] + (["Z"] if zero_points is not None else [])
     node = helper.make_node("MatMulNBits", inputs, ["Y"], domain="com.microsoft", K=K, N=N, bits=bits,
-                            block_size=32, accuracy_level=accuracy_level)
+                            block_size=block_size, accuracy_level=accuracy_level)
+    weights = weights.reshape(N, K // block_size, -1)  # MatMulNBits' [N, blocks, bytes]: the same bytes
     initializers = [numpy_helper.from_array(weights, "B"), numpy_helper.from_array(scales, "S")]
     if zero_points is not None:
         initializers.append(numpy_helper.from_array(zero_points, "Z"))
@@ -80,29 +81,47 @@ def by_hand(a: np.ndarray, weights: np.ndarray, scales: np.ndarray, bits: int) -
     return out.reshape(*a.shape[:-1], n)
 
 
-SHAPES = [(64, 24), (96, 8), (576, 960), (1536, 576), (64, 40)]  # N % 16 = 8: a last unit of one group
+def dequantized(weights: np.ndarray, scales: np.ndarray, bits: int) -> np.ndarray:
+    n = weights.shape[0]
+    if bits == 4:
+        q = np.stack([weights & 0x0F, weights >> 4], axis=-1).reshape(n, -1).astype(np.float64) - 8
+    else:
+        q = weights.reshape(n, -1).astype(np.float64) - 128
+    return q * np.repeat(scales.reshape(n, -1), 32, axis=1)
+
+
+SHAPES = {32: [(64, 24), (96, 8), (576, 960), (1536, 576), (64, 40)],  # N % 16 = 8: a last unit of one group
+          128: [(128, 24), (256, 40), (1536, 576)]}
 
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("scales_kind", ["fp16", "fp32"])
-def test_the_kernel_computes_what_matmul_nbits_does(built, path, bits, scales_kind, monkeypatch, tmp_path):
+@pytest.mark.parametrize("scales_kind,group", [("fp16", 32), ("fp32", 32), ("fp32", 128)])
+def test_the_kernel_computes_what_matmul_nbits_does(built, path, bits, scales_kind, group, monkeypatch, tmp_path):
+    """Blocks of 32 (a GGUF's): the activations round as MatMulNBits' at level 4 do, so the two agree to the
+    summation order. Blocks of 128 (int4's default): ours round per 32, MatMulNBits' per 128: the method by
+    hand is the oracle, and both stay as close to the float matmul."""
     monkeypatch.setenv(cpu_kernels.ENV, path)
     rng = np.random.default_rng(bits)
-    for K, N in SHAPES:
+    for K, N in SHAPES[group]:
         weights = rng.integers(0, 256, (N, K // 32, 16 if bits == 4 else 32), dtype=np.uint8)
-        scales = rng.uniform(0.001, 0.05, N * K // 32).astype(np.float32)
+        scales = rng.uniform(0.001, 0.05, N * K // group).astype(np.float32)
         if scales_kind == "fp16":  # a GGUF's: every scale exactly an fp16, packed as one
             scales = scales.astype(np.float16).astype(np.float32)
-        model = matmul_nbits(K, N, bits, weights, scales)
+        model = matmul_nbits(K, N, bits, weights, scales, block_size=group)
+        per_32 = np.repeat(scales.reshape(N, -1), group // 32, axis=1)
         for shape in [(1, K), (3, K), (2, 5, K), (70, K)]:
             a = rng.standard_normal(shape).astype(np.float32)
             a[..., 5] *= 20  # an outlier channel, as real activations have
             got = with_kernel(model, a, tmp_path)
             scale = np.abs(got).max()
             assert got.shape == (*shape[:-1], N)
-            np.testing.assert_allclose(got, run(model, a), rtol=0, atol=2e-6 * scale, err_msg=f"{K}x{N} {shape}")
-            np.testing.assert_allclose(got, by_hand(a, weights, scales, bits), rtol=0, atol=2e-6 * scale)
+            np.testing.assert_allclose(got, by_hand(a, weights, per_32, bits), rtol=0, atol=2e-6 * scale)
+            if group == 32:
+                np.testing.assert_allclose(got, run(model, a), rtol=0, atol=2e-6 * scale, err_msg=f"{K}x{N} {shape}")
+            else:
+                exact = a @ dequantized(weights, per_32, bits).T
+                assert np.abs(got - exact).mean() <= 1.1 * np.abs(run(model, a) - exact).mean()
 
 
 def test_the_swap_takes_only_what_the_kernel_computes():
@@ -117,6 +136,8 @@ def test_the_swap_takes_only_what_the_kernel_computes():
     assert not swapped(matmul_nbits(64, 24, 4, weights, scales, accuracy_level=1))  # the tests' fp32 level
     assert not swapped(matmul_nbits(64, 24, 4, weights, scales, zero_points=np.full(24, 0x88, np.uint8)))
     assert not swapped(matmul_nbits(64, 20, 4, weights[:20], scales[:40]))  # N not a multiple of 8
+    assert not swapped(matmul_nbits(64, 24, 4, weights, np.repeat(scales, 2), block_size=16))  # blocks below 32
+    assert swapped(matmul_nbits(64, 24, 4, weights, scales[:24], block_size=64))  # int4's default blocks are 128
     model = matmul_nbits(64, 24, 4, weights, scales)
     rewrite.swap_matmuls(model)
     node = model.graph.node[0]

@@ -78,8 +78,10 @@ def adopt(graph: Path | bytes, options, weights_folder: Path) -> Path | bytes:
     if path is None:
         return graph
     model = onnx.load(str(graph), load_external_data=False) if isinstance(graph, Path) else onnx.load_from_string(graph)
-    if not swap_matmuls(model):
+    swapped = swap_matmuls(model)
+    if not swapped:
         return graph
+    log.info("%s: %d matmuls on trt_llm.cpu's kernels (%s)", getattr(graph, "name", "graph"), swapped, path)
     options.register_custom_ops_library(str(path))
     options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(weights_folder))
     return model.SerializeToString()
