@@ -79,7 +79,7 @@ class Graph:
     """A chain of SparseMoe layers as ONNX: per layer a router MatMul and the op's node, its
     weights external initializers bound to the module's own buffers."""
 
-    def __init__(self, layers: list[SparseMoe], lowered: bool, accuracy_level: int | None = None, ours: bool = False):
+    def __init__(self, layers: list[SparseMoe], lowered: bool, accuracy_level: int | None = None):
         nodes, initializers, self.buffers = [], [], {}
         value = "x"
         for i, layer in enumerate(layers):
@@ -110,12 +110,6 @@ class Graph:
                 for node in model.graph.node:
                     if node.op_type == "QMoE":
                         next(a for a in node.attribute if a.name == "accuracy_level").i = accuracy_level
-            if ours:  # what the runtime does as a session opens where our kernels are built
-                from trt_llm.runtime.backends.cpu_kernels import library, rewrite
-
-                assert rewrite.swap_matmuls(model) == len(layers), "MoEBlocks8 did not take every QMoE"
-                self.library = library.library()
-        self.library = getattr(self, "library", None)
         self.kernels = sorted({n.op_type for n in model.graph.node if n.op_type not in ("MatMul", "Constant", "Reshape",
                                                                                          "Squeeze", "Softmax")})
         self.model = model
@@ -126,8 +120,6 @@ class Graph:
         options.log_severity_level = 3
         names = list(self.buffers)
         options.add_external_initializers(names, [ort.OrtValue.ortvalue_from_numpy(self.buffers[n]) for n in names])
-        if self.library is not None:
-            options.register_custom_ops_library(str(self.library))
         session = ort.InferenceSession(self.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         session.keep = options  # the OrtValues live as long as the session reads them
         return session
@@ -211,13 +203,12 @@ def main(argv=None) -> int:
         # hand-made graph (ONNX Runtime 1.32 refuses their attribute-referencing Constant outside an export): the
         # kernels are what runs.
         ("fp32", fp32[:1], 1e-4, [("MoE", True, None)]),
-        (f"int4 g{group}", int4[:1], 1e-4, [("QMoE level 0", True, 0), ("QMoE level 4", True, 4),
-                                             ("ours (MoEBlocks8)", True, "ours")]),
-        ("int8 g32", int8, 5e-2, [("QMoE", True, None), ("ours (MoEBlocks8)", True, "ours")]),
+        (f"int4 g{group}", int4[:1], 1e-4, [("QMoE level 0", True, 0), ("QMoE level 4", True, 4)]),
+        ("int8 g32", int8, 5e-2, [("QMoE", True, None)]),
     ):
         runs = {}
         for name, lowered, level in variants:
-            graph = Graph(layers, lowered, None if level == "ours" else level, ours=level == "ours")
+            graph = Graph(layers, lowered, level)
             session = graph.session(args.threads)
             runs[name] = {}
             for setting, x in tokens.items():
@@ -226,7 +217,7 @@ def main(argv=None) -> int:
                 got = session.run(None, {"x": x.numpy()})[0]
                 # int4 level 4 and int8 round the activations to int8: within their rounding
                 check(f"{label} {name} {setting}", got, torch_reference(layers, x),
-                      5e-2 if level in (4, "ours") else tolerance)
+                      5e-2 if level == 4 else tolerance)
                 runs[name][setting] = ort_runner(session)
             print(f"  {label} {name}: {graph.kernels}, resident {rss_gb():.1f} GB", flush=True)
         print(f"part 1, {label}", flush=True)
@@ -247,18 +238,15 @@ def main(argv=None) -> int:
         for x in decode.values():
             check("the torch op", torch_reference(fp32, x).numpy(), hf_runner(implementation)(x), 1e-4)
     sessions = {"ours fp32 (MoE)": Graph(fp32, True).session(args.threads),
-                f"ours int4 g{group} (QMoE)": Graph(int4, True).session(args.threads),
-                f"ours int4 g{group} (MoEBlocks8)": Graph(int4, True, ours=True).session(args.threads)}
+                f"ours int4 g{group} (QMoE)": Graph(int4, True).session(args.threads)}
     first_int4 = Graph(int4[:1], True).session(args.threads)
-    first_ours = Graph(int4[:1], True, ours=True).session(args.threads)
     for x in decode.values():
         check("ours fp32", sessions["ours fp32 (MoE)"].run(None, {"x": x.numpy()})[0], torch_reference(fp32, x), 1e-4)
         # int4 at QMoE's accuracy level 4 rounds the activations to int8: within that rounding, one layer
         # (random blocks chained without a residual make the second layer's routing near-ties, which
         # that rounding flips)
         check("ours int4", first_int4.run(None, {"x": x.numpy()})[0], torch_reference(int4[:1], x), 5e-2)
-        check("ours int4 (MoEBlocks8)", first_ours.run(None, {"x": x.numpy()})[0], torch_reference(int4[:1], x), 5e-2)
-    del first_int4, first_ours
+    del first_int4
 
     runs = {name: {s: ort_runner(session) for s in decode} for name, session in sessions.items()}
     runs["transformers grouped_mm"] = {s: hf_runner("grouped_mm") for s in decode}

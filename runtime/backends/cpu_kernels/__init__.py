@@ -1,11 +1,11 @@
 """Kernels of our own for ONNX Runtime's CPU provider (custom ops, domain `trt_llm.cpu`).
 
 `MatMulBlocks8` (`matmul_blocks.c`) stands in for MatMulNBits' 4- and 8-bit blocks of 32 at accuracy
-level 4: the weight-only matmuls of an int4 / int8 engine, most of a decode step. `MoEBlocks8`
-(`moe_blocks.c`) stands in for the QMoE of a sparse block (plugins/moe.py's lowering), on the same packed
-matrices (`blocks.c`). The engine on disk
+level 4: the weight-only matmuls of an int4 / int8 engine, most of a decode step. It runs on packed
+matrices (`blocks.c`). (A QMoE kernel on them was measured no faster than ONNX Runtime's QMoE at level 4
+at decode and slower at prefill: benchmarks/results/2026-12-07/moe_op.txt; not kept.) The engine on disk
 is unchanged (MatMulNBits nodes and their weights); as a session opens, `adopt` swaps the op type of
-the nodes the kernels take (rewrite.py) and registers the library (library.py, compiled by
+the nodes the kernel takes (rewrite.py) and registers the library (library.py, compiled by
 scripts/setup.sh into a per-user cache). Where there is no library, the CPU has no AVX-512 VNNI, or
 TRT_LLM_CPU_KERNELS=0, the graph runs as written, on ONNX Runtime's own kernels.
 

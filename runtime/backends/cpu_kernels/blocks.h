@@ -1,6 +1,5 @@
-/* Packed weight matrices and their kernels: what our ONNX Runtime ops (matmul_blocks.c, moe_blocks.c)
- * share. A matrix W [N, K] of 4- or 8-bit unsigned values in blocks of 32 along K (zero point 8 or 128,
- * MatMulNBits' and QMoE's layout: at 4 bits element 2j in byte j's low nibble, 2j+1 in its high one),
+/* Packed weight matrices and their kernels (blocks.c), which our ONNX Runtime op (matmul_blocks.c) runs on. A matrix W [N, K] of 4- or 8-bit unsigned values in blocks of 32 along K (zero point 8 or 128,
+ * MatMulNBits' layout: at 4 bits element 2j in byte j's low nibble, 2j+1 in its high one),
  * a float scale per block, is copied once into our layout (blocks.c says which) and multiplied by rows
  * of activations quantized per block of 32 to int8, as MatMulNBits at accuracy level 4 and llama.cpp's
  * Q8_0 do. */
@@ -55,7 +54,6 @@ HIDDEN extern const OrtApi *api;
 HIDDEN OrtStatus *constant_input(const OrtKernelInfo *info, size_t index, int64_t expect, const void **data,
                                  const char *message);
 HIDDEN OrtStatus *int_attribute(const OrtKernelInfo *info, const char *name, int64_t *value, const char *message);
-HIDDEN const OrtCustomOp *moe_blocks_op(void);
 /* ORT keeps an initializer we packed from: hand back the file pages our read brought in */
 HIDDEN void let_go(const void *p, size_t n);
 

@@ -1,7 +1,7 @@
 /* trt_llm.cpu::MatMulBlocks8: ONNX Runtime's MatMulNBits (4 or 8 bits, blocks of 32, no zero points,
  * accuracy level 4) as a kernel of our own, for the decode step at one token, which reads every weight
  * once and is bound by memory (issue 44: MatMulNBits reached ~20 GB/s of a ~30 GB/s machine). Also the
- * library's entry point, RegisterCustomOps, which registers it and MoEBlocks8 (moe_blocks.c).
+ * library's entry point, RegisterCustomOps.
  *
  * The node takes MatMulNBits' own inputs and attributes, so the engine on disk is unchanged and the
  * stock op stays the fallback (runtime/backends/cpu_kernels/rewrite.py swaps the op type at load):
@@ -139,7 +139,7 @@ static OrtCustomOp matmul_blocks8 = {
   .GetInputCharacteristic = required, .GetOutputCharacteristic = required, .GetInputMemoryType = cpu_memory,
 };
 
-/* Every session of the process registers these same ops (static, never rewritten: ORT reads their
+/* Every session of the process registers this same op (static, never rewritten: ORT reads its
  * functions at each run). */
 __attribute__((visibility("default"))) OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options,
                                                                                  const OrtApiBase *base) {
@@ -148,6 +148,5 @@ __attribute__((visibility("default"))) OrtStatus *ORT_API_CALL RegisterCustomOps
   OrtCustomOpDomain *domain;
   TRY(api->CreateCustomOpDomain("trt_llm.cpu", &domain));
   TRY(api->CustomOpDomain_Add(domain, &matmul_blocks8));
-  TRY(api->CustomOpDomain_Add(domain, moe_blocks_op()));
   return api->AddCustomOpDomain(options, domain);
 }
