@@ -39,7 +39,7 @@ def matmul_nbits(K, N, bits, weights, scales, accuracy_level=4, zero_points=None
     inputs = ["A", "B", "S"] + (["Z"] if zero_points is not None else [])
     node = helper.make_node("MatMulNBits", inputs, ["Y"], domain="com.microsoft", K=K, N=N, bits=bits,
                             block_size=block_size, accuracy_level=accuracy_level)
-    weights = weights.reshape(N, K // block_size, -1)  # MatMulNBits' [N, blocks, bytes]: the same bytes
+    weights = weights.reshape(N, -(-K // block_size), -1)  # MatMulNBits' [N, blocks, bytes]: the same bytes
     initializers = [numpy_helper.from_array(weights, "B"), numpy_helper.from_array(scales, "S")]
     if zero_points is not None:
         initializers.append(numpy_helper.from_array(zero_points, "Z"))
@@ -91,7 +91,7 @@ def dequantized(weights: np.ndarray, scales: np.ndarray, bits: int) -> np.ndarra
 
 
 SHAPES = {32: [(64, 24), (96, 8), (576, 960), (1536, 576), (64, 40)],  # N % 16 = 8: a last unit of one group
-          128: [(128, 24), (256, 40), (1536, 576)]}
+          128: [(128, 24), (256, 40), (1536, 576), (576, 24)]}  # 576: the last block of 128 padded
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -104,12 +104,14 @@ def test_the_kernel_computes_what_matmul_nbits_does(built, path, bits, scales_ki
     monkeypatch.setenv(cpu_kernels.ENV, path)
     rng = np.random.default_rng(bits)
     for K, N in SHAPES[group]:
-        weights = rng.integers(0, 256, (N, K // 32, 16 if bits == 4 else 32), dtype=np.uint8)
-        scales = rng.uniform(0.001, 0.05, N * K // group).astype(np.float32)
+        groups = -(-K // group)  # MatMulNBits pads a row to whole blocks
+        padded = rng.integers(0, 256, (N, groups * group // 32, 16 if bits == 4 else 32), dtype=np.uint8)
+        scales = rng.uniform(0.001, 0.05, N * groups).astype(np.float32)
         if scales_kind == "fp16":  # a GGUF's: every scale exactly an fp16, packed as one
             scales = scales.astype(np.float16).astype(np.float32)
-        model = matmul_nbits(K, N, bits, weights, scales, block_size=group)
-        per_32 = np.repeat(scales.reshape(N, -1), group // 32, axis=1)
+        model = matmul_nbits(K, N, bits, padded, scales, block_size=group)
+        weights = padded[:, :K // 32]
+        per_32 = np.repeat(scales.reshape(N, -1), group // 32, axis=1)[:, :K // 32]
         for shape in [(1, K), (3, K), (2, 5, K), (70, K)]:
             a = rng.standard_normal(shape).astype(np.float32)
             a[..., 5] *= 20  # an outlier channel, as real activations have

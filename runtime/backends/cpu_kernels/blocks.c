@@ -356,7 +356,7 @@ q8_row *q8_rows_new(int64_t M, int64_t K, uint8_t **buffer) {
   return rows;
 }
 
-static void pack(packed *k, const uint8_t *src, const float *scales, uint8_t *dst) {
+static void pack(packed *k, const uint8_t *src, int64_t row_bytes, const float *scales, uint8_t *dst) {
   const int64_t payload = k->bits == 4 ? 16 : 32, pair_bytes = 2 * k->nb * k->block_bytes;
   for (int64_t n = 0; n < k->N; n++) {
     int64_t g = n / 8, r = n % 8, pair = g / 2, in_pair = g % 2;
@@ -366,7 +366,7 @@ static void pack(packed *k, const uint8_t *src, const float *scales, uint8_t *ds
       float s = scales[n * k->nb + b];
       if (k->sb == 2) { uint16_t h; exact_half(s, &h); memcpy(blk + 2 * r, &h, 2); }
       else memcpy(blk + 4 * r, &s, 4);
-      const uint8_t *row = src + (n * k->nb + b) * payload;  /* MatMulNBits' block */
+      const uint8_t *row = src + n * row_bytes + b * payload;  /* MatMulNBits' block */
       uint8_t *pay = blk + 8 * k->sb;
       if (k->bits == 4) {
         uint8_t q[QK];
@@ -393,7 +393,7 @@ void let_go(const void *p, size_t n) {
 #endif
 }
 
-int packed_init(packed *k, int64_t K, int64_t N, int bits, const uint8_t *src, const float *scales) {
+int packed_init(packed *k, int64_t K, int64_t N, int bits, const uint8_t *src, int64_t row_bytes, const float *scales) {
   const int64_t nb = K / QK, blocks = N * nb, payload = bits == 4 ? 16 : 32;
   k->K = K; k->N = N; k->nb = nb; k->bits = bits; k->sb = 2; k->vnni = choose_vnni();
   for (int64_t i = 0; i < blocks && k->sb == 2; i++) {
@@ -403,7 +403,7 @@ int packed_init(packed *k, int64_t K, int64_t N, int bits, const uint8_t *src, c
   k->block_bytes = 8 * k->sb + 8 * payload;
   uint8_t *w = arena_alloc((size_t)(N / 8) * (size_t)(nb * k->block_bytes), &k->home);
   if (!w) return -1;
-  pack(k, src, scales, w);
+  pack(k, src, row_bytes, scales, w);
   k->w = w;
   return 0;
 }

@@ -32,9 +32,11 @@ typedef struct {
   int32_t *bias;  /* nb: -zero * sum(q of the block), the weights' zero point folded in */
 } q8_row;
 
-/* W from `src` ([N, K/32, 16 or 32] bytes) and `scales` ([N * K/32], one per block of 32): 0, or -1
- * where memory ran out. K a multiple of 32, N of 8. */
-HIDDEN int packed_init(packed *k, int64_t K, int64_t N, int bits, const uint8_t *src, const float *scales);
+/* W from `src` (N rows of `row_bytes`, each starting with its K/32 blocks of 16 or 32 bytes: MatMulNBits
+ * pads a row to whole blocks of its own) and `scales` ([N * K/32], one per block of 32): 0, or -1 where
+ * memory ran out. K a multiple of 32, N of 8. */
+HIDDEN int packed_init(packed *k, int64_t K, int64_t N, int bits, const uint8_t *src, int64_t row_bytes,
+                       const float *scales);
 HIDDEN void packed_free(packed *k);
 /* work units of 16 output columns */
 HIDDEN size_t packed_units(const packed *k);

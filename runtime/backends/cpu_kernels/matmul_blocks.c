@@ -6,10 +6,10 @@
  * The node takes MatMulNBits' own inputs and attributes, so the engine on disk is unchanged and the
  * stock op stays the fallback (runtime/backends/cpu_kernels/rewrite.py swaps the op type at load):
  *   A       float32 [..., K]
- *   B       uint8 [N, K/32, 16 or 32], constant: 4 bits, element 2j in byte j's low nibble, 2j+1 in its
- *           high one; or 8 bits, one byte each; unsigned, zero point 8 or 128 (MatMulNBits' default)
- *   scales  float32 [N * K/G], constant
- *   attributes K, N, bits (4 or 8), block_size (G: 32 or a multiple of it)
+ *   B       uint8 [N, ceil(K/G), G * bits/8], constant: 4 bits, element 2j in byte j's low nibble, 2j+1
+ *           in its high one; or 8 bits, one byte each; unsigned, zero point 8 or 128 (MatMulNBits' default)
+ *   scales  float32 [N * ceil(K/G)], constant
+ *   attributes K (a multiple of 32), N (of 8), bits (4 or 8), block_size (G: 32 or a multiple of it)
  *   Y       float32 [..., N] = A @ W^T, W[n, k] = (B[n, k] - zero) * scales[n, k/G]
  * The weights are packed once at kernel creation (blocks.c); A's rows are quantized on the session's
  * intra-op threads, then the output's units of 16 columns are computed on them (KernelContext_ParallelFor).
@@ -88,29 +88,30 @@ OrtStatus *int_attribute(const OrtKernelInfo *info, const char *name, int64_t *v
 
 static OrtStatus *create_kernel(const OrtCustomOp *op, const OrtApi *a, const OrtKernelInfo *info, void **out) {
   static const char *needs =
-      "MatMulBlocks8: needs attributes K, N, bits 4 or 8, block_size a multiple of 32 (K a multiple of it, N of 8)";
+      "MatMulBlocks8: needs attributes K (a multiple of 32), N (of 8), bits 4 or 8, block_size (a multiple of 32)";
   int64_t K, N, bits, G;
   TRY(int_attribute(info, "K", &K, needs)); TRY(int_attribute(info, "N", &N, needs));
   TRY(int_attribute(info, "bits", &bits, needs)); TRY(int_attribute(info, "block_size", &G, needs));
-  if (G <= 0 || G % QK || (bits != 4 && bits != 8) || K <= 0 || K % G || N <= 0 || N % 8)
+  if (G <= 0 || G % QK || (bits != 4 && bits != 8) || K <= 0 || K % QK || N <= 0 || N % 8)
     return a->CreateStatus(ORT_INVALID_ARGUMENT, needs);
-  const int64_t nb = K / QK, groups = K / G, payload = bits == 4 ? 16 : 32;
-  static const char *shapes = "MatMulBlocks8: B must be an initializer of N*K/32 blocks of 32 values, scales of N*K/block_size";
+  /* MatMulNBits' rows hold whole blocks of G: the last one padded where G does not divide K */
+  const int64_t nb = K / QK, groups = (K + G - 1) / G, row_bytes = groups * G * bits / 8;
+  static const char *shapes = "MatMulBlocks8: B must be an initializer [N, ceil(K/block_size), block_size*bits/8], scales [N*ceil(K/block_size)]";
   const void *src, *scales;
-  TRY(constant_input(info, 1, N * nb * payload, &src, shapes));
+  TRY(constant_input(info, 1, N * row_bytes, &src, shapes));
   TRY(constant_input(info, 2, N * groups, &scales, shapes));
   /* a scale of G inputs repeated over its G / 32 blocks (the activations round per 32: finer than per G) */
   float *per_block = G == QK ? (float *)scales : malloc(sizeof(float) * (size_t)(N * nb));
   packed *k = calloc(1, sizeof *k);
   if (per_block && per_block != scales)
     for (int64_t i = 0; i < N * nb; i++) per_block[i] = ((const float *)scales)[(i / nb) * groups + (i % nb) * QK / G];
-  int failed = !per_block || !k || packed_init(k, K, N, (int)bits, (const uint8_t *)src, per_block);
+  int failed = !per_block || !k || packed_init(k, K, N, (int)bits, (const uint8_t *)src, row_bytes, per_block);
   if (per_block != scales) free(per_block);
   if (failed) {
     free(k);
     return a->CreateStatus(ORT_FAIL, "MatMulBlocks8: out of memory for the packed weights");
   }
-  let_go(src, (size_t)(N * nb * payload));
+  let_go(src, (size_t)(N * row_bytes));
   let_go(scales, (size_t)(N * groups) * 4);
   *out = k;
   return NULL;

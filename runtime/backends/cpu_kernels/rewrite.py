@@ -13,15 +13,15 @@ ACCURACY_LEVEL = 4  # int8 activations per block of 32: what the kernel computes
 def takes(node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto]) -> bool:
     """A MatMulNBits the kernel computes as it does: 4 or 8 bits in blocks of 32 or a multiple of it (the
     activations then round per 32, finer than MatMulNBits' per block), no zero points, group index or bias,
-    accuracy level 4 (a test's level 1 stays MatMulNBits'), N a multiple of 8, float32 scales, and
-    constant weights."""
+    accuracy level 4 (a test's level 1 stays MatMulNBits'), K a multiple of 32 (of the block or not: the
+    last block padded), N of 8, float32 scales, and constant weights."""
     if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
         return False
     attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     block = attributes.get("block_size", 0)
     if (attributes.get("bits") not in (4, 8) or not block or block % 32
             or attributes.get("accuracy_level") != ACCURACY_LEVEL
-            or attributes.get("K", 0) % block or attributes.get("N", 1) % 8):
+            or attributes.get("K", 0) % 32 or attributes.get("N", 1) % 8):
         return False
     if len(node.input) < 3 or any(node.input[3:]):
         return False
