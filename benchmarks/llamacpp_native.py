@@ -369,6 +369,12 @@ def render(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def kernels_used() -> str:
+    from trt_llm.runtime.backends import cpu_kernels
+
+    return cpu_kernels.describe()
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     pin_threads(args.threads)
@@ -418,7 +424,7 @@ def main(argv=None) -> int:
                  for name, toks in result["tokens"].items() if ours and " " not in name}
     report = {
         "command": " ".join([sys.executable, *sys.argv]), "model": model_dir.name, "source": source, "machine": machine(args.threads),
-        "bandwidth": bw, "versions": {**decode_speed.versions(["llamacpp"]), "trt-llm (git)": git_head(), **({
+        "bandwidth": bw, "versions": {**decode_speed.versions(["llamacpp"]), "trt-llm (git)": git_head(), "trt-llm int4 matmuls": kernels_used(), **({
             "llama.cpp (native)": native["stamp"]["llama_cpp_commit"],
             "llama-cpp-python (sdist built)": native["stamp"]["llama_cpp_python_version"]} if native else {})}, "rounds": args.rounds, "reps": args.reps,
         "new_tokens": args.new_tokens, "prefill": args.prefill, "batch_sizes": args.batch_sizes,

@@ -61,6 +61,21 @@ def library_path() -> Path | None:
         return None
 
 
+def describe() -> str:
+    """One line on what a session here runs its int4 / int8 matmuls on (benchmarks record it)."""
+    from trt_llm.runtime.backends.cpu_kernels.library import LibraryUnavailable, library
+
+    if mode() == "0":
+        return f"MatMulNBits ({ENV}=0)"
+    try:
+        path = library()
+    except LibraryUnavailable as error:
+        return f"MatMulNBits (our kernels not built: {error})"
+    if mode() == "auto" and not cpu_supported():
+        return "MatMulNBits (no AVX-512 VNNI here)"
+    return f"trt_llm.cpu::MatMulBlocks8 ({'plain C' if mode() == 'c' or not cpu_supported() else 'AVX-512 VNNI'}, {path.parent.name})"
+
+
 @functools.cache
 def _warn_once(reason: str) -> None:
     log.info("ONNX Runtime's MatMulNBits serves the int4 / int8 matmuls: our kernels are not built (%s)", reason)
