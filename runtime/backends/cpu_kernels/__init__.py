@@ -1,6 +1,6 @@
 """Kernels of our own for ONNX Runtime's CPU provider (custom ops, domain `trt_llm.cpu`).
 
-`MatMulBlocks8` (`matmul_blocks.c`) stands in for MatMulNBits' 4- and 8-bit blocks of 32 at accuracy
+`MatMulBlocks8` (`matmul_blocks.c`) stands in for MatMulNBits' 4- and 8-bit blocks (of 32 or a multiple) at accuracy
 level 4: the weight-only matmuls of an int4 / int8 engine, most of a decode step. It runs on packed
 matrices (`blocks.c`). (A QMoE kernel on them was measured no faster than ONNX Runtime's QMoE at level 4
 at decode and slower at prefill: benchmarks/results/2026-12-07/moe_op.txt; not kept.) The engine on disk

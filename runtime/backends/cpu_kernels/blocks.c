@@ -7,8 +7,8 @@
  * the node's is exactly an fp16 (a GGUF's are: 18 bytes a 4-bit block, the file's own size), else fp32.
  * The copies sit in a shared arena on transparent huge pages (the kernels' weights are 0.2-2 MB each,
  * below a huge page alone): a decode step streams them all, and the hardware prefetchers stop at
- * every 4 KiB page; each thread also prefetches a fixed distance ahead (measured: README of the probe,
- * issue 44's closing notes).
+ * every 4 KiB page; each thread also prefetches a fixed distance ahead (measured: README.md, Performance,
+ * "Against native llama.cpp on its own file").
  *
  * Arithmetic, as MatMulNBits at accuracy level 4 and llama.cpp's Q4_0 x Q8_0: each row of A is
  * quantized per block of 32 to int8 (d_a = max|a| / 127, round to nearest even); a block's dot is
@@ -16,9 +16,8 @@
  * weights go in unsigned as dpbusd (u8 x s8) wants. Results agree with MatMulNBits to float rounding
  * (the summation order). AVX-512 VNNI (its 256-bit forms) where the CPU has it, chosen at run time;
  * plain C elsewhere (correct, slower than MLAS: the runtime only swaps the op in where VNNI is, or
- * where TRT_LLM_CPU_KERNELS=c asks for this path, which the tests use). Work is split over N in units
- * of 16 columns on the session's intra-op threads (KernelContext_ParallelFor). Only ONNX Runtime's
- * C API is used; its header comes from Debian's libonnxruntime-dev (headers.py).
+ * where TRT_LLM_CPU_KERNELS=c asks for this path, which the tests use). Passes of several tokens take
+ * 4 rows of A per weight load; a row's result has the same bits whichever path or pass width computes it.
  */
 #include <math.h>
 #include <pthread.h>
@@ -41,7 +40,6 @@ enum { ARENA_CHUNK = 64 << 20, HUGE_PAGE = 2 << 20 };
  * elements 4t + c (low nibble) and 16 + 4t + c (high), at 8 bits element 4t + c. So a pair is one
  * sequential stream (the prefetch runs straight ahead) and a chunk is one dpbusd. */
 struct chunk { uint8_t *base; size_t size, used; int refs; };
-
 
 /* ---------------- the arena: kernels' weights side by side on huge pages ---------------- */
 static pthread_mutex_t arena_lock = PTHREAD_MUTEX_INITIALIZER;
