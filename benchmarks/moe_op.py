@@ -5,10 +5,11 @@ Qwen3-30B-A3B's widths (hidden 2048, 128 experts, top 8, expert width 768), in o
     python benchmarks/moe_op.py            # 2 threads, 20 repetitions: about 10 minutes, 12 GB of memory
     python benchmarks/moe_op.py --smoke    # tiny widths, seconds: checks the plumbing
 
-Part 1, the lowering's choice (one layer): the op's function body (a gather decomposition in standard
-ops) against ONNX Runtime's com.microsoft.MoE (fp32) / QMoE (int4 in blocks of 128, the build's
-default; QMoE's accuracy levels 0 and 4; int8 in blocks of 32, the cpu default) at 1 and 8 tokens
-(decode) and a 64-token prefill. Part 2: two blocks in sequence, decode (one token per row) at
+Part 1, the lowering's kernels (one layer): ONNX Runtime's com.microsoft.MoE (fp32) / QMoE (int4 in
+blocks of 128, the build's default, at accuracy levels 0 and 4; int8 in blocks of 32, the cpu default)
+at 1 and 8 tokens (decode) and a 64-token prefill. (The op's function body, which they were chosen
+against on 2026-12-02, no longer loads in this hand-made graph under ONNX Runtime 1.32.) Part 1 repeats
+one input, so its chosen experts stay in the cache: its 1-token rows are cache speed, part 2's are not. Part 2: two blocks in sequence, decode (one token per row) at
 batch 1 and 8: our op on ONNX Runtime (fp32, int4) against transformers' block in eager torch, both
 its experts implementations (grouped_mm is what from_pretrained picks; eager is its loop).
 
