@@ -47,33 +47,32 @@ def cpu_supported() -> bool:
 def library_path() -> Path | None:
     """The library where this run is to use it; None where the graph stays on ONNX Runtime's kernels.
     TRT_LLM_CPU_KERNELS=1 or c without a library raises, naming why."""
-    from trt_llm.runtime.backends.cpu_kernels.library import LibraryUnavailable, library
-
-    wanted = mode()
-    if wanted == "0" or (wanted == "auto" and not cpu_supported()):
-        return None
-    try:
-        return library()
-    except LibraryUnavailable as error:
-        if wanted != "auto":
-            raise RuntimeError(f"{ENV}={wanted}: {error}") from None
-        _warn_once(str(error))
-        return None
+    return _choice()[0]
 
 
 def describe() -> str:
     """One line on what a session here runs its int4 / int8 matmuls on (benchmarks record it)."""
+    path, why = _choice()
+    return f"MatMulNBits ({why})" if path is None else f"trt_llm.cpu::MatMulBlocks8 ({why}, {path.parent.name})"
+
+
+def _choice() -> tuple[Path | None, str]:
+    """(the library this run uses, or None; why: the path it takes, or why not)."""
     from trt_llm.runtime.backends.cpu_kernels.library import LibraryUnavailable, library
 
-    if mode() == "0":
-        return f"MatMulNBits ({ENV}=0)"
+    wanted = mode()
+    if wanted == "0":
+        return None, f"{ENV}=0"
+    if wanted == "auto" and not cpu_supported():
+        return None, "no AVX-512 VNNI here"
     try:
         path = library()
     except LibraryUnavailable as error:
-        return f"MatMulNBits (our kernels not built: {error})"
-    if mode() == "auto" and not cpu_supported():
-        return "MatMulNBits (no AVX-512 VNNI here)"
-    return f"trt_llm.cpu::MatMulBlocks8 ({'plain C' if mode() == 'c' or not cpu_supported() else 'AVX-512 VNNI'}, {path.parent.name})"
+        if wanted != "auto":
+            raise RuntimeError(f"{ENV}={wanted}: {error}") from None
+        _warn_once(str(error))
+        return None, f"our kernels not built: {error}"
+    return path, "plain C" if wanted == "c" or not cpu_supported() else "AVX-512 VNNI"
 
 
 @functools.cache

@@ -68,7 +68,6 @@ static uint8_t *arena_alloc(size_t n, chunk **home) {
   if (!current || current->size - current->used < need) {
     chunk *c = chunk_new(need);
     if (!c) { pthread_mutex_unlock(&arena_lock); return NULL; }
-    if (current && current->refs == 0) { munmap(current->base, current->size); free(current); }
     current = c;
   }
   uint8_t *p = current->base + current->used;
@@ -313,7 +312,7 @@ static int cpu_has_vnni(void) {
 
 /* The path a kernel takes, chosen when it is made: VNNI where the CPU has it, unless
  * TRT_LLM_CPU_KERNELS=c asks for the plain C one (the tests run both in one process). */
-int choose_vnni(void) {
+static int choose_vnni(void) {
   const char *env = getenv("TRT_LLM_CPU_KERNELS");
   return cpu_has_vnni() && !(env && strcmp(env, "c") == 0);
 }

@@ -1,14 +1,13 @@
-/* Packed weight matrices and their kernels (blocks.c), which our ONNX Runtime op (matmul_blocks.c) runs on. A matrix W [N, K] of 4- or 8-bit unsigned values in blocks of 32 along K (zero point 8 or 128,
- * MatMulNBits' layout: at 4 bits element 2j in byte j's low nibble, 2j+1 in its high one),
- * a float scale per block, is copied once into our layout (blocks.c says which) and multiplied by rows
- * of activations quantized per block of 32 to int8, as MatMulNBits at accuracy level 4 and llama.cpp's
- * Q8_0 do. */
+/* Packed weight matrices and their kernels (blocks.c), which our ONNX Runtime op (matmul_blocks.c) runs
+ * on. A matrix W [N, K] of 4- or 8-bit unsigned values in blocks of 32 along K (zero point 8 or 128,
+ * MatMulNBits' layout: at 4 bits element 2j in byte j's low nibble, 2j+1 in its high one), a float scale
+ * per block, is copied once into our layout (blocks.c says which) and multiplied by rows of activations
+ * quantized per block of 32 to int8, as MatMulNBits at accuracy level 4 and llama.cpp's Q8_0 do. */
 #ifndef TRT_LLM_BLOCKS_H
 #define TRT_LLM_BLOCKS_H
 
 #include <stddef.h>
 #include <stdint.h>
-#include "onnxruntime_c_api.h"
 
 #define HIDDEN __attribute__((visibility("hidden")))
 
@@ -47,15 +46,6 @@ HIDDEN void packed_unit(const packed *k, size_t unit, const q8_row *rows, int64_
 HIDDEN q8_row *q8_rows_new(int64_t M, int64_t K, uint8_t **buffer);
 HIDDEN void quantize_row(const float *a, int64_t K, int bits, q8_row *out, int vnni);
 
-HIDDEN int choose_vnni(void);
-
-/* ONNX Runtime's API, set by RegisterCustomOps (matmul_blocks.c) */
-HIDDEN extern const OrtApi *api;
-#define TRY(x) do { OrtStatus *s_ = (x); if (s_) return s_; } while (0)
-/* a constant input's data, checked to hold `expect` elements; an attribute that must be there */
-HIDDEN OrtStatus *constant_input(const OrtKernelInfo *info, size_t index, int64_t expect, const void **data,
-                                 const char *message);
-HIDDEN OrtStatus *int_attribute(const OrtKernelInfo *info, const char *name, int64_t *value, const char *message);
 /* ORT keeps an initializer we packed from: hand back the file pages our read brought in */
 HIDDEN void let_go(const void *p, size_t n);
 

@@ -18,8 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include "blocks.h"
+#include "onnxruntime_c_api.h"
 
-const OrtApi *api;
+static const OrtApi *api;
+
+#define TRY(x) do { OrtStatus *s_ = (x); if (s_) return s_; } while (0)
 
 typedef struct { const packed *k; q8_row *rows; int64_t M; float *y; const float *a; } job;
 
@@ -67,7 +70,9 @@ static OrtStatus *compute(void *kernel, OrtKernelContext *ctx) {
   return st;
 }
 
-OrtStatus *constant_input(const OrtKernelInfo *info, size_t index, int64_t expect, const void **data, const char *message) {
+/* a constant input's data, checked to hold `expect` elements */
+static OrtStatus *constant_input(const OrtKernelInfo *info, size_t index, int64_t expect, const void **data,
+                                 const char *message) {
   int is_const = 0; const OrtValue *v = NULL;
   TRY(api->KernelInfoGetConstantInput_tensor(info, index, &is_const, &v));
   if (!is_const || !v) return api->CreateStatus(ORT_INVALID_ARGUMENT, message);
@@ -80,7 +85,7 @@ OrtStatus *constant_input(const OrtKernelInfo *info, size_t index, int64_t expec
   return api->GetTensorMutableData((OrtValue *)v, (void **)data);
 }
 
-OrtStatus *int_attribute(const OrtKernelInfo *info, const char *name, int64_t *value, const char *message) {
+static OrtStatus *int_attribute(const OrtKernelInfo *info, const char *name, int64_t *value, const char *message) {
   OrtStatus *st = api->KernelInfoGetAttribute_int64(info, name, value);
   if (st) { api->ReleaseStatus(st); return api->CreateStatus(ORT_INVALID_ARGUMENT, message); }
   return NULL;
