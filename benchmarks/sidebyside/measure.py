@@ -31,6 +31,14 @@ def git_head() -> str | None:
     return done.stdout.strip() or None
 
 
+def sha256(path: Path) -> str:
+    """A file's SHA-256 (what a report records of a model file it ran)."""
+    import hashlib
+
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
 def free_port() -> int:
     """A loopback port free now, for a server that must be given a number (a subprocess, Ray's proxy)."""
     import socket

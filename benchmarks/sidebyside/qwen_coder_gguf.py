@@ -32,6 +32,12 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+if __package__:
+    from .measure import sha256
+else:  # run as a script: benchmarks/ first on the path, as for native_llamacpp below
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from sidebyside.measure import sha256
+
 MODEL = "qwen2.5-coder-0.5b"  # the --model value
 FOLDER = "Qwen2.5-Coder-0.5B-Instruct"
 VERSION = "0.9.0"
@@ -55,11 +61,6 @@ HF_NAME = "Qwen2.5-Coder-0.5B-Instruct-q4_0-fp32"
 # Token ids (the GGUF's tokenizer): <|endoftext|> is bos and pad, <|im_end|> ends a chat turn
 BOS = PAD = 151643
 IM_END = 151645
-
-
-def sha256(path: Path) -> str:
-    with open(path, "rb") as file:
-        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 def _install(final: Path, build) -> Path:
@@ -185,7 +186,6 @@ def prepare(cache_dir: Path, llama_quantize: str, llama_cpp_commit: str, log=pri
 
 
 def main() -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from sidebyside import native_llamacpp
 
     native = native_llamacpp.ensure(log=lambda m: print(m, file=sys.stderr))
