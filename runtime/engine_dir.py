@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from trt_llm.common.cli_args import FlagError
 from trt_llm.schemas.graph_spec import PER_LAYER_INPUTS
 from trt_llm.schemas.manifest import FORMAT_VERSION
 
@@ -32,10 +33,12 @@ class EngineDirError(ValueError):
 @contextmanager
 def loading(what: str, path: Path) -> Iterator[None]:
     """Any failure while a file of the engine directory loads (a truncated graph or tensor file, a
-    damaged tokenizer) means the directory is unusable: one EngineDirError naming the file."""
+    damaged tokenizer) means the directory is unusable: one EngineDirError naming the file. A setting
+    the user gave that the load cannot use (FlagError: a flag, an environment variable) is not the
+    directory's fault and passes as it is."""
     try:
         yield
-    except EngineDirError:
+    except (EngineDirError, FlagError):
         raise
     except Exception as error:  # ONNX Runtime, safetensors and tokenizers each raise their own kinds
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]

@@ -18,6 +18,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from trt_llm.common.cli_args import FlagError
 from trt_llm.runtime.backends import cpu_kernels
 from trt_llm.runtime.backends.cpu_kernels import headers, library, rewrite
 
@@ -156,10 +157,10 @@ def test_no_library_leaves_the_graph_to_onnx_runtime_unless_asked(monkeypatch, t
     monkeypatch.setenv(cpu_kernels.ENV, "0")
     assert cpu_kernels.library_path() is None
     monkeypatch.setenv(cpu_kernels.ENV, "1")
-    with pytest.raises(RuntimeError, match="TRT_LLM_CPU_KERNELS=1: .*onnxruntime_c_api.h is not there"):
+    with pytest.raises(FlagError, match="TRT_LLM_CPU_KERNELS=1: .*onnxruntime_c_api.h is not there"):
         cpu_kernels.adopt(model, ort.SessionOptions(), tmp_path)
     monkeypatch.setenv(cpu_kernels.ENV, "yes")
-    with pytest.raises(ValueError, match="TRT_LLM_CPU_KERNELS must be auto, 0, 1 or c"):
+    with pytest.raises(FlagError, match="TRT_LLM_CPU_KERNELS must be auto, 0, 1 or c"):
         cpu_kernels.mode()
 
 
@@ -227,3 +228,22 @@ def test_an_int4_engine_scores_a_text_alike_on_either_kernel(built, tiny_model, 
     assert (scores["1"].argmax(-1) == scores["0"].argmax(-1)).all()
 
 
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("yes", "TRT_LLM_CPU_KERNELS must be auto, 0, 1 or c, got 'yes'"),
+    ("1", "TRT_LLM_CPU_KERNELS=1: "),  # the empty cache below: no header, no library
+])
+def test_a_kernel_setting_the_run_cannot_use_is_one_line_not_a_damaged_engine(
+        tiny_model, build_engine_for, monkeypatch, tmp_path, caplog, setting, message):
+    from test_nothing_lost import error_lines, good_input
+
+    from trt_llm.runtime.app.run_cli import main as run_main
+
+    engine = build_engine_for(tiny_model("llama"), quantization={"weights": "int4", "group_size": 32})
+    monkeypatch.setenv(library.CACHE_ENV, str(tmp_path / "empty"))
+    monkeypatch.setenv(cpu_kernels.ENV, setting)
+    out = tmp_path / "out.json"
+    assert run_main([str(good_input(tmp_path)), "--engine-dir", str(engine), "-o", str(out), "--threads", "1"]) != 0
+    errors = error_lines(caplog)
+    assert len(errors) == 1 and message in errors[0] and "damaged" not in errors[0], errors

@@ -10,7 +10,7 @@ scripts/setup.sh into a per-user cache). Where there is no library, the CPU has 
 TRT_LLM_CPU_KERNELS=0, the graph runs as written, on ONNX Runtime's own kernels.
 
 TRT_LLM_CPU_KERNELS: auto (the default: used where built and the CPU has VNNI), 0 (never), 1
-(always: an error where there is no library), c (always, on the kernel's plain C path: tests).
+(always: a FlagError, one line, where there is no library), c (always, on the kernel's plain C path: tests).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import functools
 import logging
 import os
 from pathlib import Path
+
+from trt_llm.common.cli_args import FlagError
 
 ENV = "TRT_LLM_CPU_KERNELS"
 VNNI_FLAGS = {"avx512_vnni", "avx512vl", "avx512bw", "f16c", "fma"}  # /proc/cpuinfo's names
@@ -29,7 +31,7 @@ log = logging.getLogger(__name__)
 def mode() -> str:
     value = os.environ.get(ENV, "auto").strip().lower() or "auto"
     if value not in ("auto", "0", "1", "c"):
-        raise ValueError(f"{ENV} must be auto, 0, 1 or c, got {value!r}")
+        raise FlagError(f"{ENV} must be auto, 0, 1 or c, got {value!r}")
     return value
 
 
@@ -69,7 +71,7 @@ def _choice() -> tuple[Path | None, str]:
         path = library()
     except LibraryUnavailable as error:
         if wanted != "auto":
-            raise RuntimeError(f"{ENV}={wanted}: {error}") from None
+            raise FlagError(f"{ENV}={wanted}: {error}") from None
         _warn_once(str(error))
         return None, f"our kernels not built: {error}"
     return path, "plain C" if wanted == "c" or not cpu_supported() else "AVX-512 VNNI"
