@@ -87,8 +87,8 @@ def offline_graph(engine_path: Path) -> Path | None:
 
 def open_session(engine_path: Path, options):
     """An ONNX Runtime session on a cpu component's engine graph (`options`: its SessionOptions,
-    changed here); returns (session, the graph it runs). An optimised graph's weight-only matmuls run
-    on our kernels where they are built (cpu_kernels.adopt), else on MatMulNBits as written."""
+    changed here); returns (session, the graph it runs). Its weight-only matmuls and attention run on our
+    kernels where they are built (cpu_kernels.adopt), else on ONNX Runtime's as written."""
     import onnxruntime as ort
 
     engine_path = Path(engine_path)
@@ -96,25 +96,25 @@ def open_session(engine_path: Path, options):
         record = _record(engine_path.with_name(engine_path.name.removesuffix(OPTIMISED_SUFFIX) + ".opt.json"))
         if os.environ.get(OFFLINE_ENV, "1") != "0" and record == offline_key():
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # only its kernels made
-            return _optimised_session(engine_path, options), engine_path
+            return _adopted_session(engine_path, options), engine_path
         if (record or {}).get("matmul_accuracy_level") == MATMUL_ACCURACY_LEVEL:
-            return _optimised_session(engine_path, options), engine_path
-        return _optimised_session(_at_accuracy_level(engine_path, options), options, engine_path.parent), engine_path
+            return _adopted_session(engine_path, options), engine_path
+        return _adopted_session(_at_accuracy_level(engine_path, options), options, engine_path.parent), engine_path
     offline = offline_graph(engine_path)
     if offline is not None:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         try:
-            return _optimised_session(offline, options), offline
+            return _adopted_session(offline, options), offline
         except Exception as error:  # a damaged optimised copy: the lowered graph still serves
             log.warning("%s: cannot load (%s); optimising %s instead", offline,
                         (str(error).strip().splitlines() or [type(error).__name__])[0][:200], engine_path)
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    return _session(str(engine_path), options), engine_path
+    return _adopted_session(engine_path, options), engine_path
 
 
-def _optimised_session(graph: Path | bytes, options, weights_folder: Path | None = None):
-    """A session on an optimised graph (a path, or a serialized model whose weights lie in
-    `weights_folder`): its MatMulNBits are in the graph, so our kernels can take them."""
+def _adopted_session(graph: Path | bytes, options, weights_folder: Path | None = None):
+    """A session on a graph (a path, or a serialized model whose weights lie in `weights_folder`) with the
+    nodes our kernels take swapped in (an optimised graph's MatMulNBits, any float32 graph's attention)."""
     from trt_llm.runtime.backends import cpu_kernels
 
     graph = cpu_kernels.adopt(graph, options, weights_folder or Path(graph).parent)

@@ -1,11 +1,14 @@
 """Kernels of our own for ONNX Runtime's CPU provider (custom ops, domain `trt_llm.cpu`).
 
 `MatMulBlocks8` (`matmul_blocks.c`) stands in for MatMulNBits' 4- and 8-bit blocks (of 32 or a multiple) at accuracy
-level 4: the weight-only matmuls of an int4 / int8 engine, most of a decode step. It runs on packed
+level 4: the weight-only matmuls of an int4 / int8 engine, most of a decode step. `CachedAttention`
+(`attention.c`) stands in for the GroupQueryAttention our lowering writes, in every float32 engine: a token's
+output then has the same bits in a decode step and in a verification pass of several tokens (prompt
+lookup, EAGLE), which GroupQueryAttention's matrix products over the whole pass do not give. It runs on packed
 matrices (`blocks.c`). (A QMoE kernel on them was measured no faster than ONNX Runtime's QMoE at level 4
 at decode and slower at prefill: benchmarks/results/2026-12-07/moe_op.txt; not kept.) The engine on disk
-is unchanged (MatMulNBits nodes and their weights); as a session opens, `adopt` swaps the op type of
-the nodes the kernel takes (rewrite.py) and registers the library (library.py, compiled by
+is unchanged (MatMulNBits and GroupQueryAttention nodes, their weights); as a session opens, `adopt` swaps
+the nodes the kernels take (rewrite.py) and registers the library (library.py, compiled by
 scripts/setup.sh into a per-user cache). Where there is no library, the CPU has no AVX-512 VNNI, or
 TRT_LLM_CPU_KERNELS=0, the graph runs as written, on ONNX Runtime's own kernels.
 
@@ -53,9 +56,11 @@ def library_path() -> Path | None:
 
 
 def describe() -> str:
-    """One line on what a session here runs its int4 / int8 matmuls on (benchmarks record it)."""
+    """One line on what a session here runs its int4 / int8 matmuls and attention on (benchmarks record it)."""
     path, why = _choice()
-    return f"MatMulNBits ({why})" if path is None else f"trt_llm.cpu::MatMulBlocks8 ({why}, {path.parent.name})"
+    if path is None:
+        return f"MatMulNBits, GroupQueryAttention ({why})"
+    return f"trt_llm.cpu::MatMulBlocks8, CachedAttention ({why}, {path.parent.name})"
 
 
 def _choice() -> tuple[Path | None, str]:
@@ -88,16 +93,17 @@ def adopt(graph: Path | bytes, options, weights_folder: Path) -> Path | bytes:
     `options`; `graph` itself where none is swapped."""
     import onnx
 
-    from trt_llm.runtime.backends.cpu_kernels.rewrite import swap_matmuls
+    from trt_llm.runtime.backends.cpu_kernels.rewrite import swap_attention, swap_matmuls
 
     path = library_path()
     if path is None:
         return graph
     model = onnx.load(str(graph), load_external_data=False) if isinstance(graph, Path) else onnx.load_from_string(graph)
-    swapped = swap_matmuls(model)
-    if not swapped:
+    matmuls, attention = swap_matmuls(model), swap_attention(model)
+    if not matmuls and not attention:
         return graph
-    log.info("%s: %d matmuls on trt_llm.cpu's kernels (%s)", getattr(graph, "name", "graph"), swapped, path)
+    log.info("%s: %d matmuls and %d attention nodes on trt_llm.cpu's kernels (%s)", getattr(graph, "name", "graph"),
+             matmuls, attention, path)
     options.register_custom_ops_library(str(path))
     options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(weights_folder))
     return model.SerializeToString()

@@ -145,7 +145,9 @@ static OrtCustomOp matmul_blocks8 = {
   .GetInputCharacteristic = required, .GetOutputCharacteristic = required, .GetInputMemoryType = cpu_memory,
 };
 
-/* Every session of the process registers this same op (static, never rewritten: ORT reads its
+HIDDEN OrtCustomOp *attention_op(const OrtApi *ort);  /* attention.c's CachedAttention */
+
+/* Every session of the process registers these same ops (static, never rewritten: ORT reads its
  * functions at each run). */
 __attribute__((visibility("default"))) OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options,
                                                                                  const OrtApiBase *base) {
@@ -154,5 +156,6 @@ __attribute__((visibility("default"))) OrtStatus *ORT_API_CALL RegisterCustomOps
   OrtCustomOpDomain *domain;
   TRY(api->CreateCustomOpDomain("trt_llm.cpu", &domain));
   TRY(api->CustomOpDomain_Add(domain, &matmul_blocks8));
+  TRY(api->CustomOpDomain_Add(domain, attention_op(api)));
   return api->AddCustomOpDomain(options, domain);
 }

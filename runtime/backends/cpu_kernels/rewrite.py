@@ -1,4 +1,5 @@
-"""Which MatMulNBits nodes our kernel takes, and the swap (the node keeps its inputs and attributes)."""
+"""Which nodes our kernels take, and the swaps: MatMulNBits -> MatMulBlocks8 (the node keeps its inputs and
+attributes), GroupQueryAttention -> CachedAttention (the inputs our lowering gives it, compacted)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,19 @@ from onnx import TensorProto, helper
 
 DOMAIN = "trt_llm.cpu"
 OP = "MatMulBlocks8"
+ATTENTION_OP = "CachedAttention"
+# GroupQueryAttention's attributes CachedAttention computes, and those it takes only at these values (an
+# optimised graph spells out every default); others, or other values: the node is left to ONNX Runtime
+ATTENTION_ATTRIBUTES = {"num_heads", "kv_num_heads", "scale", "local_window_size", "softcap"}
+ATTENTION_FIXED = {"do_rotary": (1,), "rotary_interleaved": (0,), "causal": (1,), "smooth_softmax": (-1, 0),
+                   "sliding_window_cache": (0,), "qk_output": (0,), "k_quant_type": (b"NONE",),
+                   "v_quant_type": (b"NONE",)}
+ATTENTION_IGNORED = {"qk_norm_epsilon"}  # (of q/k norm weights, inputs it is never given)
+# its inputs, as plugins/attention.lower_for_onnxruntime gives them: (index, required), in CachedAttention's
+# order; total_sequence_length (6: the capacity, which the cache's shape says) is dropped, the rest are empty
+ATTENTION_INPUTS = ((0, True), (3, True), (4, True), (5, True), (7, True), (8, True), (9, True), (16, True),
+                    (10, False))
+DROPPED_INPUTS = {6}
 ACCURACY_LEVEL = 4  # int8 activations per block of 32: what the kernel computes
 
 
@@ -52,4 +66,50 @@ def _swap(graph: onnx.GraphProto, outer: dict[str, onnx.TensorProto]) -> int:
             del node.input[3:]
             node.op_type, node.domain = OP, DOMAIN
             swapped += 1
+    return swapped
+
+
+def takes_attention(node: onnx.NodeProto, float_values: set[str]) -> bool:
+    """A GroupQueryAttention as our lowering writes it (packed qkv, a cache bound in place, rotary in the op
+    with its tables and positions, query lengths), in float32, with no attribute CachedAttention lacks."""
+    if node.op_type != "GroupQueryAttention" or node.domain != "com.microsoft":
+        return False
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if not set(attributes) <= ATTENTION_ATTRIBUTES | set(ATTENTION_FIXED) | ATTENTION_IGNORED:
+        return False
+    if attributes.get("do_rotary") != 1 or any(attributes[name] not in values
+                                                for name, values in ATTENTION_FIXED.items() if name in attributes):
+        return False
+    inputs = list(node.input) + [""] * (17 - len(node.input))
+    used = {index for index, _ in ATTENTION_INPUTS} | DROPPED_INPUTS
+    if len(node.input) > 17 or any(name for i, name in enumerate(inputs) if i not in used):
+        return False
+    if not all(inputs[i] for i, required in ATTENTION_INPUTS if required):
+        return False
+    return node.input[3] in float_values
+
+
+def swap_attention(model: onnx.ModelProto) -> int:
+    """Swap every GroupQueryAttention `takes_attention` accepts for CachedAttention, in place; how many."""
+    graph = model.graph
+    float_values = {v.name for v in (*graph.input, *graph.output, *graph.value_info)
+                    if v.type.tensor_type.elem_type == TensorProto.FLOAT}
+    swapped = 0
+    for node in graph.node:
+        if not takes_attention(node, float_values):
+            continue
+        inputs = list(node.input) + [""] * (17 - len(node.input))
+        compact = [inputs[i] for i, _ in ATTENTION_INPUTS]
+        if not compact[-1]:
+            compact.pop()
+        kept = [a for a in node.attribute if a.name in ("num_heads", "kv_num_heads", "scale", "local_window_size",
+                                                         "softcap")]
+        del node.attribute[:]
+        node.attribute.extend(kept)
+        del node.input[:]
+        node.input.extend(compact)
+        node.op_type, node.domain = ATTENTION_OP, DOMAIN
+        swapped += 1
+    if swapped and not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return swapped

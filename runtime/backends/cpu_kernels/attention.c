@@ -1,0 +1,383 @@
+/* trt_llm.cpu::CachedAttention: the cpu backend's attention (ONNX Runtime's GroupQueryAttention as
+ * plugins/attention.py lowers our op to it) as a kernel of our own, so that a token's output has the
+ * same bits whichever pass computes it: alone in a decode step, in a prompt-lookup or EAGLE
+ * verification pass of several tokens, beside other rows of a batch. GroupQueryAttention does not give
+ * that: its products are matrix products over the whole pass (measured: a token's output differs in
+ * the last bits between a 1-token and a 5-token pass), which int8 activations then turn into another
+ * token now and then. Here each (row, new token, query head) is computed alone over exactly the keys
+ * it sees, in their order, whatever their slots.
+ *
+ * Inputs (rewrite.swap_attention takes them from the GroupQueryAttention node):
+ *   0 qkv           float [B, S, (Hq + 2 Hkv) D]   packed projection: q heads, k heads, v heads
+ *   1 past_key      float [B, Hkv, L, D]           the cache (past and present one buffer where the
+ *   2 past_value    float [B, Hkv, L, D]            runtime binds them so: then written in place)
+ *   3 seqlens_k     int32 [B]                      past + new - 1
+ *   4 cos_cache     float [P, R/2]                 rotary rows (rotate-half over the first R dims)
+ *   5 sin_cache     float [P, R/2]
+ *   6 position_ids  int64 [B, S]                   each new token's rotary row
+ *   7 query_lengths int32 [B]                      new tokens per row (right-padded; 0 = idle)
+ *   8 attention_bias float [B, 1, S, L], optional  added to the scores; -inf hides a key (a tree)
+ * Attributes: num_heads, kv_num_heads, scale (0: 1/sqrt(D)), local_window_size (W > 0: a token in slot
+ * q sees slots q - W + 1 .. q), softcap (c > 0: c * tanh(score / c) after the scale).
+ * Outputs: [B, S, Hq D] (zeros at padded tokens), present_key, present_value (the caches with the new
+ * tokens' rotated keys and values at slots past .. past + new - 1).
+ *
+ * A token's scores are taken over its visible keys only, compacted in slot order, then softmax (exp
+ * of score - max, summed in lanes of 16 from the first visible key) and the values' weighted sum in
+ * that order: the same sequence of operations for the same keys, so the same bits. AVX-512 where the
+ * CPU has it and D is a multiple of 16, plain C elsewhere (each self-consistent).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "blocks.h"
+#include "onnxruntime_c_api.h"
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+static const OrtApi *api;
+
+#define TRY(x) do { OrtStatus *s_ = (x); if (s_) return s_; } while (0)
+enum { MAX_HEAD = 1024, BATCHES = 16 };
+
+typedef struct { int64_t Hq, Hkv, window; float scale, softcap; int avx512; } attention;
+
+typedef struct {
+  const attention *a;
+  int64_t B, S, D, L, P, half, bias_len;
+  const float *qkv, *cos, *sin, *bias;
+  const int64_t *pos;
+  const int32_t *past, *count;
+  float *keys, *values, *out;
+  float scale;
+  int avx512;
+  size_t units, units_per_batch;
+} call;
+
+/* x[0:half] and x[half:2 half] turned by the row's angles (rotate-half), the rest copied */
+static void rotate(const float *x, const float *c, const float *s, int64_t half, int64_t D, float *y) {
+  for (int64_t i = 0; i < half; i++) {
+    float x1 = x[i], x2 = x[half + i];
+    y[i] = x1 * c[i] - x2 * s[i];
+    y[half + i] = x2 * c[i] + x1 * s[i];
+  }
+  for (int64_t i = 2 * half; i < D; i++) y[i] = x[i];
+}
+
+/* ---------------- one token's attention for one query head: plain C ---------------- */
+static void head_c(const call *c, const float *q, const float *keys, const float *values, const int32_t *idx,
+                   int64_t n, const float *bias, float *scores, float *y) {
+  const int64_t D = c->D;
+  float top = -INFINITY;
+  for (int64_t i = 0; i < n; i++) {
+    const float *k = keys + idx[i] * D;
+    float dot = 0.f;
+    for (int64_t d = 0; d < D; d++) dot += q[d] * k[d];
+    float s = dot * c->scale;
+    if (c->a->softcap > 0.f) s = c->a->softcap * tanhf(s / c->a->softcap);
+    if (bias) s += bias[idx[i]];
+    scores[i] = s;
+    if (s > top) top = s;
+  }
+  float sum = 0.f;
+  for (int64_t i = 0; i < n; i++) sum += scores[i] = expf(scores[i] - top);
+  for (int64_t d = 0; d < D; d++) y[d] = 0.f;
+  for (int64_t i = 0; i < n; i++) {
+    const float *v = values + idx[i] * D;
+    for (int64_t d = 0; d < D; d++) y[d] += scores[i] * v[d];
+  }
+  float inv = 1.f / sum;
+  for (int64_t d = 0; d < D; d++) y[d] *= inv;
+}
+
+/* ---------------- the same with AVX-512 (D a multiple of 16) ---------------- */
+#if defined(__x86_64__)
+#define AVX512 __attribute__((target("avx512f,fma")))
+
+/* e^x for x <= 0 (a score less the row's maximum): Cephes' expf polynomial, 2^n by scalef */
+AVX512 static inline __m512 exp_avx512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(y, n);
+}
+
+AVX512 static inline float dot_avx512(const float *q, const float *k, int64_t D) {
+  __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(k));
+  for (int64_t d = 16; d < D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), acc);
+  return _mm512_reduce_add_ps(acc);
+}
+
+AVX512 static void head_avx512(const call *c, const float *q, const float *keys, const float *values,
+                               const int32_t *idx, int64_t n, const float *bias, float *scores, float *y) {
+  const int64_t D = c->D;
+  const float softcap = c->a->softcap;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {  /* four keys at once: independent chains, each key's the same operations */
+    float s0 = dot_avx512(q, keys + idx[i] * D, D), s1 = dot_avx512(q, keys + idx[i + 1] * D, D);
+    float s2 = dot_avx512(q, keys + idx[i + 2] * D, D), s3 = dot_avx512(q, keys + idx[i + 3] * D, D);
+    scores[i] = s0 * c->scale; scores[i + 1] = s1 * c->scale;
+    scores[i + 2] = s2 * c->scale; scores[i + 3] = s3 * c->scale;
+  }
+  for (; i < n; i++) scores[i] = dot_avx512(q, keys + idx[i] * D, D) * c->scale;
+  for (i = 0; i < n; i++) {
+    if (softcap > 0.f) scores[i] = softcap * tanhf(scores[i] / softcap);
+    if (bias) scores[i] += bias[idx[i]];
+  }
+  __m512 top = _mm512_set1_ps(-INFINITY);
+  for (i = 0; i < n; i += 16) {
+    __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+    top = _mm512_max_ps(top, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, scores + i));
+  }
+  __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(top)), sum = _mm512_setzero_ps();
+  for (i = 0; i < n; i += 16) {
+    __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+    __m512 e = _mm512_maskz_mov_ps(m, exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + i), shift)));
+    _mm512_mask_storeu_ps(scores + i, m, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sum));
+  for (int64_t d = 0; d < D; d += 64) {  /* up to 64 output dims in registers while the values stream */
+    const int64_t w = D - d >= 64 ? 4 : (D - d) / 16;
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (i = 0; i < n; i++) {
+      const __m512 p = _mm512_set1_ps(scores[i]);
+      const float *v = values + idx[i] * D + d;
+      for (int64_t j = 0; j < w; j++) acc[j] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 16 * j), acc[j]);
+    }
+    for (int64_t j = 0; j < w; j++) _mm512_storeu_ps(y + d + 16 * j, _mm512_mul_ps(acc[j], inv));
+  }
+}
+#endif
+
+/* unit u: row b, new token s, query head h; scratch: room for L slot indices and L + 16 scores */
+static void run_unit(const call *c, size_t u, int32_t *idx, float *scores) {
+  const attention *a = c->a;
+  const int64_t D = c->D, h = (int64_t)u % a->Hq, s = ((int64_t)u / a->Hq) % c->S, b = (int64_t)u / (a->Hq * c->S);
+  float *y = c->out + ((b * c->S + s) * a->Hq + h) * D;
+  if (s >= c->count[b]) {
+    memset(y, 0, sizeof(float) * (size_t)D);
+    return;
+  }
+  float q[MAX_HEAD];
+  const int64_t position = c->pos[b * c->S + s];
+  rotate(c->qkv + ((b * c->S + s) * (a->Hq + 2 * a->Hkv) + h) * D, c->cos + position * c->half,
+         c->sin + position * c->half, c->half, D, q);
+  const int64_t kv = h / (a->Hq / a->Hkv), slot = c->past[b] + s;
+  const int64_t first = a->window > 0 && slot - a->window + 1 > 0 ? slot - a->window + 1 : 0;
+  const float *bias = c->bias ? c->bias + (b * c->S + s) * c->bias_len : NULL;
+  int64_t n = 0;
+  for (int64_t j = first; j <= slot; j++)
+    if (!bias || bias[j] != -INFINITY) idx[n++] = (int32_t)j;
+  if (n == 0) {  /* (a bias that hides every key: nothing to attend to) */
+    memset(y, 0, sizeof(float) * (size_t)D);
+    return;
+  }
+  const float *keys = c->keys + (b * a->Hkv + kv) * c->L * D, *values = c->values + (b * a->Hkv + kv) * c->L * D;
+#if defined(__x86_64__)
+  if (c->avx512) head_avx512(c, q, keys, values, idx, n, bias, scores, y);
+  else
+#endif
+    head_c(c, q, keys, values, idx, n, bias, scores, y);
+}
+
+/* batch i of the units: units_per_batch of them on one thread, with one scratch */
+static void run_batch(void *p, size_t i) {
+  const call *c = (const call *)p;
+  const size_t start = i * c->units_per_batch, end = start + c->units_per_batch < c->units ? start + c->units_per_batch : c->units;
+  int32_t *idx = malloc(sizeof(int32_t) * (size_t)c->L);
+  float *scores = malloc(sizeof(float) * (size_t)(c->L + 16));
+  for (size_t u = start; u < end; u++) {
+    if (idx && scores) run_unit(c, u, idx, scores);
+    else {  /* (the output cannot say it: NaN rather than a quiet wrong answer) */
+      float *y = c->out + u * (size_t)c->D;
+      for (int64_t d = 0; d < c->D; d++) y[d] = NAN;
+    }
+  }
+  free(idx); free(scores);
+}
+
+static OrtStatus *fail(const char *msg) { return api->CreateStatus(ORT_INVALID_ARGUMENT, msg); }
+
+static OrtStatus *dims_of(const OrtValue *v, int64_t *dims, size_t *rank, size_t most) {
+  OrtTensorTypeAndShapeInfo *info;
+  TRY(api->GetTensorTypeAndShape(v, &info));
+  OrtStatus *st = api->GetDimensionsCount(info, rank);
+  if (!st && *rank > most) st = fail("CachedAttention: an input has too many dimensions");
+  if (!st) st = api->GetDimensions(info, dims, *rank);
+  api->ReleaseTensorTypeAndShapeInfo(info);
+  return st;
+}
+
+static OrtStatus *input(OrtKernelContext *ctx, size_t i, const OrtValue **v, int64_t *dims, size_t rank) {
+  size_t got;
+  TRY(api->KernelContext_GetInput(ctx, i, v));
+  if (!*v) return fail("CachedAttention: a required input is missing");
+  TRY(dims_of(*v, dims, &got, 4));
+  if (got != rank) return fail("CachedAttention: an input's rank is not the op's (qkv 3, caches 4, lengths 1, "
+                               "rotary tables 2, positions 2, bias 4)");
+  return NULL;
+}
+
+static OrtStatus *compute(void *kernel, OrtKernelContext *ctx) {
+  const attention *a = (const attention *)kernel;
+  const OrtValue *v[9] = {0};
+  int64_t qd[4], kd[4], vd[4], sd[4], cd[4], sn[4], pd[4], ld[4], bd[4];
+  static const size_t ranks[8] = {3, 4, 4, 1, 2, 2, 2, 1};
+  int64_t *dims[9] = {qd, kd, vd, sd, cd, sn, pd, ld, bd};
+  for (size_t i = 0; i < 8; i++) TRY(input(ctx, i, &v[i], dims[i], ranks[i]));
+  size_t count = 0;
+  TRY(api->KernelContext_GetInputCount(ctx, &count));
+  if (count > 8) {
+    TRY(api->KernelContext_GetInput(ctx, 8, &v[8]));
+    if (v[8]) {
+      size_t rank;
+      TRY(dims_of(v[8], bd, &rank, 4));
+      if (rank != 4) return fail("CachedAttention: attention_bias must be [B, 1, S, L]");
+    }
+  }
+  const int64_t B = qd[0], S = qd[1], heads = a->Hq + 2 * a->Hkv;
+  if (qd[2] % heads) return fail("CachedAttention: qkv's last dimension must be (num_heads + 2 kv_num_heads) head_size");
+  const int64_t D = qd[2] / heads, L = kd[2];
+  if (D > MAX_HEAD) return fail("CachedAttention: head_size above 1024");
+  for (int i = 1; i < 3; i++)
+    if (dims[i][0] != B || dims[i][1] != a->Hkv || dims[i][2] != L || dims[i][3] != D)
+      return fail("CachedAttention: past_key and past_value must be [B, kv_num_heads, L, head_size]");
+  if (sd[0] != B || ld[0] != B || pd[0] != B || pd[1] != S)
+    return fail("CachedAttention: seqlens_k and query_lengths must be [B], position_ids [B, S]");
+  if (cd[0] != sn[0] || cd[1] != sn[1] || 2 * cd[1] > D)
+    return fail("CachedAttention: cos_cache and sin_cache must be [P, R/2] with R <= head_size");
+  if (v[8] && (bd[0] != B || bd[1] != 1 || bd[2] != S))
+    return fail("CachedAttention: attention_bias must be [B, 1, S, L]");
+  call c = {.a = a, .B = B, .S = S, .D = D, .L = L, .P = cd[0], .half = cd[1], .bias_len = v[8] ? bd[3] : 0,
+            .scale = a->scale > 0.f ? a->scale : 1.f / sqrtf((float)D), .avx512 = a->avx512 && D % 16 == 0};
+  const float *past_k, *past_v;
+  const int32_t *seqlens, *lengths;
+  TRY(api->GetTensorMutableData((OrtValue *)v[0], (void **)&c.qkv));
+  TRY(api->GetTensorMutableData((OrtValue *)v[1], (void **)&past_k));
+  TRY(api->GetTensorMutableData((OrtValue *)v[2], (void **)&past_v));
+  TRY(api->GetTensorMutableData((OrtValue *)v[3], (void **)&seqlens));
+  TRY(api->GetTensorMutableData((OrtValue *)v[4], (void **)&c.cos));
+  TRY(api->GetTensorMutableData((OrtValue *)v[5], (void **)&c.sin));
+  TRY(api->GetTensorMutableData((OrtValue *)v[6], (void **)&c.pos));
+  TRY(api->GetTensorMutableData((OrtValue *)v[7], (void **)&lengths));
+  if (v[8]) TRY(api->GetTensorMutableData((OrtValue *)v[8], (void **)&c.bias));
+  OrtValue *out, *pk, *pv;
+  int64_t od[3] = {B, S, a->Hq * D};
+  TRY(api->KernelContext_GetOutput(ctx, 0, od, 3, &out));
+  TRY(api->KernelContext_GetOutput(ctx, 1, kd, 4, &pk));
+  TRY(api->KernelContext_GetOutput(ctx, 2, vd, 4, &pv));
+  TRY(api->GetTensorMutableData(out, (void **)&c.out));
+  TRY(api->GetTensorMutableData(pk, (void **)&c.keys));
+  TRY(api->GetTensorMutableData(pv, (void **)&c.values));
+  const size_t cache_bytes = sizeof(float) * (size_t)(B * a->Hkv * L * D);
+  if (c.keys != past_k) memcpy(c.keys, past_k, cache_bytes);  /* (not bound in place: present = past first) */
+  if (c.values != past_v) memcpy(c.values, past_v, cache_bytes);
+  int32_t *past = malloc(sizeof(int32_t) * (size_t)(2 * B));
+  if (!past) return api->CreateStatus(ORT_FAIL, "CachedAttention: out of memory");
+  int32_t *counts = past + B;
+  OrtStatus *st = NULL;
+  for (int64_t b = 0; b < B && !st; b++) {
+    counts[b] = lengths[b] < 0 ? 0 : lengths[b] > S ? (int32_t)S : lengths[b];
+    past[b] = seqlens[b] + 1 - counts[b];
+    if (past[b] < 0 || past[b] + counts[b] > L) st = fail("CachedAttention: a row's tokens pass the cache's capacity");
+    for (int64_t s = 0; s < counts[b] && !st; s++)
+      if (c.pos[b * S + s] < 0 || c.pos[b * S + s] >= c.P) st = fail("CachedAttention: a position past the rotary table");
+    if (c.bias && c.bias_len < past[b] + counts[b]) st = fail("CachedAttention: attention_bias shorter than a row's slots");
+  }
+  c.past = past; c.count = counts;
+  /* the new tokens' keys (rotated) and values into their slots, before any token reads them */
+  for (int64_t b = 0; b < B && !st; b++)
+    for (int64_t s = 0; s < counts[b]; s++) {
+      const float *row = c.qkv + (b * S + s) * heads * D;
+      const int64_t position = c.pos[b * S + s];
+      for (int64_t h = 0; h < a->Hkv; h++) {
+        float *k = c.keys + ((b * a->Hkv + h) * L + past[b] + s) * D;
+        float *val = c.values + ((b * a->Hkv + h) * L + past[b] + s) * D;
+        rotate(row + (a->Hq + h) * D, c.cos + position * c.half, c.sin + position * c.half, c.half, D, k);
+        memcpy(val, row + (a->Hq + a->Hkv + h) * D, sizeof(float) * (size_t)D);
+      }
+    }
+  /* BATCHES tasks at most (ONNX Runtime runs each index given to ParallelFor as a task of its own) */
+  c.units = (size_t)(B * S * a->Hq);
+  if (!st && c.units <= 2) {  /* (not worth waking the threads) */
+    c.units_per_batch = c.units;
+    run_batch(&c, 0);
+  } else if (!st) {
+    c.units_per_batch = (c.units + BATCHES - 1) / BATCHES;
+    st = api->KernelContext_ParallelFor(ctx, run_batch, (c.units + c.units_per_batch - 1) / c.units_per_batch, 0, &c);
+  }
+  free(past);
+  return st;
+}
+
+/* an optional attribute: its value, else `fallback` */
+static int64_t int_or(const OrtKernelInfo *info, const char *name, int64_t fallback) {
+  int64_t value;
+  OrtStatus *st = api->KernelInfoGetAttribute_int64(info, name, &value);
+  if (st) { api->ReleaseStatus(st); return fallback; }
+  return value;
+}
+
+static float float_or(const OrtKernelInfo *info, const char *name, float fallback) {
+  float value;
+  OrtStatus *st = api->KernelInfoGetAttribute_float(info, name, &value);
+  if (st) { api->ReleaseStatus(st); return fallback; }
+  return value;
+}
+
+static OrtStatus *create_kernel(const OrtCustomOp *op, const OrtApi *unused, const OrtKernelInfo *info, void **out) {
+  const int64_t hq = int_or(info, "num_heads", 0), hkv = int_or(info, "kv_num_heads", 0);
+  const int64_t window = int_or(info, "local_window_size", -1);
+  const float scale = float_or(info, "scale", 0.f), softcap = float_or(info, "softcap", 0.f);
+  if (hq <= 0 || hkv <= 0 || hq % hkv)
+    return fail("CachedAttention: needs attributes num_heads and kv_num_heads (a divisor of it)");
+  attention *a = calloc(1, sizeof *a);
+  if (!a) return api->CreateStatus(ORT_FAIL, "CachedAttention: out of memory");
+  *a = (attention){.Hq = hq, .Hkv = hkv, .window = window, .scale = scale, .softcap = softcap, .avx512 = 0};
+#if defined(__x86_64__)
+  const char *env = getenv("TRT_LLM_CPU_KERNELS");
+  __builtin_cpu_init();
+  a->avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma") && !(env && strcmp(env, "c") == 0);
+#endif
+  *out = a;
+  return NULL;
+}
+
+static void destroy(void *kernel) { free(kernel); }
+static const char *op_name(const OrtCustomOp *op) { return "CachedAttention"; }
+static const char *provider(const OrtCustomOp *op) { return "CPUExecutionProvider"; }
+static ONNXTensorElementDataType in_type(const OrtCustomOp *op, size_t i) {
+  return i == 3 || i == 7 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32
+         : i == 6         ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64
+                          : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+static ONNXTensorElementDataType out_type(const OrtCustomOp *op, size_t i) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+static size_t nine(const OrtCustomOp *op) { return 9; }
+static size_t three(const OrtCustomOp *op) { return 3; }
+static OrtCustomOpInputOutputCharacteristic in_kind(const OrtCustomOp *op, size_t i) {
+  return i == 8 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+}
+static OrtCustomOpInputOutputCharacteristic required(const OrtCustomOp *op, size_t i) { return INPUT_OUTPUT_REQUIRED; }
+static OrtMemType cpu_memory(const OrtCustomOp *op, size_t i) { return OrtMemTypeDefault; }
+
+static OrtCustomOp cached_attention = {
+  .version = ORT_API_VERSION, .CreateKernelV2 = create_kernel, .GetName = op_name,
+  .GetExecutionProviderType = provider, .GetInputType = in_type, .GetInputTypeCount = nine,
+  .GetOutputType = out_type, .GetOutputTypeCount = three, .KernelComputeV2 = compute, .KernelDestroy = destroy,
+  .GetInputCharacteristic = in_kind, .GetOutputCharacteristic = required, .GetInputMemoryType = cpu_memory,
+};
+
+HIDDEN OrtCustomOp *attention_op(const OrtApi *ort) {
+  api = ort;
+  return &cached_attention;
+}
