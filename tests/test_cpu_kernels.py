@@ -127,6 +127,51 @@ def test_the_kernel_computes_what_matmul_nbits_does(built, path, bits, scales_ki
                 assert np.abs(got - exact).mean() <= 1.1 * np.abs(run(model, a) - exact).mean()
 
 
+def with_offsets(model: onnx.ModelProto, offsets: np.ndarray) -> onnx.ModelProto:
+    """`model` (one MatMulNBits) plus a Q4_1 file's offsets as plugins/weight_only_matmul.py lowers them:
+    Y = MatMulNBits(A) + ReduceSum(Reshape(A, [..., K/O, O]), -1) @ offsets."""
+    group = model.graph.node[0].attribute
+    K = next(a.i for a in group if a.name == "K")
+    o = K // offsets.shape[0]
+    model.graph.node[0].output[0] = "blocks_product"
+    n = helper.make_node
+    model.graph.node.extend([
+        n("Shape", ["A"], ["leading"], start=0, end=-1),
+        n("Concat", ["leading", "last", "group"], ["block_shape"], axis=0),
+        n("Reshape", ["A", "block_shape"], ["x_blocks"]),
+        n("ReduceSum", ["x_blocks", "last"], ["block_sums"], keepdims=0),
+        n("MatMul", ["block_sums", "offsets"], ["offsets_product"]),
+        n("Add", ["blocks_product", "offsets_product"], ["Y"]),
+    ])
+    model.graph.initializer.extend([numpy_helper.from_array(np.array([-1], np.int64), "last"),
+                                    numpy_helper.from_array(np.array([o], np.int64), "group"),
+                                    numpy_helper.from_array(offsets, "offsets")])
+    return model
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_q4_1_files_offsets_are_folded_into_the_kernel(built, path, monkeypatch, tmp_path):
+    """The four float nodes that add a Q4_1 file's block offsets become the kernel's fourth input: the same
+    result as ONNX Runtime running them beside MatMulNBits, and a row's bits are its own in a pass of
+    several rows (the MatMul's were not)."""
+    monkeypatch.setenv(cpu_kernels.ENV, path)
+    rng = np.random.default_rng(5)
+    K, N = 576, 960
+    weights = rng.integers(0, 256, (N, K // 32, 16), dtype=np.uint8)
+    scales = rng.uniform(0.001, 0.05, N * K // 32).astype(np.float16).astype(np.float32)
+    offsets = rng.uniform(-0.1, 0.1, (K // 32, N)).astype(np.float16).astype(np.float32)
+    model = with_offsets(matmul_nbits(K, N, 4, weights, scales), offsets)
+    folded = onnx.ModelProto()
+    folded.CopyFrom(model)
+    assert rewrite.swap_matmuls(folded) == 1
+    assert [(n.op_type, len(n.input)) for n in folded.graph.node] == [(rewrite.OP, 4)]
+    a = rng.standard_normal((9, K)).astype(np.float32)
+    got = with_kernel(model, a, tmp_path)
+    np.testing.assert_allclose(got, run(model, a), rtol=0, atol=2e-6 * np.abs(got).max())
+    alone = np.concatenate([with_kernel(model, a[i:i + 1], tmp_path) for i in range(9)])
+    assert np.array_equal(alone, got)
+
+
 def test_the_swap_takes_only_what_the_kernel_computes():
     rng = np.random.default_rng(0)
     weights = rng.integers(0, 256, (24, 2, 16), dtype=np.uint8)

@@ -9,8 +9,12 @@
  *   B       uint8 [N, ceil(K/G), G * bits/8], constant: 4 bits, element 2j in byte j's low nibble, 2j+1
  *           in its high one; or 8 bits, one byte each; unsigned, zero point 8 or 128 (MatMulNBits' default)
  *   scales  float32 [N * ceil(K/G)], constant
- *   attributes K (a multiple of 32), N (of 8), bits (4 or 8), block_size (G: 32 or a multiple of it)
- *   Y       float32 [..., N] = A @ W^T, W[n, k] = (B[n, k] - zero) * scales[n, k/G]
+ *   offsets float32 [K/O, N], constant, optional (a Q4_1 file's block minimums: rewrite.fold_offsets
+ *           folds our lowering's ReduceSum + MatMul + Add that add them into the node)
+ *   attributes K (a multiple of 32), N (of 8), bits (4 or 8), block_size (G: 32 or a multiple of it),
+ *           offsets_group (O, with offsets: a divisor of K)
+ *   Y       float32 [..., N] = A @ W^T + sums(A) @ offsets, W[n, k] = (B[n, k] - zero) * scales[n, k/G],
+ *           sums(A)[b] = the sum of A's O values of block b (in float, in order: a row's own bits)
  * The weights are packed once at kernel creation (blocks.c); A's rows are quantized on the session's
  * intra-op threads, then the output's units of 16 columns are computed on them (KernelContext_ParallelFor).
  * Only ONNX Runtime's C API is used; its header comes from Debian's libonnxruntime-dev (headers.py).
@@ -24,23 +28,45 @@ static const OrtApi *api;
 
 #define TRY(x) do { OrtStatus *s_ = (x); if (s_) return s_; } while (0)
 
-typedef struct { const packed *k; q8_row *rows; int64_t M; float *y; const float *a; } job;
+/* the kernel: the packed matrix, and a Q4_1 file's offsets ([K/O, N]: copied) where the node has them */
+typedef struct { packed k; float *offsets; int64_t og; } node;
+
+typedef struct { const node *nd; const packed *k; q8_row *rows; float *sums; int64_t M; float *y; const float *a; } job;
 
 static void quantize_rows(void *p, size_t i) {  /* unit i: up to 8 rows of A */
   const job *j = (const job *)p;
-  for (int64_t m = (int64_t)i * 8; m < j->M && m < (int64_t)i * 8 + 8; m++)
-    quantize_row(j->a + m * j->k->K, j->k->K, (int)j->k->bits, &j->rows[m], j->k->vnni);
+  const int64_t K = j->k->K, og = j->nd->og;
+  for (int64_t m = (int64_t)i * 8; m < j->M && m < (int64_t)i * 8 + 8; m++) {
+    quantize_row(j->a + m * K, K, (int)j->k->bits, &j->rows[m], j->k->vnni);
+    for (int64_t b = 0; j->sums && b < K / og; b++) {
+      float s = 0.f;
+      for (int64_t e = 0; e < og; e++) s += j->a[m * K + b * og + e];
+      j->sums[m * (K / og) + b] = s;
+    }
+  }
 }
 
 static void run_unit(void *p, size_t i) {
   const job *j = (const job *)p;
-  packed_unit(j->k, i, j->rows, j->M, j->y, j->k->N);
+  const int64_t N = j->k->N;
+  packed_unit(j->k, i, j->rows, j->M, j->y, N);
+  if (!j->sums) return;
+  const int64_t n0 = (int64_t)i * UNIT, width = n0 + UNIT <= N ? UNIT : N - n0, nbo = j->k->K / j->nd->og;
+  for (int64_t m = 0; m < j->M; m++) {  /* + sums(A) @ offsets for the unit's columns, block by block */
+    float extra[UNIT] = {0};
+    for (int64_t b = 0; b < nbo; b++) {
+      const float s = j->sums[m * nbo + b], *off = j->nd->offsets + b * N + n0;
+      for (int64_t n = 0; n < width; n++) extra[n] += s * off[n];
+    }
+    for (int64_t n = 0; n < width; n++) j->y[m * N + n0 + n] += extra[n];
+  }
 }
 
 static OrtStatus *fail(OrtErrorCode code, const char *msg) { return api->CreateStatus(code, msg); }
 
 static OrtStatus *compute(void *kernel, OrtKernelContext *ctx) {
-  const packed *k = (const packed *)kernel;
+  const node *nd = (const node *)kernel;
+  const packed *k = &nd->k;
   const OrtValue *in_a; OrtValue *out; OrtTensorTypeAndShapeInfo *info;
   size_t rank; int64_t dims[16];
   TRY(api->KernelContext_GetInput(ctx, 0, &in_a));
@@ -62,11 +88,13 @@ static OrtStatus *compute(void *kernel, OrtKernelContext *ctx) {
   uint8_t *buf;
   q8_row *rows = q8_rows_new(M, k->K, &buf);
   if (!rows) return fail(ORT_FAIL, "MatMulBlocks8: out of memory");
-  job j = {k, rows, M, y, a};
+  float *sums = nd->offsets ? malloc(sizeof(float) * (size_t)(M * (k->K / nd->og))) : NULL;
+  if (nd->offsets && !sums) { free(buf); free(rows); return fail(ORT_FAIL, "MatMulBlocks8: out of memory"); }
+  job j = {nd, k, rows, sums, M, y, a};
   if (M <= 8) quantize_rows(&j, 0);  /* a decode step: not worth waking the threads */
   else st = api->KernelContext_ParallelFor(ctx, quantize_rows, (size_t)((M + 7) / 8), 0, &j);
   if (!st) st = api->KernelContext_ParallelFor(ctx, run_unit, packed_units(k), 0, &j);
-  free(buf); free(rows);
+  free(buf); free(rows); free(sums);
   return st;
 }
 
@@ -106,25 +134,48 @@ static OrtStatus *create_kernel(const OrtCustomOp *op, const OrtApi *a, const Or
   TRY(constant_input(info, 1, N * row_bytes, &src, shapes));
   TRY(constant_input(info, 2, N * groups, &scales, shapes));
   /* a scale of G inputs repeated over its G / 32 blocks (the activations round per 32: finer than per G) */
+  /* a Q4_1 file's offsets, where the node has them (rewrite.fold_offsets) */
+  size_t inputs = 0;
+  TRY(a->KernelInfo_GetInputCount(info, &inputs));
+  int64_t og = 0;
+  const void *offsets = NULL;
+  if (inputs > 3) {
+    static const char *needs_offsets = "MatMulBlocks8: offsets need an attribute offsets_group dividing K and an "
+                                       "initializer [K/offsets_group, N]";
+    TRY(int_attribute(info, "offsets_group", &og, needs_offsets));
+    if (og <= 0 || K % og) return a->CreateStatus(ORT_INVALID_ARGUMENT, needs_offsets);
+    TRY(constant_input(info, 3, K / og * N, &offsets, needs_offsets));
+  }
   float *per_block = G == QK ? (float *)scales : malloc(sizeof(float) * (size_t)(N * nb));
-  packed *k = calloc(1, sizeof *k);
+  node *nd = calloc(1, sizeof *nd);
+  packed *k = nd ? &nd->k : NULL;
+  if (nd && offsets) {
+    nd->og = og;
+    nd->offsets = malloc(sizeof(float) * (size_t)(K / og * N));
+    if (nd->offsets) memcpy(nd->offsets, offsets, sizeof(float) * (size_t)(K / og * N));
+    else k = NULL;
+  }
   if (per_block && per_block != scales)
     for (int64_t i = 0; i < N * nb; i++) per_block[i] = ((const float *)scales)[(i / nb) * groups + (i % nb) * QK / G];
   int failed = !per_block || !k || packed_init(k, K, N, (int)bits, (const uint8_t *)src, row_bytes, per_block);
   if (per_block != scales) free(per_block);
   if (failed) {
-    free(k);
+    if (nd) free(nd->offsets);
+    free(nd);
     return a->CreateStatus(ORT_FAIL, "MatMulBlocks8: out of memory for the packed weights");
   }
   let_go(src, (size_t)(N * row_bytes));
   let_go(scales, (size_t)(N * groups) * 4);
-  *out = k;
+  if (offsets) let_go(offsets, sizeof(float) * (size_t)(K / og * N));
+  *out = nd;
   return NULL;
 }
 
 static void destroy(void *kernel) {
-  packed_free((packed *)kernel);
-  free(kernel);
+  node *nd = (node *)kernel;
+  packed_free(&nd->k);
+  free(nd->offsets);
+  free(nd);
 }
 
 static const char *op_name(const OrtCustomOp *op) { return "MatMulBlocks8"; }
@@ -133,16 +184,19 @@ static ONNXTensorElementDataType in_type(const OrtCustomOp *op, size_t i) {
   return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 }
 static ONNXTensorElementDataType out_type(const OrtCustomOp *op, size_t i) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
-static size_t three(const OrtCustomOp *op) { return 3; }
+static size_t four(const OrtCustomOp *op) { return 4; }
 static size_t one(const OrtCustomOp *op) { return 1; }
 static OrtCustomOpInputOutputCharacteristic required(const OrtCustomOp *op, size_t i) { return INPUT_OUTPUT_REQUIRED; }
+static OrtCustomOpInputOutputCharacteristic in_kind(const OrtCustomOp *op, size_t i) {
+  return i == 3 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+}
 static OrtMemType cpu_memory(const OrtCustomOp *op, size_t i) { return OrtMemTypeDefault; }
 
 static OrtCustomOp matmul_blocks8 = {
   .version = ORT_API_VERSION, .CreateKernelV2 = create_kernel, .GetName = op_name,
-  .GetExecutionProviderType = provider, .GetInputType = in_type, .GetInputTypeCount = three,
+  .GetExecutionProviderType = provider, .GetInputType = in_type, .GetInputTypeCount = four,
   .GetOutputType = out_type, .GetOutputTypeCount = one, .KernelComputeV2 = compute, .KernelDestroy = destroy,
-  .GetInputCharacteristic = required, .GetOutputCharacteristic = required, .GetInputMemoryType = cpu_memory,
+  .GetInputCharacteristic = in_kind, .GetOutputCharacteristic = required, .GetInputMemoryType = cpu_memory,
 };
 
 HIDDEN OrtCustomOp *attention_op(const OrtApi *ort);  /* attention.c's CachedAttention */

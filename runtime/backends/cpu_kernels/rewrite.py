@@ -1,5 +1,6 @@
 """Which nodes our kernels take, and the swaps: MatMulNBits -> MatMulBlocks8 (the node keeps its inputs and
-attributes), GroupQueryAttention -> CachedAttention (the inputs our lowering gives it, compacted)."""
+attributes; a Q4_1 file's offsets, which our lowering adds in four nodes beside it, folded in),
+GroupQueryAttention -> CachedAttention (the inputs our lowering gives it, compacted)."""
 
 from __future__ import annotations
 
@@ -45,8 +46,11 @@ def takes(node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto]) -> bo
 
 
 def swap_matmuls(model: onnx.ModelProto) -> int:
-    """Swap every node `takes` accepts for ours, in place (a Loop's or If's body too); how many."""
+    """Swap every node `takes` accepts for ours, in place (a Loop's or If's body too), and fold the offsets
+    beside them (fold_offsets); how many swapped."""
     swapped = _swap(model.graph, {})
+    if swapped:
+        fold_offsets(model.graph)
     if swapped and not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return swapped
@@ -113,3 +117,67 @@ def swap_attention(model: onnx.ModelProto) -> int:
     if swapped and not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return swapped
+
+
+def fold_offsets(graph: onnx.GraphProto) -> int:
+    """Fold a Q4_1 file's offsets into the MatMulBlocks8 beside them, in place; how many. Our lowering
+    (plugins/weight_only_matmul.py) writes y = MatMulNBits(x) + ReduceSum(Reshape(x, [..., K/O, O])) @ offsets:
+    four float nodes a matmul (480 of SmolLM2's 1,100), whose MatMul's bits differ between a pass of one
+    row and of several. The kernel adds the same term per row (sums of O inputs in order)."""
+    initializers = {t.name: t for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for name in n.input:
+            readers.setdefault(name, []).append(n)
+    dropped, folded = set(), 0
+    for node in graph.node:
+        if node.op_type != OP or node.domain != DOMAIN or len(readers.get(node.output[0], [])) != 1:
+            continue
+        add = readers[node.output[0]][0]
+        other = [name for name in add.input if name != node.output[0]]
+        matmul = producer.get(other[0]) if add.op_type == "Add" and len(other) == 1 else None
+        if matmul is None or matmul.op_type != "MatMul" or len(readers[matmul.output[0]]) != 1:
+            continue
+        sums, offsets = producer.get(matmul.input[0]), initializers.get(matmul.input[1])
+        blocks = producer.get(sums.input[0]) if sums is not None and sums.op_type == "ReduceSum" else None
+        if (blocks is None or blocks.op_type != "Reshape" or blocks.input[0] != node.input[0] or offsets is None
+                or offsets.data_type != TensorProto.FLOAT or len(offsets.dims) != 2):
+            continue
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        K, N = attributes["K"], attributes["N"]
+        if offsets.dims[1] != N or K % offsets.dims[0] or _reduces_last_axis(sums, initializers) is not True:
+            continue
+        node.input.append(matmul.input[1])
+        node.attribute.append(helper.make_attribute("offsets_group", K // offsets.dims[0]))
+        node.output[0] = add.output[0]
+        dropped |= {id(add), id(matmul), id(sums), id(blocks)}
+        folded += 1
+    if folded:
+        kept = [n for n in graph.node if id(n) not in dropped]
+        _drop_unread(graph, kept)
+    return folded
+
+
+def _reduces_last_axis(node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto]) -> bool:
+    """A ReduceSum over its input's last axis only, dropping it."""
+    from onnx import numpy_helper
+
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if attributes.get("keepdims", 1) != 0 or len(node.input) < 2 or node.input[1] not in initializers:
+        return False
+    return numpy_helper.to_array(initializers[node.input[1]]).reshape(-1).tolist() == [-1]
+
+
+def _drop_unread(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
+    """graph's nodes := `nodes` less those (Shape, Concat: the folded Reshape's shape) whose outputs nothing
+    reads any more."""
+    outputs = {o.name for o in graph.output}
+    while True:
+        read = {name for n in nodes for name in n.input} | outputs
+        unread = [n for n in nodes if not any(o in read for o in n.output)]
+        if not unread:
+            break
+        nodes = [n for n in nodes if n not in unread]
+    del graph.node[:]
+    graph.node.extend(nodes)
