@@ -111,10 +111,32 @@ AVX512 static inline __m512 exp_avx512(__m512 x) {
   return _mm512_scalef_ps(y, n);
 }
 
-AVX512 static inline float dot_avx512(const float *q, const float *k, int64_t D) {
-  __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(k));
-  for (int64_t d = 16; d < D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), acc);
-  return _mm512_reduce_add_ps(acc);
+/* Sixteen keys' dots with q at once: each key's 16-lane products summed over D, then the 16 vectors
+ * reduced together (4 levels of shuffles): key j's lanes always by the same tree, (l, l+8), (l, l+4),
+ * (l, l+2), (l, l+1), whichever keys share its group, so a key's score has the same bits in any pass.
+ * Keys past n (a last group) are zeros and never stored. */
+AVX512 static void dots16_avx512(const float *q, const float *keys, const int32_t *idx, int64_t count, int64_t D,
+                                 float scale, float *scores) {
+  __m512 v[16];
+  for (int j = 0; j < 16; j++) {
+    if (j >= count) { v[j] = _mm512_setzero_ps(); continue; }
+    const float *k = keys + idx[j] * D;
+    __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(k));
+    for (int64_t d = 16; d < D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), acc);
+    v[j] = acc;
+  }
+  __m512 u[8], w[4], z[2];
+  for (int i = 0; i < 8; i++)  /* lanes l + l+8: keys 2i (lanes 0-7), 2i+1 (8-15) */
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; i++)  /* + l+4: keys 4i .. 4i+3, one a quarter */
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88), _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; i++)  /* + l+2: quarter c holds keys 8i+c and 8i+4+c, two lanes each */
+    z[i] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * i], w[2 * i + 1], 0x44), _mm512_shuffle_ps(w[2 * i], w[2 * i + 1], 0xEE));
+  /* + l+1: quarter c holds keys c, 4+c, 8+c, 12+c; lane 4c + t is key c + 4t */
+  __m512 r = _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], 0x88), _mm512_shuffle_ps(z[0], z[1], 0xDD));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  r = _mm512_mul_ps(_mm512_permutexvar_ps(order, r), _mm512_set1_ps(scale));
+  _mm512_mask_storeu_ps(scores, count >= 16 ? 0xffff : (__mmask16)((1u << count) - 1), r);
 }
 
 AVX512 static void head_avx512(const call *c, const float *q, const float *keys, const float *values,
@@ -122,13 +144,7 @@ AVX512 static void head_avx512(const call *c, const float *q, const float *keys,
   const int64_t D = c->D;
   const float softcap = c->a->softcap;
   int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {  /* four keys at once: independent chains, each key's the same operations */
-    float s0 = dot_avx512(q, keys + idx[i] * D, D), s1 = dot_avx512(q, keys + idx[i + 1] * D, D);
-    float s2 = dot_avx512(q, keys + idx[i + 2] * D, D), s3 = dot_avx512(q, keys + idx[i + 3] * D, D);
-    scores[i] = s0 * c->scale; scores[i + 1] = s1 * c->scale;
-    scores[i + 2] = s2 * c->scale; scores[i + 3] = s3 * c->scale;
-  }
-  for (; i < n; i++) scores[i] = dot_avx512(q, keys + idx[i] * D, D) * c->scale;
+  for (i = 0; i < n; i += 16) dots16_avx512(q, keys, idx + i, n - i < 16 ? n - i : 16, D, c->scale, scores + i);
   for (i = 0; i < n; i++) {
     if (softcap > 0.f) scores[i] = softcap * tanhf(scores[i] / softcap);
     if (bias) scores[i] += bias[idx[i]];
@@ -148,13 +164,23 @@ AVX512 static void head_avx512(const call *c, const float *q, const float *keys,
   const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sum));
   for (int64_t d = 0; d < D; d += 64) {  /* up to 64 output dims in registers while the values stream */
     const int64_t w = D - d >= 64 ? 4 : (D - d) / 16;
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    for (i = 0; i < n; i++) {
-      const __m512 p = _mm512_set1_ps(scores[i]);
-      const float *v = values + idx[i] * D + d;
-      for (int64_t j = 0; j < w; j++) acc[j] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 16 * j), acc[j]);
+    /* two sets (the compacted list's even and odd keys): half the chains' length, added at the end */
+    __m512 even[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m512 odd[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (i = 0; i + 2 <= n; i += 2) {
+      const __m512 p0 = _mm512_set1_ps(scores[i]), p1 = _mm512_set1_ps(scores[i + 1]);
+      const float *v0 = values + idx[i] * D + d, *v1 = values + idx[i + 1] * D + d;
+      for (int64_t j = 0; j < w; j++) {
+        even[j] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v0 + 16 * j), even[j]);
+        odd[j] = _mm512_fmadd_ps(p1, _mm512_loadu_ps(v1 + 16 * j), odd[j]);
+      }
     }
-    for (int64_t j = 0; j < w; j++) _mm512_storeu_ps(y + d + 16 * j, _mm512_mul_ps(acc[j], inv));
+    if (i < n) {
+      const __m512 p0 = _mm512_set1_ps(scores[i]);
+      const float *v0 = values + idx[i] * D + d;
+      for (int64_t j = 0; j < w; j++) even[j] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v0 + 16 * j), even[j]);
+    }
+    for (int64_t j = 0; j < w; j++) _mm512_storeu_ps(y + d + 16 * j, _mm512_mul_ps(_mm512_add_ps(even[j], odd[j]), inv));
   }
 }
 #endif

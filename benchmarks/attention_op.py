@@ -1,0 +1,141 @@
+#!/usr/bin/env python
+"""Our attention kernel (trt_llm.cpu::CachedAttention, runtime/backends/cpu_kernels/attention.c) against
+ONNX Runtime's GroupQueryAttention, the node it stands in for, one layer at SmolLM2-135M's widths (9 query
+heads, 3 kv heads, head size 64), in one interleaved run.
+
+    python benchmarks/attention_op.py                 # 2 threads, 7 rounds: about a minute
+    python benchmarks/attention_op.py --smoke         # 1 round, short: checks the plumbing
+
+Settings: decode (1 new token) after 100, 600 and 1,500 cached ones at batch 1, after 600 at batch 4; a
+verification pass of 9 tokens after 600 (prompt lookup's widest) at batch 1 and 4; prefill of 64 and 512
+tokens on an empty cache. The cache is bound in place (past and present one buffer), as the runtime binds
+it. Each round times every setting on both ops in turn (each: repeated for --seconds, the mean of a call);
+the medians over the rounds and the per-round ratios are reported, with the spread. Both ops are first
+checked to agree (outputs within 2e-6). Writes attention_op.json into --out-dir and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "tests"))
+
+from sidebyside.measure import cpu_name, git_head  # noqa: E402
+from test_cpu_attention import feeds, gqa_model  # noqa: E402  (the node as our lowering writes it)
+
+from trt_llm.runtime.backends import cpu_kernels  # noqa: E402
+
+HEADS, KV_HEADS, HEAD = 9, 3, 64
+CAPACITY = 2048
+SETTINGS = [  # (name, past, new tokens, batch)
+    ("decode after 100", 100, 1, 1), ("decode after 600", 600, 1, 1), ("decode after 1500", 1500, 1, 1),
+    ("decode after 600, batch 4", 600, 1, 4), ("9-token pass after 600", 600, 9, 1),
+    ("9-token pass after 600, batch 4", 600, 9, 4), ("prefill 64", 0, 64, 1), ("prefill 512", 0, 512, 1)]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--seconds", type=float, default=0.3, help="each timing: calls repeated for this long")
+    p.add_argument("--out-dir", type=Path, default=REPO / "out" / "bench")
+    p.add_argument("--smoke", action="store_true")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.rounds, args.seconds = 1, 0.02
+    return args
+
+
+def session(ours: bool, threads: int) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    graph = gqa_model(HEADS, KV_HEADS, HEAD, CAPACITY, HEAD).SerializeToString()
+    if ours:
+        graph = cpu_kernels.adopt(graph, options, REPO)
+        if b"CachedAttention" not in graph:
+            sys.exit(f"our kernel is not used here: {cpu_kernels.describe()}")
+    return ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+
+
+class Bound:
+    """One op on one setting's inputs, the cache bound as past and present at once."""
+
+    def __init__(self, s: ort.InferenceSession, f: dict):
+        self.held = {n: f[n].copy() for n in ("past_key", "past_value")}  # (the OrtValues do not keep them alive)
+        self.binding = s.io_binding()
+        self.binding.bind_output("out")
+        for name, value in f.items():
+            if name not in self.held:
+                self.binding.bind_cpu_input(name, value)
+        for name, present in (("past_key", "present_key"), ("past_value", "present_value")):
+            value = ort.OrtValue.ortvalue_from_numpy(self.held[name])
+            self.binding.bind_ortvalue_input(name, value)
+            self.binding.bind_ortvalue_output(present, value)
+        self.session = s
+
+    def __call__(self) -> np.ndarray:
+        self.session.run_with_iobinding(self.binding)
+        return self.binding.copy_outputs_to_cpu()[0]
+
+
+def timed(call, seconds: float) -> float:
+    call()
+    started, n = time.perf_counter(), 0
+    while time.perf_counter() - started < seconds:
+        call()
+        n += 1
+    return (time.perf_counter() - started) / n
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    sessions = {"GroupQueryAttention": session(False, args.threads), "CachedAttention": session(True, args.threads)}
+    rng = np.random.default_rng(0)
+    calls = {}
+    for name, past, new, batch in SETTINGS:
+        f = feeds(rng, HEADS, KV_HEADS, HEAD, CAPACITY, HEAD, [past] * batch, [new] * batch, new)
+        calls[name] = {op: Bound(s, f) for op, s in sessions.items()}
+        theirs, ours = (calls[name][op]() for op in sessions)
+        if np.abs(theirs - ours).max() > 2e-6:
+            sys.exit(f"{name}: the ops disagree by {np.abs(theirs - ours).max():.2e}")
+    times = {name: {op: [] for op in sessions} for name in calls}
+    for r in range(args.rounds):
+        for name in calls:
+            for op in sessions:
+                times[name][op].append(timed(calls[name][op], args.seconds))
+        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    rows = []
+    for name in calls:
+        gqa, ours = times[name]["GroupQueryAttention"], times[name]["CachedAttention"]
+        ratios = [g / o for g, o in zip(gqa, ours)]
+        rows.append({"setting": name, "gqa_us": statistics.median(gqa) * 1e6, "ours_us": statistics.median(ours) * 1e6,
+                     "speedup_median": statistics.median(ratios), "speedup_min": min(ratios), "speedup_max": max(ratios),
+                     "gqa_us_all": [t * 1e6 for t in gqa], "ours_us_all": [t * 1e6 for t in ours]})
+    result = {"command": " ".join(sys.argv), "git_head": git_head(), "cpu": cpu_name(), "machine": platform.machine(),
+              "cores": os.cpu_count(), "threads": args.threads, "rounds": args.rounds, "onnxruntime": ort.__version__,
+              "kernels": cpu_kernels.describe(), "widths": {"heads": HEADS, "kv_heads": KV_HEADS, "head": HEAD},
+              "rows": rows}
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "attention_op.json").write_text(json.dumps(result, indent=1))
+    print(f"| setting | GroupQueryAttention us | CachedAttention us | speed-up, median (min-max) |\n|---|---:|---:|---:|")
+    for row in rows:
+        print(f"| {row['setting']} | {row['gqa_us']:.0f} | {row['ours_us']:.0f} | "
+              f"{row['speedup_median']:.2f}x ({row['speedup_min']:.2f}-{row['speedup_max']:.2f}) |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
