@@ -10,7 +10,8 @@ machine is shared and noisy: read the ratios); every round checks that both gave
 
 Reported per engine, batch and workload: tokens/s end to end (generated tokens over the run's wall time,
 prefill included, as a user of trt-llm-run sees it), median and spread over the rounds, the ratio of the
-medians, and lookup's proposed / accepted tokens and tokens per verification pass.
+medians, lookup's proposed / accepted tokens and tokens per verification pass, and what a wider pass cost
+on the engine (the slope the cost model fitted from its timed passes).
 """
 
 from __future__ import annotations
@@ -155,13 +156,18 @@ def main() -> None:
                     "ratio_of_medians": statistics.median(speeds["prompt-lookup"]) / statistics.median(speeds["vanilla"]),
                     "proposed": proposed, "accepted": accepted,
                     "tokens_per_pass_with_a_proposal": emitted / rounds if rounds else 0.0,
+                    # what each token of a pass past the first cost, in single-token passes (pass_cost.py's fit)
+                    "pass_cost_slope": runners["prompt-lookup"].pass_cost.slope(batch),
                     "identical_tokens": identical}
                 print(json.dumps({f"{quantization} / {workload} / batch {batch}":
                                   results[f"{quantization} / {workload} / batch {batch}"]}), flush=True)
+    from trt_llm.runtime.backends import cpu_kernels
+
     report = {"command": "python benchmarks/prompt_lookup.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in
                                                                          vars(args).items() if v is not None),
               "machine": {"cpu": cpu_name(), "threads": args.threads},
-              "versions": {"onnxruntime": onnxruntime.__version__}, "rounds": args.rounds,
+              "versions": {"onnxruntime": onnxruntime.__version__}, "kernels": cpu_kernels.describe(),
+              "rounds": args.rounds,
               "new_tokens": args.new_tokens, "results": results}
     print(json.dumps(report, indent=2, default=str))
     if args.json:

@@ -102,14 +102,14 @@ class LookupStats:
 class PromptLookup:
     replays_context = False
 
-    def __init__(self, max_tokens: int = MAX_TOKENS, stats: LookupStats | None = None):
+    def __init__(self, max_tokens: int = MAX_TOKENS, stats: LookupStats | None = None, cost: PassCost | None = None):
         if max_tokens < 1:
             raise ValueError(f"prompt lookup: max_tokens must be >= 1, got {max_tokens}")
         self.max_tokens = max_tokens
         self.extra_slots = max_tokens  # a verification writes the chain after the last token
         self.stats = stats if stats is not None else LookupStats()
         self.rows: list[_Row] = []  # one per decoding request, in the same order
-        self.cost = PassCost()
+        self.cost = cost if cost is not None else PassCost()  # (the engine's, where it keeps one)
 
     def reserve(self, core, need: int) -> None:
         pass

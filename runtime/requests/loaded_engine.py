@@ -15,6 +15,7 @@ from trt_llm.runtime.decoding.draft import SpecStats, check_spec, draft_kind, lo
 from trt_llm.runtime.decoding.choice import normalised, resolved
 from trt_llm.runtime.decoding.eagle import Eagle
 from trt_llm.runtime.decoding.lookup import LookupStats, PromptLookup
+from trt_llm.runtime.decoding.pass_cost import PassCost
 from trt_llm.runtime.decoding.spec_config import SpecConfig, resolve_spec
 from trt_llm.runtime.decoding.vanilla import Vanilla
 from trt_llm.runtime.engine.engine_core import EngineCore, EngineRequest
@@ -84,6 +85,8 @@ class LoadedEngine:
             spec = resolve_spec(engine_dir.manifest["components"]["draft"], engine_dir.manifest["backend"])
         self.spec = check_spec(spec, engine_dir) if self.draft else None
         self.spec_stats, self.lookup_stats = SpecStats(), LookupStats()
+        # what a wider pass costs is the engine's: learned across the runs and batches of this engine
+        self.pass_cost = PassCost()
         self.file_speculation = None  # an input file's "speculation" while its run lasts (Runner.run)
         self.speculation = self.strategy_name()  # (a flag the engine cannot take is refused now)
         with self._stage("load_tokenizer"), loading("tokenizer", engine_dir.tokenizer_dir):
@@ -138,7 +141,7 @@ class LoadedEngine:
             chain = any(layer.kind in ("sliding", "recurrent") for layer in self.engine_dir.layers())
             strategy = Eagle(self.draft, self.spec, self.spec_stats, chain=chain)
         elif name == "prompt-lookup":
-            strategy = PromptLookup(stats=self.lookup_stats)
+            strategy = PromptLookup(stats=self.lookup_stats, cost=self.pass_cost)
         else:
             strategy = Vanilla()
         sampler = None
