@@ -82,6 +82,7 @@ CASES = {  # (heads, kv heads, head size, rotated dims, window, softcap, past pe
     "prefill": (9, 3, 64, 64, -1, 0.0, [0], [7], 7),
     "decode": (9, 3, 64, 64, -1, 0.0, [37], [1], 1),
     "ragged, a padded and an idle row": (9, 3, 64, 64, -1, 0.0, [37, 0, 100], [5, 3, 0], 5),
+    "ragged, few heads (tokens grouped)": (4, 2, 64, 64, -1, 0.0, [20, 3], [7, 2], 7),
     "head size 128, partial rotary": (4, 2, 128, 64, -1, 0.0, [20, 9], [4, 4], 4),
     "sliding window": (8, 1, 256, 256, 16, 0.0, [40], [6], 6),
     "soft-cap": (4, 4, 32, 32, -1, 50.0, [10], [3], 3),

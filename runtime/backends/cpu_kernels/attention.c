@@ -39,7 +39,7 @@
 static const OrtApi *api;
 
 #define TRY(x) do { OrtStatus *s_ = (x); if (s_) return s_; } while (0)
-enum { MAX_HEAD = 1024, BATCHES = 16 };
+enum { MAX_HEAD = 1024, BATCHES = 16, GROUPED_UNITS = 16 };
 
 typedef struct { int64_t Hq, Hkv, window; float scale, softcap; int avx512; } attention;
 
@@ -52,6 +52,9 @@ typedef struct {
   float *keys, *values, *out;
   float scale;
   int avx512;
+  int rows;  /* units are (row, head, token group): a group of a row's tokens at once (row_head_avx512);
+                else (row, token, head) */
+  int64_t groups;
   size_t units, units_per_batch;
 } call;
 
@@ -114,13 +117,13 @@ AVX512 static inline __m512 exp_avx512(__m512 x) {
 /* Sixteen keys' dots with q at once: each key's 16-lane products summed over D, then the 16 vectors
  * reduced together (4 levels of shuffles): key j's lanes always by the same tree, (l, l+8), (l, l+4),
  * (l, l+2), (l, l+1), whichever keys share its group, so a key's score has the same bits in any pass.
- * Keys past n (a last group) are zeros and never stored. */
-AVX512 static void dots16_avx512(const float *q, const float *keys, const int32_t *idx, int64_t count, int64_t D,
+ * Keys past n (a last group) are zeros and never stored. idx NULL: the keys are consecutive from `keys`. */
+AVX512 static inline __attribute__((always_inline)) void dots16_body(const float *q, const float *keys, const int32_t *idx, int64_t count, int64_t D,
                                  float scale, float *scores) {
   __m512 v[16];
   for (int j = 0; j < 16; j++) {
     if (j >= count) { v[j] = _mm512_setzero_ps(); continue; }
-    const float *k = keys + idx[j] * D;
+    const float *k = keys + (idx ? idx[j] : j) * D;
     __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(k));
     for (int64_t d = 16; d < D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), acc);
     v[j] = acc;
@@ -139,6 +142,30 @@ AVX512 static void dots16_avx512(const float *q, const float *keys, const int32_
   _mm512_mask_storeu_ps(scores, count >= 16 ? 0xffff : (__mmask16)((1u << count) - 1), r);
 }
 
+AVX512 static void dots16_avx512(const float *q, const float *keys, const int32_t *idx, int64_t count, int64_t D,
+                                 float scale, float *scores) {
+  if (D == 64) dots16_body(q, keys, idx, count, 64, scale, scores);  /* (D a constant: q stays in registers) */
+  else if (D == 128) dots16_body(q, keys, idx, count, 128, scale, scores);
+  else dots16_body(q, keys, idx, count, D, scale, scores);
+}
+
+/* scores[0:n] := e^(score - max), in lanes of 16 from the first; returns 1 / their sum */
+AVX512 static float softmax_avx512(float *scores, int64_t n) {
+  __m512 top = _mm512_set1_ps(-INFINITY);
+  for (int64_t i = 0; i < n; i += 16) {
+    __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+    top = _mm512_max_ps(top, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, scores + i));
+  }
+  __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(top)), sum = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+    __m512 e = _mm512_maskz_mov_ps(m, exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + i), shift)));
+    _mm512_mask_storeu_ps(scores + i, m, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  return 1.f / _mm512_reduce_add_ps(sum);
+}
+
 AVX512 static void head_avx512(const call *c, const float *q, const float *keys, const float *values,
                                const int32_t *idx, int64_t n, const float *bias, float *scores, float *y) {
   const int64_t D = c->D;
@@ -149,19 +176,7 @@ AVX512 static void head_avx512(const call *c, const float *q, const float *keys,
     if (softcap > 0.f) scores[i] = softcap * tanhf(scores[i] / softcap);
     if (bias) scores[i] += bias[idx[i]];
   }
-  __m512 top = _mm512_set1_ps(-INFINITY);
-  for (i = 0; i < n; i += 16) {
-    __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
-    top = _mm512_max_ps(top, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, scores + i));
-  }
-  __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(top)), sum = _mm512_setzero_ps();
-  for (i = 0; i < n; i += 16) {
-    __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
-    __m512 e = _mm512_maskz_mov_ps(m, exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + i), shift)));
-    _mm512_mask_storeu_ps(scores + i, m, e);
-    sum = _mm512_add_ps(sum, e);
-  }
-  const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sum));
+  const __m512 inv = _mm512_set1_ps(softmax_avx512(scores, n));
   for (int64_t d = 0; d < D; d += 64) {  /* up to 64 output dims in registers while the values stream */
     const int64_t w = D - d >= 64 ? 4 : (D - d) / 16;
     /* two sets (the compacted list's even and odd keys): half the chains' length, added at the end */
@@ -181,6 +196,69 @@ AVX512 static void head_avx512(const call *c, const float *q, const float *keys,
       for (int64_t j = 0; j < w; j++) even[j] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v0 + 16 * j), even[j]);
     }
     for (int64_t j = 0; j < w; j++) _mm512_storeu_ps(y + d + 16 * j, _mm512_mul_ps(_mm512_add_ps(even[j], odd[j]), inv));
+  }
+}
+
+/* A row's new tokens first, first + step, ... for one query head, where every token sees slots 0 .. its
+ * own (no window, no bias): its list of keys is the slots themselves, so the tokens share each block of
+ * keys and values while it is in L1 (a verification pass of 9 tokens reads the cache about once a unit,
+ * not 9 times). Each token's arithmetic is the same whatever the pass holds: dots16 per key, the softmax
+ * from slot 0, the values' two chains by slot parity. work: n (3 D + past + count + 16) floats, n the
+ * unit's tokens. */
+AVX512 static void row_head_avx512(const call *c, int64_t b, int64_t h, int64_t first, int64_t step,
+                                   const float *keys, const float *values, float *work) {
+  const attention *a = c->a;
+  const int64_t D = c->D, count = c->count[b], past = c->past[b], total = past + count, stride = total + 16;
+  const int64_t n = (count - first + step - 1) / step;  /* token i of the unit: first + i * step */
+  float *qs = work, *even = qs + n * D, *odd = even + n * D, *sc = odd + n * D;
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t s = first + i * step, position = c->pos[b * c->S + s];
+    rotate(c->qkv + ((b * c->S + s) * (a->Hq + 2 * a->Hkv) + h) * D, c->cos + position * c->half,
+           c->sin + position * c->half, c->half, D, qs + i * D);
+  }
+  for (int64_t j0 = 0; j0 < total; j0 += 16)  /* a block of keys, then every token that sees it */
+    for (int64_t i = 0; i < n; i++) {
+      const int64_t seen = past + first + i * step + 1 - j0;
+      if (seen > 0) dots16_avx512(qs + i * D, keys + j0 * D, NULL, seen < 16 ? seen : 16, D, c->scale, sc + i * stride + j0);
+    }
+  for (int64_t i = 0; i < n; i++) {
+    float *row = sc + i * stride;
+    const int64_t seen = past + first + i * step + 1;
+    if (a->softcap > 0.f)
+      for (int64_t j = 0; j < seen; j++) row[j] = a->softcap * tanhf(row[j] / a->softcap);
+    row[total] = softmax_avx512(row, seen);  /* (1 / the sum, kept past the row's scores) */
+  }
+  memset(even, 0, sizeof(float) * (size_t)(2 * n * D));
+  for (int64_t j0 = 0; j0 < total; j0 += 32)  /* 32 values (8 KiB at D 64), then every token that sees them */
+    for (int64_t i = 0; i < n; i++) {
+      const int64_t seen = past + first + i * step + 1, end = seen < j0 + 32 ? seen : j0 + 32;
+      const float *p = sc + i * stride;
+      for (int64_t d = 0; d < D; d += 64) {  /* up to 64 dims in registers, two chains by slot parity */
+        const int64_t w = D - d >= 64 ? 4 : (D - d) / 16;
+        float *ev = even + i * D + d, *od = odd + i * D + d;
+        __m512 e[4], o[4];
+        for (int64_t k = 0; k < w; k++) { e[k] = _mm512_loadu_ps(ev + 16 * k); o[k] = _mm512_loadu_ps(od + 16 * k); }
+        int64_t j = j0;
+        for (; j + 2 <= end; j += 2) {
+          const __m512 p0 = _mm512_set1_ps(p[j]), p1 = _mm512_set1_ps(p[j + 1]);
+          const float *v0 = values + j * D + d, *v1 = v0 + D;
+          for (int64_t k = 0; k < w; k++) {
+            e[k] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v0 + 16 * k), e[k]);
+            o[k] = _mm512_fmadd_ps(p1, _mm512_loadu_ps(v1 + 16 * k), o[k]);
+          }
+        }
+        if (j < end) {
+          const __m512 p0 = _mm512_set1_ps(p[j]);
+          for (int64_t k = 0; k < w; k++) e[k] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(values + j * D + d + 16 * k), e[k]);
+        }
+        for (int64_t k = 0; k < w; k++) { _mm512_storeu_ps(ev + 16 * k, e[k]); _mm512_storeu_ps(od + 16 * k, o[k]); }
+      }
+    }
+  for (int64_t i = 0; i < n; i++) {
+    float *y = c->out + ((b * c->S + first + i * step) * a->Hq + h) * D;
+    const __m512 inv = _mm512_set1_ps(sc[i * stride + total]);
+    for (int64_t d = 0; d < D; d += 16)
+      _mm512_storeu_ps(y + d, _mm512_mul_ps(_mm512_add_ps(_mm512_loadu_ps(even + i * D + d), _mm512_loadu_ps(odd + i * D + d)), inv));
   }
 }
 #endif
@@ -216,10 +294,36 @@ static void run_unit(const call *c, size_t u, int32_t *idx, float *scores) {
     head_c(c, q, keys, values, idx, n, bias, scores, y);
 }
 
+/* unit u of a call by rows: row b, query head h, its new tokens g, g + G, ... (G = c->groups: the tokens
+ * interleaved, so that each group sees about as many keys under the causal mask) */
+static void run_row_unit(const call *c, size_t u) {
+  const attention *a = c->a;
+  const int64_t D = c->D, G = c->groups, g = (int64_t)u % G, h = ((int64_t)u / G) % a->Hq;
+  const int64_t b = (int64_t)u / (G * a->Hq), count = c->count[b];
+  for (int64_t s = count; g == 0 && s < c->S; s++)  /* (the padded tokens: zeros, by the first group's unit) */
+    memset(c->out + ((b * c->S + s) * a->Hq + h) * D, 0, sizeof(float) * (size_t)D);
+  if (g >= count) return;
+  const int64_t kv = h / (a->Hq / a->Hkv), total = c->past[b] + count, n = (count - g + G - 1) / G;
+  float *work = malloc(sizeof(float) * (size_t)(n * (3 * D + total + 16)));
+  if (!work) {  /* (the output cannot say it: NaN rather than a quiet wrong answer) */
+    for (int64_t s = g; s < count; s += G)
+      for (int64_t d = 0; d < D; d++) c->out[((b * c->S + s) * a->Hq + h) * D + d] = NAN;
+    return;
+  }
+#if defined(__x86_64__)
+  row_head_avx512(c, b, h, g, G, c->keys + (b * a->Hkv + kv) * c->L * D, c->values + (b * a->Hkv + kv) * c->L * D, work);
+#endif
+  free(work);
+}
+
 /* batch i of the units: units_per_batch of them on one thread, with one scratch */
 static void run_batch(void *p, size_t i) {
   const call *c = (const call *)p;
   const size_t start = i * c->units_per_batch, end = start + c->units_per_batch < c->units ? start + c->units_per_batch : c->units;
+  if (c->rows) {
+    for (size_t u = start; u < end; u++) run_row_unit(c, u);
+    return;
+  }
   int32_t *idx = malloc(sizeof(int32_t) * (size_t)c->L);
   float *scores = malloc(sizeof(float) * (size_t)(c->L + 16));
   for (size_t u = start; u < end; u++) {
@@ -334,7 +438,12 @@ static OrtStatus *compute(void *kernel, OrtKernelContext *ctx) {
       }
     }
   /* BATCHES tasks at most (ONNX Runtime runs each index given to ParallelFor as a task of its own) */
-  c.units = (size_t)(B * S * a->Hq);
+  /* a causal node without window or bias: by rows (each token's bits the same either way it is cut) */
+  c.rows = c.avx512 && !c.bias && a->window <= 0;
+  /* (token groups: enough units for the threads where a row has several tokens, GROUPED_UNITS or more) */
+  c.groups = 1;
+  while (c.rows && c.groups < S && B * a->Hq * c.groups < GROUPED_UNITS) c.groups++;
+  c.units = (size_t)(c.rows ? B * a->Hq * c.groups : B * S * a->Hq);
   if (!st && c.units <= 2) {  /* (not worth waking the threads) */
     c.units_per_batch = c.units;
     run_batch(&c, 0);
