@@ -54,6 +54,8 @@ def test_a_pass_takes_the_chains_that_pay():
     # costly ones: 5 tokens give (1 + 3.69) / 2.55 = 1.84 a unit of cost, 4 give 1.83, 8 give 1.76
     assert plan([(8, 0.9)], slope=0.31) == [5]
     assert plan([(8, 0.1)], slope=0.31) == [0]  # (1 + 0.1) / 1.31 < 1: vanilla's step
+    assert plan([(1, 0.5)], slope=0.2) == [1]  # 1.5 / 1.2 = 1.25: above the margin
+    assert plan([(1, 0.35)], slope=0.2) == [0]  # 1.35 / 1.2 = 1.125: a gain, but within MARGIN (1.15)
     assert plan([(3, 0.9), (0, 0.0), (0, 0.0), (0, 0.0)], slope=0.5) == [0, 0, 0, 0]  # one row can't carry four
     assert plan([(3, 0.9)] * 4, slope=0.5) == [3, 3, 3, 3]  # (4 + 4 x 2.44) / 2.5 = 5.5 > 4
     # a recurrent row passes its taken tokens again when it refuses some: a chain of 2 at 0.6 gives

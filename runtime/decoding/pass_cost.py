@@ -3,13 +3,15 @@
 A verification pass of width w (every row of a pass is as wide as its widest: the graph is dense) costs
 about t(B, w) = a_B (1 + slope_B (w - 1)) for a batch of B rows; `PassCost` fits slope_B by least squares
 over the passes it has timed. How much a wider pass costs differs by an order of magnitude between
-engines: SmolLM2 on 2 cores, fp32 0.07 at batch 1 and 0.3-0.4 at batch 4, int4 0.3 at batch 1 and
-0.5-0.7 at batch 4 (ONNX Runtime's 4-bit matmul reads its weights again for every row of a pass).
+engines: SmolLM2 on 2 cores (benchmarks/results/2026-12-07/prompt_lookup_attention.json), fp32 0.04 at
+batch 1 and 0.3 at batch 4, int4 on our kernels 0.24 at batch 1 and 0.4 at batch 4 (its matmuls are
+bound by memory at one row, by arithmetic at several: each row's int8 dots are work of their own).
 
 A row's chain of k tokens takes p + p^2 + ... + p^k of them on average, p its acceptance (`Acceptance`:
 the share of its verified tokens taken, recent passes weighing more). `plan` picks the width whose
-tokens per unit of cost are the most, vanilla's single token a row (width 1, cost 1) included, so a
-batch that copies nothing, or an engine whose wider passes cost too much, decodes as vanilla does. On a
+tokens per unit of cost are the most, vanilla's single token a row (width 1, cost 1) included and
+preferred unless a wider pass promises MARGIN times its rate, so a batch that copies nothing, or an
+engine whose wider passes cost too much, decodes as vanilla does. On a
 recurrent model a row that refuses part of its chain passes its taken tokens again (recurrent.replay):
 a chain there costs that pass too, with the chance it is needed.
 """
@@ -19,6 +21,11 @@ from __future__ import annotations
 from collections import deque
 
 PRIOR_SLOPE = 0.3  # until two widths were timed at a batch size
+# A wider pass is taken only where it promises this many times vanilla's tokens per unit of cost: the
+# acceptance is estimated from a few passes and a pass's time moves by 10 % on a shared machine, so a
+# promised gain of a few percent was as often a loss (SmolLM2 fp32, free chat at batch 4: 0.93x vanilla
+# without a margin, 1.03x with 1.15; copying kept its 2.0x / 1.3x).
+MARGIN = 1.15
 SAMPLES = 48  # the passes a fit reads, per batch size
 
 
@@ -78,7 +85,7 @@ def plan(rows: list[tuple[int, float]], slope: float, replay: float = 0.0) -> li
     """Each row's chain length this pass (0: none). rows: (tokens it may propose, its acceptance p);
     slope: PassCost.slope; replay: what passing a row's taken tokens again costs, in passes of the batch
     (0 without recurrent layers)."""
-    best_rate, best = float(len(rows)), [0] * len(rows)  # width 1: a token a row for one pass
+    best_rate, best = float(len(rows)) * MARGIN, [0] * len(rows)  # width 1: a token a row for one pass
     for width in range(2, max((n for n, _ in rows), default=0) + 2):
         lengths, tokens = [], float(len(rows))
         for n, p in rows:
