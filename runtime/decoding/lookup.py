@@ -37,6 +37,7 @@ import numpy as np
 
 from trt_llm.runtime.decoding import recurrent
 from trt_llm.runtime.decoding.pass_cost import Acceptance, PassCost, plan
+from trt_llm.runtime.decoding.vanilla import Vanilla
 from trt_llm.runtime.engine.sequence import Sequence, append_token, count_speculation, record_step
 from trt_llm.runtime.engine.step import Step
 from trt_llm.runtime.sampling.grammar import mask_logits
@@ -110,6 +111,7 @@ class PromptLookup:
         self.stats = stats if stats is not None else LookupStats()
         self.rows: list[_Row] = []  # one per decoding request, in the same order
         self.cost = cost if cost is not None else PassCost()  # (the engine's, where it keeps one)
+        self.vanilla = Vanilla()  # a pass without a chain: vanilla's step, its rows sampled in one call
 
     def reserve(self, core, need: int) -> None:
         pass
@@ -158,6 +160,11 @@ class PromptLookup:
                 if p and not n:
                     r.acceptance.idle()
             proposals = [p[:n] for p, n in zip(proposals, lengths)]
+        if not any(proposals):  # (vanilla's step: the same tokens, without a row-by-row walk)
+            finished = self.vanilla.step(core)
+            self.cost.record(len(running), 1, self.vanilla.engine_seconds)
+            return finished
+        with core.stage("propose"):
             states = recurrent.snapshots(core, [i for i, p in enumerate(proposals) if p])
         counts = np.array([1 + len(p) for p in proposals], dtype=np.int32)
         width, batch = int(counts.max()), len(running)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from trt_llm.runtime.engine.step import Step
@@ -13,6 +15,7 @@ class Vanilla:
 
     def __init__(self):
         self._logits: np.ndarray | None = None  # reused while the batch stays the same size
+        self.engine_seconds = 0.0  # the last step's engine call (prompt lookup's pass cost reads it)
 
     def reserve(self, core, need: int) -> None:
         pass
@@ -35,7 +38,9 @@ class Vanilla:
             step.position_ids = model.positions([r.sequence for r in running], past, 1)
         step.inputs.update(model.decode_extras(len(running)))
         with core.stage("decode_step"):
+            started = time.perf_counter()
             model.engine.run(step, core.cache, core.lora_inputs)
+            self.engine_seconds = time.perf_counter() - started
         if core.profiler:
             core.profiler.count("decode_tokens", len(running))
         return core.sample(running, self._logits[:, 0], first=0)
