@@ -23,8 +23,8 @@ from collections import deque
 PRIOR_SLOPE = 0.3  # until two widths were timed at a batch size
 # A wider pass is taken only where it promises this many times vanilla's tokens per unit of cost: the
 # acceptance is estimated from a few passes and a pass's time moves by 10 % on a shared machine, so a
-# promised gain of a few percent was as often a loss (SmolLM2 fp32, free chat at batch 4: 0.93x vanilla
-# without a margin, 1.03x with 1.15; copying kept its 2.0x / 1.3x).
+# promised gain of a few percent was as often a loss (SmolLM2 fp32, free chat at batch 4: 0.90x vanilla
+# without a margin, 0.97x with 1.15; benchmarks/results/2026-12-07/prompt_lookup_{attention,margin}.json).
 MARGIN = 1.15
 SAMPLES = 48  # the passes a fit reads, per batch size
 

@@ -1,12 +1,12 @@
 """Kernels of our own for ONNX Runtime's CPU provider (custom ops, domain `trt_llm.cpu`).
 
 `MatMulBlocks8` (`matmul_blocks.c`) stands in for MatMulNBits' 4- and 8-bit blocks (of 32 or a multiple) at accuracy
-level 4: the weight-only matmuls of an int4 / int8 engine, most of a decode step. `CachedAttention`
+level 4: the weight-only matmuls of an int4 / int8 engine, most of a decode step. It runs on packed
+matrices (`blocks.c`). (A QMoE kernel on them was measured no faster than ONNX Runtime's QMoE at level 4
+at decode and slower at prefill: benchmarks/results/2026-12-07/moe_op.txt; not kept.) `CachedAttention`
 (`attention.c`) stands in for the GroupQueryAttention our lowering writes, in every float32 engine: a token's
 output then has the same bits in a decode step and in a verification pass of several tokens (prompt
-lookup, EAGLE), which GroupQueryAttention's matrix products over the whole pass do not give. It runs on packed
-matrices (`blocks.c`). (A QMoE kernel on them was measured no faster than ONNX Runtime's QMoE at level 4
-at decode and slower at prefill: benchmarks/results/2026-12-07/moe_op.txt; not kept.) The engine on disk
+lookup, EAGLE), which GroupQueryAttention's matrix products over the whole pass do not give. The engine on disk
 is unchanged (MatMulNBits and GroupQueryAttention nodes, their weights); as a session opens, `adopt` swaps
 the nodes the kernels take (rewrite.py) and registers the library (library.py, compiled by
 scripts/setup.sh into a per-user cache). Where there is no library, the CPU has no AVX-512 VNNI, or

@@ -1,5 +1,5 @@
 """Which nodes our kernels take, and the swaps: MatMulNBits -> MatMulBlocks8 (the node keeps its inputs and
-attributes; a Q4_1 file's offsets, which our lowering adds in four nodes beside it, folded in),
+attributes; a Q4_1 file's offsets, which our lowering adds in six nodes beside it, folded in),
 GroupQueryAttention -> CachedAttention (the inputs our lowering gives it, compacted)."""
 
 from __future__ import annotations
@@ -122,8 +122,9 @@ def swap_attention(model: onnx.ModelProto) -> int:
 def fold_offsets(graph: onnx.GraphProto) -> int:
     """Fold a Q4_1 file's offsets into the MatMulBlocks8 beside them, in place; how many. Our lowering
     (plugins/weight_only_matmul.py) writes y = MatMulNBits(x) + ReduceSum(Reshape(x, [..., K/O, O])) @ offsets:
-    four float nodes a matmul (480 of SmolLM2's 1,100), whose MatMul's bits differ between a pass of one
-    row and of several. The kernel adds the same term per row (sums of O inputs in order)."""
+    six float nodes a matmul with the reshape's Shape and Concat (720 of the SmolLM2 Q4_1 graph's 1,070),
+    whose MatMul's bits differ between a pass of one row and of several. The kernel adds the same term per
+    row (sums of O inputs in order)."""
     initializers = {t.name: t for t in graph.initializer}
     producer = {o: n for n in graph.node for o in n.output}
     readers: dict[str, list[onnx.NodeProto]] = {}
