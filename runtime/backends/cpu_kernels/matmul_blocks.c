@@ -133,7 +133,6 @@ static OrtStatus *create_kernel(const OrtCustomOp *op, const OrtApi *a, const Or
   const void *src, *scales;
   TRY(constant_input(info, 1, N * row_bytes, &src, shapes));
   TRY(constant_input(info, 2, N * groups, &scales, shapes));
-  /* a scale of G inputs repeated over its G / 32 blocks (the activations round per 32: finer than per G) */
   /* a Q4_1 file's offsets, where the node has them (rewrite.fold_offsets) */
   size_t inputs = 0;
   TRY(a->KernelInfo_GetInputCount(info, &inputs));
@@ -146,6 +145,7 @@ static OrtStatus *create_kernel(const OrtCustomOp *op, const OrtApi *a, const Or
     if (og <= 0 || K % og) return a->CreateStatus(ORT_INVALID_ARGUMENT, needs_offsets);
     TRY(constant_input(info, 3, K / og * N, &offsets, needs_offsets));
   }
+  /* a scale of G inputs repeated over its G / 32 blocks (the activations round per 32: finer than per G) */
   float *per_block = G == QK ? (float *)scales : malloc(sizeof(float) * (size_t)(N * nb));
   node *nd = calloc(1, sizeof *nd);
   packed *k = nd ? &nd->k : NULL;
