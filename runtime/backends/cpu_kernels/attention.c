@@ -480,9 +480,8 @@ static OrtStatus *create_kernel(const OrtCustomOp *op, const OrtApi *unused, con
   if (!a) return api->CreateStatus(ORT_FAIL, "CachedAttention: out of memory");
   *a = (attention){.Hq = hq, .Hkv = hkv, .window = window, .scale = scale, .softcap = softcap, .avx512 = 0};
 #if defined(__x86_64__)
-  const char *env = getenv("TRT_LLM_CPU_KERNELS");
   __builtin_cpu_init();
-  a->avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma") && !(env && strcmp(env, "c") == 0);
+  a->avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma") && !plain_c_asked();
 #endif
   *out = a;
   return NULL;

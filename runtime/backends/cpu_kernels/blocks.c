@@ -310,12 +310,14 @@ static int cpu_has_vnni(void) {
 #endif
 }
 
+int plain_c_asked(void) {
+  const char *env = getenv("TRT_LLM_CPU_KERNELS");
+  return env && strcmp(env, "c") == 0;
+}
+
 /* The path a kernel takes, chosen when it is made: VNNI where the CPU has it, unless
  * TRT_LLM_CPU_KERNELS=c asks for the plain C one (the tests run both in one process). */
-static int choose_vnni(void) {
-  const char *env = getenv("TRT_LLM_CPU_KERNELS");
-  return cpu_has_vnni() && !(env && strcmp(env, "c") == 0);
-}
+static int choose_vnni(void) { return cpu_has_vnni() && !plain_c_asked(); }
 
 /* ---------------- the matrices ---------------- */
 size_t packed_units(const packed *k) { return (size_t)((k->N + UNIT - 1) / UNIT); }

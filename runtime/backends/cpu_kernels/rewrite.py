@@ -106,8 +106,7 @@ def swap_attention(model: onnx.ModelProto) -> int:
         compact = [inputs[i] for i, _ in ATTENTION_INPUTS]
         if not compact[-1]:
             compact.pop()
-        kept = [a for a in node.attribute if a.name in ("num_heads", "kv_num_heads", "scale", "local_window_size",
-                                                         "softcap")]
+        kept = [a for a in node.attribute if a.name in ATTENTION_ATTRIBUTES]
         del node.attribute[:]
         node.attribute.extend(kept)
         del node.input[:]
@@ -147,7 +146,7 @@ def fold_offsets(graph: onnx.GraphProto) -> int:
             continue
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         K, N = attributes["K"], attributes["N"]
-        if offsets.dims[1] != N or K % offsets.dims[0] or _reduces_last_axis(sums, initializers) is not True:
+        if offsets.dims[1] != N or K % offsets.dims[0] or not _reduces_last_axis(sums, initializers):
             continue
         node.input.append(matmul.input[1])
         node.attribute.append(helper.make_attribute("offsets_group", K // offsets.dims[0]))
