@@ -127,6 +127,26 @@ def test_the_kernel_computes_what_matmul_nbits_does(built, path, bits, scales_ki
                 assert np.abs(got - exact).mean() <= 1.1 * np.abs(run(model, a) - exact).mean()
 
 
+@pytest.mark.parametrize("bits,scales_kind", [(4, "fp16"), (4, "fp32"), (8, "fp16"), (8, "fp32")])
+def test_a_rows_bits_are_its_own_at_every_pass_width(built, bits, scales_kind, monkeypatch, tmp_path):
+    """A pass of M rows runs in register tiles of 4, 3 and 2 rows (a single row on the decode path): every
+    row's output has the bits it has alone, whichever tile took it, at every width from 1 to 13, on a
+    matrix whose last unit has one group of 8 columns. Prompt lookup's exactness on int4 rests on it."""
+    monkeypatch.setenv(cpu_kernels.ENV, PATHS[-1])
+    rng = np.random.default_rng(13)
+    K, N = 576, 968
+    weights = rng.integers(0, 256, (N, K // 32, 16 if bits == 4 else 32), dtype=np.uint8)
+    scales = rng.uniform(0.001, 0.05, N * K // 32).astype(np.float32)
+    if scales_kind == "fp16":
+        scales = scales.astype(np.float16).astype(np.float32)
+    model = matmul_nbits(K, N, bits, weights, scales)
+    a = rng.standard_normal((13, K)).astype(np.float32)
+    alone = np.concatenate([with_kernel(model, a[i:i + 1], tmp_path) for i in range(13)])
+    np.testing.assert_allclose(alone, run(model, a), rtol=0, atol=2e-6 * np.abs(alone).max())
+    for width in range(2, 14):
+        assert np.array_equal(with_kernel(model, a[:width], tmp_path), alone[:width]), f"{width} rows"
+
+
 def with_offsets(model: onnx.ModelProto, offsets: np.ndarray) -> onnx.ModelProto:
     """`model` (one MatMulNBits) plus a Q4_1 file's offsets as plugins/weight_only_matmul.py lowers them:
     Y = MatMulNBits(A) + ReduceSum(Reshape(A, [..., K/O, O]), -1) @ offsets."""

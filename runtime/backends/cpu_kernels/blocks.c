@@ -17,7 +17,8 @@
  * (the summation order). AVX-512 VNNI (its 256-bit forms) where the CPU has it, chosen at run time;
  * plain C elsewhere (correct, slower than MLAS: the runtime only swaps the op in where VNNI is, or
  * where TRT_LLM_CPU_KERNELS=c asks for this path, which the tests use). Passes of several tokens take
- * 4 rows of A per weight load; a row's result has the same bits whichever path or pass width computes it.
+ * up to 4 rows of A per weight load, and both groups of a unit per broadcast of A; a row's result has
+ * the same bits whichever path or pass width computes it.
  */
 #include <math.h>
 #include <pthread.h>
@@ -249,48 +250,77 @@ VNNI static inline __attribute__((always_inline)) void unit_vnni_impl(
   }
 }
 
-/* Four rows of A at once (a prefill, or a verified chain): each block's weights are loaded and
- * unpacked once for the four, which a pass of many tokens is bound by (at one token, memory is). */
-VNNI static inline __attribute__((always_inline)) void tile4_vnni_impl(
-    const uint8_t *pair, int groups, const packed *k, const q8_row *a, float *y, int64_t ldy,
-    const int bits, const int sb) {
-  const int64_t bs = 8 * sb + 8 * (bits == 4 ? 16 : 32), stride = groups * bs;
+/* R rows of A (1-4) against a unit's groups at once (a prefill, or a verified chain), the registers
+ * tiled R x groups: each block's weights are loaded and unpacked once for the R rows, and each of A's
+ * broadcasts serves both groups, so the dpbusds are not waiting on loads (a pass of many tokens is
+ * bound by them; at one token, memory is): benchmarks/matmul_op.py, README.md's "Passes of several
+ * tokens".
+ * Each (row, group)'s float sum goes block by block as unit_vnni's: the same bits. */
+VNNI static inline __attribute__((always_inline)) void tile_vnni_impl(
+    const uint8_t *pair, const packed *k, const q8_row *a, float *y, int64_t ldy,
+    const int R, const int G, const int bits, const int sb) {
+  const int64_t bs = 8 * sb + 8 * (bits == 4 ? 16 : 32);
   const __m256i lo = _mm256_set1_epi8(0x0f);
-  for (int g = 0; g < groups; g++) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t b = 0; b < k->nb; b++) {
-      const uint8_t *blk = pair + b * stride + g * bs, *pay = blk + 8 * sb;
-      __m256i w[8];
-      if (bits == 4) {
-        for (int t = 0; t < 4; t++) {
-          __m256i v = _mm256_loadu_si256((const __m256i *)(pay + 32 * t));
-          w[t] = _mm256_and_si256(v, lo); w[4 + t] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo);
+  __m256 acc[4][2];
+  for (int r = 0; r < R; r++)
+    for (int g = 0; g < G; g++) acc[r][g] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < k->nb; b++) {
+    const uint8_t *blk = pair + b * G * bs;  /* group g's block at blk + g * bs */
+    __m256i s[4][2];
+    for (int r = 0; r < R; r++)
+      for (int g = 0; g < G; g++) s[r][g] = _mm256_set1_epi32(a[r].bias[b]);
+    if (bits == 4) {
+      for (int t = 0; t < 4; t++) {  /* chunk t: elements 4t + c (low nibbles) and 16 + 4t + c (high) */
+        __m256i low[2], high[2];
+        for (int g = 0; g < G; g++) {
+          const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + g * bs + 8 * sb + 32 * t));
+          low[g] = _mm256_and_si256(v, lo); high[g] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo);
         }
-      } else {
-        for (int t = 0; t < 8; t++) w[t] = _mm256_loadu_si256((const __m256i *)(pay + 32 * t));
+        for (int r = 0; r < R; r++) {
+          const int32_t *qa = (const int32_t *)a[r].q + b * 8;
+          const __m256i x = _mm256_set1_epi32(qa[t]), z = _mm256_set1_epi32(qa[4 + t]);
+          for (int g = 0; g < G; g++) s[r][g] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(s[r][g], low[g], x), high[g], z);
+        }
       }
-      const __m256 dw = scales8(blk, sb);
-      for (int r = 0; r < 4; r++) {
-        const int32_t *qa = (const int32_t *)a[r].q + b * 8;
-        __m256i c0 = _mm256_set1_epi32(a[r].bias[b]), c1 = _mm256_setzero_si256();
-        for (int t = 0; t < 8; t += 2) {
-          c0 = _mm256_dpbusd_epi32(c0, w[t], _mm256_set1_epi32(qa[t]));
-          c1 = _mm256_dpbusd_epi32(c1, w[t + 1], _mm256_set1_epi32(qa[t + 1]));
+    } else {
+      for (int t = 0; t < 8; t++) {
+        __m256i w[2];
+        for (int g = 0; g < G; g++) w[g] = _mm256_loadu_si256((const __m256i *)(blk + g * bs + 8 * sb + 32 * t));
+        for (int r = 0; r < R; r++) {
+          const __m256i x = _mm256_set1_epi32(((const int32_t *)a[r].q)[b * 8 + t]);
+          for (int g = 0; g < G; g++) s[r][g] = _mm256_dpbusd_epi32(s[r][g], w[g], x);
         }
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(c0, c1)),
-                                 _mm256_mul_ps(dw, _mm256_set1_ps(a[r].d[b])), acc[r]);
       }
     }
-    for (int r = 0; r < 4; r++) _mm256_storeu_ps(y + r * ldy + 8 * g, acc[r]);
+    for (int g = 0; g < G; g++) {
+      const __m256 dw = scales8(blk + g * bs, sb);
+      for (int r = 0; r < R; r++)
+        acc[r][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r][g]), _mm256_mul_ps(dw, _mm256_set1_ps(a[r].d[b])), acc[r][g]);
+    }
   }
+  for (int r = 0; r < R; r++)
+    for (int g = 0; g < G; g++) _mm256_storeu_ps(y + r * ldy + 8 * g, acc[r][g]);
 }
 
-VNNI static void tile4_vnni(const uint8_t *pair, int groups, const packed *k, const q8_row *a, float *y, int64_t ldy) {
-  if (k->bits == 4 && k->sb == 2) tile4_vnni_impl(pair, groups, k, a, y, ldy, 4, 2);
-  else if (k->bits == 4) tile4_vnni_impl(pair, groups, k, a, y, ldy, 4, 4);
-  else if (k->sb == 2) tile4_vnni_impl(pair, groups, k, a, y, ldy, 8, 2);
-  else tile4_vnni_impl(pair, groups, k, a, y, ldy, 8, 4);
-}
+/* one specialisation per (R, groups, bits, scale bytes): the loops above unrolled, nothing branching */
+#define TILE_FOR(R)                                                                                         \
+  VNNI static void tile##R##_vnni(const uint8_t *pair, int groups, const packed *k, const q8_row *a, float *y, \
+                                  int64_t ldy) {                                                            \
+    if (groups == 2) {                                                                                      \
+      if (k->bits == 4 && k->sb == 2) tile_vnni_impl(pair, k, a, y, ldy, R, 2, 4, 2);                       \
+      else if (k->bits == 4) tile_vnni_impl(pair, k, a, y, ldy, R, 2, 4, 4);                                \
+      else if (k->sb == 2) tile_vnni_impl(pair, k, a, y, ldy, R, 2, 8, 2);                                  \
+      else tile_vnni_impl(pair, k, a, y, ldy, R, 2, 8, 4);                                                  \
+    } else {                                                                                                \
+      if (k->bits == 4 && k->sb == 2) tile_vnni_impl(pair, k, a, y, ldy, R, 1, 4, 2);                       \
+      else if (k->bits == 4) tile_vnni_impl(pair, k, a, y, ldy, R, 1, 4, 4);                                \
+      else if (k->sb == 2) tile_vnni_impl(pair, k, a, y, ldy, R, 1, 8, 2);                                  \
+      else tile_vnni_impl(pair, k, a, y, ldy, R, 1, 8, 4);                                                  \
+    }                                                                                                       \
+  }
+TILE_FOR(2)
+TILE_FOR(3)
+TILE_FOR(4)
 
 VNNI static void unit_vnni(const uint8_t *pair, int groups, const packed *k, const q8_row *a, float *y) {
   if (k->bits == 4 && k->sb == 2) unit_vnni_impl(pair, groups, k, a, y, 4, 2);
@@ -329,8 +359,11 @@ void packed_unit(const packed *k, size_t unit, const q8_row *rows, int64_t M, fl
   y += n0;
   int64_t m = 0;
 #if defined(__x86_64__)
-  if (k->vnni)
-    for (; m + 4 <= M; m += 4) tile4_vnni(pair, groups, k, &rows[m], y + m * ldy, ldy);
+  if (k->vnni && M > 1) {  /* tiles of 4 rows, what is left in tiles of 3 and 2 (5 = 3 + 2: no row alone) */
+    for (; M - m >= 4 && M - m != 5; m += 4) tile4_vnni(pair, groups, k, &rows[m], y + m * ldy, ldy);
+    if (M - m == 5 || M - m == 3) tile3_vnni(pair, groups, k, &rows[m], y + m * ldy, ldy), m += 3;
+    if (M - m == 2) tile2_vnni(pair, groups, k, &rows[m], y + m * ldy, ldy), m += 2;
+  }
 #endif
   for (; m < M; m++) {
 #if defined(__x86_64__)

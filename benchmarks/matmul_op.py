@@ -1,0 +1,131 @@
+#!/usr/bin/env python
+"""Our matmul kernel (trt_llm.cpu::MatMulBlocks8, runtime/backends/cpu_kernels/blocks.c) against ONNX
+Runtime's MatMulNBits at accuracy level 4, the node it stands in for, at SmolLM2-135M's widths, in one
+interleaved run, at the pass widths a run uses: a decode step (1 row), prompt lookup's and EAGLE's
+verification passes (2 to 9), a batch of 4 rows, and prefills (64, 512).
+
+    python benchmarks/matmul_op.py                    # 2 threads, 7 rounds: about two minutes
+    python benchmarks/matmul_op.py --smoke            # 1 round, short: checks the plumbing
+
+Matrices: the MLP's gate and up projections, 576 -> 3072 at 4 bits (int4's layers, a GGUF's blocks of 32,
+fp16 scales), and the LM head, 576 -> 49,152 at 8 bits (int4 engines keep it at 8). Each round times every
+setting on both ops in turn (each: repeated for --seconds, the mean of a call); the medians over the rounds
+and the per-round ratios are reported, with the spread, and the rate in multiply-adds a second. Both ops
+are first checked to compute the same product, within 1e-3 of the output's largest value (at 512 rows
+MatMulNBits strays from the method by hand, tests/test_cpu_kernels.py's by_hand, by about 5e-4 of it, where
+ours stays within 2e-7). Writes matmul_op.json into --out-dir and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "tests"))
+
+from sidebyside.measure import cpu_name, git_head  # noqa: E402
+from test_cpu_kernels import matmul_nbits  # noqa: E402  (the node as our lowering writes it)
+
+from trt_llm.runtime.backends import cpu_kernels  # noqa: E402
+
+MATRICES = [("gate+up, 4 bits", 576, 3072, 4), ("LM head, 8 bits", 576, 49152, 8)]  # (name, K, N, bits)
+ROWS = [1, 2, 4, 9, 64, 512]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--seconds", type=float, default=0.3, help="each timing: calls repeated for this long")
+    p.add_argument("--out-dir", type=Path, default=REPO / "out" / "bench")
+    p.add_argument("--smoke", action="store_true")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.rounds, args.seconds = 1, 0.02
+    return args
+
+
+def sessions(K: int, N: int, bits: int, threads: int) -> dict[str, ort.InferenceSession]:
+    rng = np.random.default_rng(K + N + bits)
+    weights = rng.integers(0, 256, (N, K // 32, 16 if bits == 4 else 32), dtype=np.uint8)
+    scales = rng.uniform(0.001, 0.05, N * K // 32).astype(np.float16).astype(np.float32)  # a GGUF's: fp16
+    graph = matmul_nbits(K, N, bits, weights, scales).SerializeToString()
+    made = {}
+    for op in ("MatMulNBits", "MatMulBlocks8"):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        if op == "MatMulBlocks8":
+            adopted = cpu_kernels.adopt(graph, options, REPO)
+            if b"MatMulBlocks8" not in adopted:
+                sys.exit(f"our kernel is not used here: {cpu_kernels.describe()}")
+            made[op] = ort.InferenceSession(adopted, options, providers=["CPUExecutionProvider"])
+        else:
+            made[op] = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+    return made
+
+
+def timed(call, seconds: float) -> float:
+    call()
+    started, n = time.perf_counter(), 0
+    while time.perf_counter() - started < seconds:
+        call()
+        n += 1
+    return (time.perf_counter() - started) / n
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    rng = np.random.default_rng(0)
+    calls, work = {}, {}
+    for name, K, N, bits in MATRICES:
+        made = sessions(K, N, bits, args.threads)
+        for m in ROWS:
+            a = rng.standard_normal((m, K)).astype(np.float32)
+            setting = f"{name}, {m} row{'s' if m > 1 else ''}"
+            calls[setting] = {op: (lambda s=s, a=a: s.run(None, {"A": a})[0]) for op, s in made.items()}
+            work[setting] = m * K * N
+            theirs, ours = (calls[setting][op]() for op in made)
+            if np.abs(theirs - ours).max() > 1e-3 * np.abs(theirs).max():
+                sys.exit(f"{setting}: the ops disagree by {np.abs(theirs - ours).max():.2e}")
+    ops = ("MatMulNBits", "MatMulBlocks8")
+    times = {setting: {op: [] for op in ops} for setting in calls}
+    for r in range(args.rounds):
+        for setting in calls:
+            for op in ops:
+                times[setting][op].append(timed(calls[setting][op], args.seconds))
+        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    rows = []
+    for setting in calls:
+        theirs, ours = times[setting]["MatMulNBits"], times[setting]["MatMulBlocks8"]
+        ratios = [t / o for t, o in zip(theirs, ours)]
+        rows.append({"setting": setting, "matmulnbits_us": statistics.median(theirs) * 1e6,
+                     "ours_us": statistics.median(ours) * 1e6, "ours_gmac_s": work[setting] / statistics.median(ours) / 1e9,
+                     "speedup_median": statistics.median(ratios), "speedup_min": min(ratios), "speedup_max": max(ratios),
+                     "matmulnbits_us_all": [t * 1e6 for t in theirs], "ours_us_all": [t * 1e6 for t in ours]})
+    result = {"command": " ".join(sys.argv), "git_head": git_head(), "cpu": cpu_name(), "machine": platform.machine(),
+              "cores": os.cpu_count(), "threads": args.threads, "rounds": args.rounds, "onnxruntime": ort.__version__,
+              "kernels": cpu_kernels.describe(), "rows": rows}
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "matmul_op.json").write_text(json.dumps(result, indent=1))
+    print("| setting | MatMulNBits us | MatMulBlocks8 us | ours, GMAC/s | speed-up, median (min-max) |\n"
+          "|---|---:|---:|---:|---:|")
+    for row in rows:
+        print(f"| {row['setting']} | {row['matmulnbits_us']:.0f} | {row['ours_us']:.0f} | {row['ours_gmac_s']:.0f} | "
+              f"{row['speedup_median']:.2f}x ({row['speedup_min']:.2f}-{row['speedup_max']:.2f}) |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
