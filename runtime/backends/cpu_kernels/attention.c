@@ -199,6 +199,50 @@ AVX512 static void head_avx512(const call *c, const float *q, const float *keys,
   }
 }
 
+/* The values' weighted sum over slots j0 .. end0 for one token (p0: its scores from slot 0, acc0: its
+ * sums, the odd slots' chain `apart` floats past the even ones') and, with acc1, over j0 .. end1 for the
+ * next token (scores at p0 + stride), end1 >= end0: each value is loaded once for both. Up to 64 dims (w
+ * of 16) in registers. Every token's chains take its slots in order, even slots in one, odd in the
+ * other, as a token alone does: the same bits. */
+AVX512 static inline __attribute__((always_inline)) void values_pair(
+    const float *values, int64_t D, const float *p0, int64_t stride, float *acc0, float *acc1, int64_t apart,
+    int64_t j0, int64_t end0, int64_t end1, const int64_t w) {
+  const float *p1 = p0 + stride;
+  __m512 e0[4], o0[4], e1[4], o1[4];
+  for (int64_t k = 0; k < w; k++) {
+    e0[k] = _mm512_loadu_ps(acc0 + 16 * k); o0[k] = _mm512_loadu_ps(acc0 + apart + 16 * k);
+    if (acc1) { e1[k] = _mm512_loadu_ps(acc1 + 16 * k); o1[k] = _mm512_loadu_ps(acc1 + apart + 16 * k); }
+  }
+  int64_t j = j0;  /* (j0 a multiple of 32: even) */
+  if (acc1)
+    for (; j + 2 <= end0; j += 2) {
+      const __m512 a0 = _mm512_set1_ps(p0[j]), a1 = _mm512_set1_ps(p0[j + 1]);
+      const __m512 b0 = _mm512_set1_ps(p1[j]), b1 = _mm512_set1_ps(p1[j + 1]);
+      const float *v0 = values + j * D, *v1 = v0 + D;
+      for (int64_t k = 0; k < w; k++) {
+        const __m512 x = _mm512_loadu_ps(v0 + 16 * k), y = _mm512_loadu_ps(v1 + 16 * k);
+        e0[k] = _mm512_fmadd_ps(a0, x, e0[k]); o0[k] = _mm512_fmadd_ps(a1, y, o0[k]);
+        e1[k] = _mm512_fmadd_ps(b0, x, e1[k]); o1[k] = _mm512_fmadd_ps(b1, y, o1[k]);
+      }
+    }
+  for (int64_t t = 0; t < (acc1 ? 2 : 1); t++) {  /* what is left: each token alone, from slot j */
+    const float *p = t ? p1 : p0;
+    __m512 *e = t ? e1 : e0, *o = t ? o1 : o0;
+    for (int64_t i = j, end = t ? end1 : end0; i < end; i++) {
+      const __m512 a = _mm512_set1_ps(p[i]);
+      const float *v = values + i * D;
+      if (i & 1)
+        for (int64_t k = 0; k < w; k++) o[k] = _mm512_fmadd_ps(a, _mm512_loadu_ps(v + 16 * k), o[k]);
+      else
+        for (int64_t k = 0; k < w; k++) e[k] = _mm512_fmadd_ps(a, _mm512_loadu_ps(v + 16 * k), e[k]);
+    }
+  }
+  for (int64_t k = 0; k < w; k++) {
+    _mm512_storeu_ps(acc0 + 16 * k, e0[k]); _mm512_storeu_ps(acc0 + apart + 16 * k, o0[k]);
+    if (acc1) { _mm512_storeu_ps(acc1 + 16 * k, e1[k]); _mm512_storeu_ps(acc1 + apart + 16 * k, o1[k]); }
+  }
+}
+
 /* A row's new tokens first, first + step, ... for one query head, where every token sees slots 0 .. its
  * own (no window, no bias): its list of keys is the slots themselves, so the tokens share each block of
  * keys and values while it is in L1 (a verification pass of 9 tokens reads the cache about once a unit,
@@ -230,28 +274,13 @@ AVX512 static void row_head_avx512(const call *c, int64_t b, int64_t h, int64_t 
   }
   memset(even, 0, sizeof(float) * (size_t)(2 * n * D));
   for (int64_t j0 = 0; j0 < total; j0 += 32)  /* 32 values (8 KiB at D 64), then every token that sees them */
-    for (int64_t i = 0; i < n; i++) {
-      const int64_t seen = past + first + i * step + 1, end = seen < j0 + 32 ? seen : j0 + 32;
-      const float *p = sc + i * stride;
-      for (int64_t d = 0; d < D; d += 64) {  /* up to 64 dims in registers, two chains by slot parity */
-        const int64_t w = D - d >= 64 ? 4 : (D - d) / 16;
-        float *ev = even + i * D + d, *od = odd + i * D + d;
-        __m512 e[4], o[4];
-        for (int64_t k = 0; k < w; k++) { e[k] = _mm512_loadu_ps(ev + 16 * k); o[k] = _mm512_loadu_ps(od + 16 * k); }
-        int64_t j = j0;
-        for (; j + 2 <= end; j += 2) {
-          const __m512 p0 = _mm512_set1_ps(p[j]), p1 = _mm512_set1_ps(p[j + 1]);
-          const float *v0 = values + j * D + d, *v1 = v0 + D;
-          for (int64_t k = 0; k < w; k++) {
-            e[k] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v0 + 16 * k), e[k]);
-            o[k] = _mm512_fmadd_ps(p1, _mm512_loadu_ps(v1 + 16 * k), o[k]);
-          }
-        }
-        if (j < end) {
-          const __m512 p0 = _mm512_set1_ps(p[j]);
-          for (int64_t k = 0; k < w; k++) e[k] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(values + j * D + d + 16 * k), e[k]);
-        }
-        for (int64_t k = 0; k < w; k++) { _mm512_storeu_ps(ev + 16 * k, e[k]); _mm512_storeu_ps(od + 16 * k, o[k]); }
+    for (int64_t i = 0; i < n; i += 2) {      /* two tokens at a time: each value loaded once for both */
+      const int64_t two = i + 1 < n, seen0 = past + first + i * step + 1, seen1 = seen0 + two * step;
+      const int64_t end0 = seen0 < j0 + 32 ? seen0 : j0 + 32, end1 = seen1 < j0 + 32 ? seen1 : j0 + 32;
+      for (int64_t d = 0; d < D; d += 64) {
+        float *acc0 = even + i * D + d, *acc1 = two ? even + (i + 1) * D + d : NULL;
+        if (D - d >= 64) values_pair(values + d, D, sc + i * stride, stride, acc0, acc1, odd - even, j0, end0, end1, 4);
+        else values_pair(values + d, D, sc + i * stride, stride, acc0, acc1, odd - even, j0, end0, end1, (D - d) / 16);
       }
     }
   for (int64_t i = 0; i < n; i++) {
