@@ -11,7 +11,11 @@ machine is shared and noisy: read the ratios); every round checks that both gave
 Reported per engine, batch and workload: tokens/s end to end (generated tokens over the run's wall time,
 prefill included, as a user of trt-llm-run sees it), median and spread over the rounds, the ratio of the
 medians, lookup's proposed / accepted tokens and tokens per verification pass, and what a wider pass cost
-on the engine (the slope the cost model fitted from its timed passes).
+on the engine (the slope the cost model fitted from its timed passes). Also the decode phase alone, which
+is what speculation changes: each round also times the same requests with one new token (their prefill,
+the same code on both sides), and a side's decode rate is its tokens past each request's first over its
+run's time less that one (llama.cpp's lookup and speculative examples report this rate: "decoded N
+tokens in T s").
 """
 
 from __future__ import annotations
@@ -140,12 +144,19 @@ def main() -> None:
                 tokens, identical = {}, True
                 stats = runners["prompt-lookup"].lookup_stats
                 before = (stats.rounds, stats.proposed, stats.accepted, stats.emitted)
+                first = parse_input_dict({**data, "max_generate_length": 1})  # the prefill, and one token
+                decode = {name: [] for name in runners}
                 for _ in range(args.rounds):  # interleaved: the machine's load moves both alike
+                    start = time.perf_counter()
+                    runners["vanilla"].run(first, first.settings)
+                    prefill = time.perf_counter() - start
                     for name, runner in runners.items():
                         start = time.perf_counter()
                         responses = runner.run(loaded, loaded.settings).responses
                         elapsed = time.perf_counter() - start
-                        speeds[name].append(sum(r.generated_tokens for r in responses) / elapsed)
+                        generated = sum(r.generated_tokens for r in responses)
+                        speeds[name].append(generated / elapsed)
+                        decode[name].append((generated - len(responses)) / (elapsed - prefill))
                         tokens[name] = [r.output_token_ids for r in responses]
                     identical = identical and tokens["prompt-lookup"] == tokens["vanilla"]
                 rounds, proposed, accepted, emitted = (now - then for now, then in
@@ -154,6 +165,8 @@ def main() -> None:
                 results[f"{quantization} / {workload} / batch {batch}"] = {
                     "vanilla_tok_s": spread(speeds["vanilla"]), "lookup_tok_s": spread(speeds["prompt-lookup"]),
                     "ratio_of_medians": statistics.median(speeds["prompt-lookup"]) / statistics.median(speeds["vanilla"]),
+                    "vanilla_decode_tok_s": spread(decode["vanilla"]), "lookup_decode_tok_s": spread(decode["prompt-lookup"]),
+                    "decode_ratio_of_medians": statistics.median(decode["prompt-lookup"]) / statistics.median(decode["vanilla"]),
                     "proposed": proposed, "accepted": accepted,
                     "tokens_per_pass_with_a_proposal": emitted / rounds if rounds else 0.0,
                     # what each token of a pass past the first cost, in single-token passes (pass_cost.py's fit)
