@@ -109,26 +109,75 @@ def own_weights(optimised: Path) -> None:
     """Rewrite the optimised graph's data file to hold every initializer the graph reads: ONNX Runtime
     writes only those at least 1 KB (the rest stay in the proto) and keeps the ones its fusions left
     as they were (a MoE's experts, norms) pointing at the lowered graph's weight file, which leaves
-    the engine directory. Each tensor page-aligned, so ONNX Runtime can map it."""
+    the engine directory. Each tensor page-aligned, so ONNX Runtime can map it. A 4-bit MatMulNBits'
+    scales that are all exactly fp16 (a GGUF's are) are stored as fp16 (HALF_SCALES_SUFFIX)."""
     import os
+
+    import numpy as np
 
     folder = optimised.parent
     graph = onnx.load(str(optimised), load_external_data=False)
     data_name = optimised.name + ".data"
     whole = folder / (data_name + ".whole")
+    halvable, halved, top_level = _four_bit_scales(graph.graph), [], len(graph.graph.initializer)
     with open(whole, "wb") as out:
-        for tensor in _initializers(graph.graph):  # a Loop's body has its own (the delta rule's chunked form)
+        # a Loop's body has its own initializers (the delta rule's chunked form), after the graph's
+        for index, tensor in enumerate(_initializers(graph.graph)):
             if not uses_external_data(tensor):
                 continue
             info = ExternalDataInfo(tensor)
             with open(folder / info.location, "rb") as data:
                 data.seek(info.offset or 0)
                 blob = data.read(info.length) if info.length else data.read()
+            if index < top_level and tensor.name in halvable:
+                values = np.frombuffer(blob, np.float32)
+                with np.errstate(over="ignore"):  # (a value past fp16's range: not halved)
+                    half = values.astype(np.float16)
+                if np.array_equal(half.astype(np.float32), values):
+                    blob = half.tobytes()
+                    halved.append(tensor.name)
+                    tensor.name, tensor.data_type = tensor.name + HALF_SCALES_SUFFIX, onnx.TensorProto.FLOAT16
             out.write(b"\0" * (-out.tell() % ALIGNMENT))
             _point(tensor, data_name, out.tell(), len(blob))
             out.write(blob)
     os.replace(whole, folder / data_name)
+    # each halved tensor's old name is now a Cast's output, first in the graph (before any reader)
+    casts = [helper.make_node("Cast", [name + HALF_SCALES_SUFFIX], [name], name=f"{name}/to_float",
+                              to=onnx.TensorProto.FLOAT) for name in halved]
+    if casts:
+        nodes = [*casts, *graph.graph.node]
+        del graph.graph.node[:]
+        graph.graph.node.extend(nodes)
     onnx.save_model(graph, str(optimised))
+
+
+# A 4-bit matmul's scales, all exact fp16 values (a GGUF's blocks carry fp16 scales), are stored as fp16
+# under this suffix and widened by a Cast to their old name: 2 bytes a block of 32 instead of 4 (the
+# SmolLM2 Q4_1 engine goes from 1.18x its file to 1.12x: README, "Weight-only quantization"). The Cast
+# widens them exactly; our kernel reads the fp16 tensor itself (cpu_kernels/rewrite.py), and where
+# ONNX Runtime's MatMulNBits runs, the runtime folds the Cast as the session opens (cpu_kernels.adopt:
+# MatMulNBits reads a Cast's output wrongly when the graph is not optimised, measured). 8-bit matmuls
+# keep fp32 scales: the tied LM head's are also the embedding's, read in place (build/tied_embedding.py).
+HALF_SCALES_SUFFIX = "_fp16"
+
+
+def _four_bit_scales(graph: onnx.GraphProto) -> set[str]:
+    """The names of `graph`'s float32 initializers that only 4-bit MatMulNBits read, as their scales."""
+    initializers = {t.name: t for t in graph.initializer}
+    scales, other = set(), set()
+    for node in graph.node:
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        for index, name in enumerate(node.input):
+            if node.op_type == "MatMulNBits" and index == 2 and attributes.get("bits") == 4:
+                scales.add(name)
+            else:
+                other.add(name)
+        for attribute in node.attribute:  # (a Loop's or If's body may read an outer initializer)
+            for body in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
+                other |= {name for inner in body.node for name in inner.input}
+    read_elsewhere = other | {o.name for o in graph.output}
+    return {name for name in scales - read_elsewhere
+            if name in initializers and initializers[name].data_type == onnx.TensorProto.FLOAT}
 
 
 def _initializers(graph: onnx.GraphProto):

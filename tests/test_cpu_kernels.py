@@ -147,6 +147,52 @@ def test_a_rows_bits_are_its_own_at_every_pass_width(built, bits, scales_kind, m
         assert np.array_equal(with_kernel(model, a[:width], tmp_path), alone[:width]), f"{width} rows"
 
 
+def test_fp16_scales_are_stored_as_fp16_and_read_on_either_kernel(built, monkeypatch, tmp_path):
+    """The build stores a 4-bit matmul's scales as fp16 where every one is an fp16 (a GGUF's), widened by a
+    Cast, and an 8-bit matmul's (the tied head's) as they were; as the engine opens, our kernel reads the
+    fp16 tensor and the Cast goes, and where MatMulNBits runs (TRT_LLM_CPU_KERNELS=0) the Cast is folded:
+    both give what the float32 scales gave."""
+    from trt_llm.build import cpu_backend
+
+    rng = np.random.default_rng(16)
+    K, N = 576, 96
+    weights4 = rng.integers(0, 256, (N, K // 32, 16), dtype=np.uint8)
+    weights8 = rng.integers(0, 256, (N, K // 32, 32), dtype=np.uint8)
+    scales = rng.uniform(0.001, 0.05, N * K // 32).astype(np.float16).astype(np.float32)
+    four, eight = matmul_nbits(K, N, 4, weights4, scales, name="four"), matmul_nbits(K, N, 8, weights8, scales, name="eight")
+    graph = four.graph  # Y = four(A) + eight(A)
+    graph.node[0].output[0] = "Y4"
+    graph.node.extend([helper.make_node("MatMulNBits", ["A", "eight.B", "eight.S"], ["Y8"], domain="com.microsoft",
+                                        K=K, N=N, bits=8, block_size=32, accuracy_level=4),
+                       helper.make_node("Add", ["Y4", "Y8"], ["Y"])])
+    for tensor in eight.graph.initializer:
+        tensor.name = "eight." + tensor.name
+        graph.initializer.append(tensor)
+    path = tmp_path / "model.cpu.opt.onnx"
+    onnx.save_model(four, str(path), save_as_external_data=True, location="weights.bin", size_threshold=0)
+    a = rng.standard_normal((3, K)).astype(np.float32)
+    expected = run(onnx.load(str(path)), a)
+
+    cpu_backend.own_weights(path)
+    stored = onnx.load(str(path), load_external_data=False)
+    kinds = {t.name: t.data_type for t in stored.graph.initializer}
+    assert kinds["S" + cpu_backend.HALF_SCALES_SUFFIX] == TensorProto.FLOAT16 and kinds["eight.S"] == TensorProto.FLOAT
+    assert [n.op_type for n in stored.graph.node] == ["Cast", "MatMulNBits", "MatMulNBits", "Add"]
+    for mode in PATHS + ["0"]:
+        monkeypatch.setenv(cpu_kernels.ENV, mode)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as ort_engine loads an engine
+        adopted = cpu_kernels.adopt(path, options, tmp_path)
+        if mode != "0":
+            assert b"Cast" not in adopted and b"MatMulBlocks8" in adopted
+        else:
+            assert adopted == path and options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.intra_op_num_threads = 2
+        session = ort.InferenceSession(str(adopted) if mode == "0" else adopted, options, providers=["CPUExecutionProvider"])
+        got = session.run(None, {"A": a})[0]
+        np.testing.assert_allclose(got, expected, rtol=0, atol=2e-6 * np.abs(expected).max(), err_msg=mode)
+
+
 def with_offsets(model: onnx.ModelProto, offsets: np.ndarray) -> onnx.ModelProto:
     """`model` (one MatMulNBits) plus a Q4_1 file's offsets as plugins/weight_only_matmul.py lowers them:
     Y = MatMulNBits(A) + ReduceSum(Reshape(A, [..., K/O, O]), -1) @ offsets."""

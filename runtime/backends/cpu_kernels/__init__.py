@@ -90,16 +90,23 @@ def _warn_once(reason: str) -> None:
 def adopt(graph: Path | bytes, options, weights_folder: Path) -> Path | bytes:
     """The graph a session should load: `graph` (a path, or a serialized model whose weights lie in
     `weights_folder`) with the matmuls our kernel takes swapped in and the library registered in
-    `options`; `graph` itself where none is swapped."""
+    `options`; `graph` itself where none is swapped. `options` is raised to the basic optimisation
+    level where fp16 scales stay on MatMulNBits, to fold their Casts."""
     import onnx
 
-    from trt_llm.runtime.backends.cpu_kernels.rewrite import swap_attention, swap_matmuls
+    from trt_llm.runtime.backends.cpu_kernels.rewrite import half_scales, swap_attention, swap_matmuls
 
     path = library_path()
-    if path is None:
-        return graph
     model = onnx.load(str(graph), load_external_data=False) if isinstance(graph, Path) else onnx.load_from_string(graph)
-    matmuls, attention = swap_matmuls(model), swap_attention(model)
+    matmuls, attention = (swap_matmuls(model), swap_attention(model)) if path is not None else (0, 0)
+    if half_scales(model.graph, {t.name: t for t in model.graph.initializer}):
+        # fp16 scales (build/cpu_backend.HALF_SCALES_SUFFIX) that stay MatMulNBits': ONNX Runtime folds
+        # their Casts at the basic level (unfolded, MatMulNBits reads a Cast's output wrongly: measured)
+        import onnxruntime as ort
+
+        basic = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        if int(options.graph_optimization_level) < int(basic):
+            options.graph_optimization_level = basic
     if not matmuls and not attention:
         return graph
     log.info("%s: %d matmuls and %d attention nodes on trt_llm.cpu's kernels (%s)", getattr(graph, "name", "graph"),

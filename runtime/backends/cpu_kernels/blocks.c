@@ -88,7 +88,7 @@ static void arena_release(chunk *c) {
 }
 
 /* ---------------- scales ---------------- */
-static float half_to_float(uint16_t h) {
+float half_to_float(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
   if (exp == 0) {
     if (man == 0) bits = sign;

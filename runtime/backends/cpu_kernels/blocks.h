@@ -46,6 +46,9 @@ HIDDEN void packed_unit(const packed *k, size_t unit, const q8_row *rows, int64_
 HIDDEN q8_row *q8_rows_new(int64_t M, int64_t K, uint8_t **buffer);
 HIDDEN void quantize_row(const float *a, int64_t K, int bits, q8_row *out, int vnni);
 
+/* an fp16 value (IEEE binary16 bits) as a float, exactly */
+HIDDEN float half_to_float(uint16_t h);
+
 /* TRT_LLM_CPU_KERNELS=c: every kernel (ours, attention.c's too) takes its plain C path (the tests run both) */
 HIDDEN int plain_c_asked(void);
 

@@ -8,7 +8,8 @@
  *   A       float32 [..., K]
  *   B       uint8 [N, ceil(K/G), G * bits/8], constant: 4 bits, element 2j in byte j's low nibble, 2j+1
  *           in its high one; or 8 bits, one byte each; unsigned, zero point 8 or 128 (MatMulNBits' default)
- *   scales  float32 [N * ceil(K/G)], constant
+ *   scales  float32 or float16 [N * ceil(K/G)], constant (fp16: a GGUF's, as the build stores them, read
+ *           from the initializer rewrite.py gives in place of the Cast that widens it)
  *   offsets float32 [K/O, N], constant, optional (a Q4_1 file's block minimums: rewrite.fold_offsets
  *           folds our lowering's ReduceSum + MatMul + Add that add them into the node)
  *   attributes K (a multiple of 32), N (of 8), bits (4 or 8), block_size (G: 32 or a multiple of it),
@@ -98,15 +99,16 @@ static OrtStatus *compute(void *kernel, OrtKernelContext *ctx) {
   return st;
 }
 
-/* a constant input's data, checked to hold `expect` elements */
+/* a constant input's data, checked to hold `expect` elements; its element type into *type where asked */
 static OrtStatus *constant_input(const OrtKernelInfo *info, size_t index, int64_t expect, const void **data,
-                                 const char *message) {
+                                 const char *message, ONNXTensorElementDataType *type) {
   int is_const = 0; const OrtValue *v = NULL;
   TRY(api->KernelInfoGetConstantInput_tensor(info, index, &is_const, &v));
   if (!is_const || !v) return api->CreateStatus(ORT_INVALID_ARGUMENT, message);
   OrtTensorTypeAndShapeInfo *ti; size_t count = 0;
   TRY(api->GetTensorTypeAndShape(v, &ti));
   OrtStatus *st = api->GetTensorShapeElementCount(ti, &count);
+  if (!st && type) st = api->GetTensorElementType(ti, type);
   api->ReleaseTensorTypeAndShapeInfo(ti);
   if (st) return st;
   if ((int64_t)count != expect) return api->CreateStatus(ORT_INVALID_ARGUMENT, message);
@@ -131,8 +133,12 @@ static OrtStatus *create_kernel(const OrtCustomOp *op, const OrtApi *a, const Or
   const int64_t nb = K / QK, groups = (K + G - 1) / G, row_bytes = groups * G * bits / 8;
   static const char *shapes = "MatMulBlocks8: B must be an initializer [N, ceil(K/block_size), block_size*bits/8], scales [N*ceil(K/block_size)]";
   const void *src, *scales;
-  TRY(constant_input(info, 1, N * row_bytes, &src, shapes));
-  TRY(constant_input(info, 2, N * groups, &scales, shapes));
+  ONNXTensorElementDataType scale_type;
+  TRY(constant_input(info, 1, N * row_bytes, &src, shapes, NULL));
+  TRY(constant_input(info, 2, N * groups, &scales, shapes, &scale_type));
+  if (scale_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && scale_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16)
+    return a->CreateStatus(ORT_INVALID_ARGUMENT, "MatMulBlocks8: scales must be float32 or float16");
+  const int half_scales = scale_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
   /* a Q4_1 file's offsets, where the node has them (rewrite.fold_offsets) */
   size_t inputs = 0;
   TRY(a->KernelInfo_GetInputCount(info, &inputs));
@@ -143,10 +149,11 @@ static OrtStatus *create_kernel(const OrtCustomOp *op, const OrtApi *a, const Or
                                        "initializer [K/offsets_group, N]";
     TRY(int_attribute(info, "offsets_group", &og, needs_offsets));
     if (og <= 0 || K % og) return a->CreateStatus(ORT_INVALID_ARGUMENT, needs_offsets);
-    TRY(constant_input(info, 3, K / og * N, &offsets, needs_offsets));
+    TRY(constant_input(info, 3, K / og * N, &offsets, needs_offsets, NULL));
   }
-  /* a scale of G inputs repeated over its G / 32 blocks (the activations round per 32: finer than per G) */
-  float *per_block = G == QK ? (float *)scales : malloc(sizeof(float) * (size_t)(N * nb));
+  /* a scale of G inputs repeated over its G / 32 blocks (the activations round per 32: finer than per G);
+   * fp16 scales widened (exactly) first */
+  float *per_block = G == QK && !half_scales ? (float *)scales : malloc(sizeof(float) * (size_t)(N * nb));
   node *nd = calloc(1, sizeof *nd);
   packed *k = nd ? &nd->k : NULL;
   if (nd && offsets) {
@@ -156,7 +163,10 @@ static OrtStatus *create_kernel(const OrtCustomOp *op, const OrtApi *a, const Or
     else k = NULL;
   }
   if (per_block && per_block != scales)
-    for (int64_t i = 0; i < N * nb; i++) per_block[i] = ((const float *)scales)[(i / nb) * groups + (i % nb) * QK / G];
+    for (int64_t i = 0; i < N * nb; i++) {
+      const int64_t at = (i / nb) * groups + (i % nb) * QK / G;
+      per_block[i] = half_scales ? half_to_float(((const uint16_t *)scales)[at]) : ((const float *)scales)[at];
+    }
   int failed = !per_block || !k || packed_init(k, K, N, (int)bits, (const uint8_t *)src, row_bytes, per_block);
   if (per_block != scales) free(per_block);
   if (failed) {
@@ -165,7 +175,7 @@ static OrtStatus *create_kernel(const OrtCustomOp *op, const OrtApi *a, const Or
     return a->CreateStatus(ORT_FAIL, "MatMulBlocks8: out of memory for the packed weights");
   }
   let_go(src, (size_t)(N * row_bytes));
-  let_go(scales, (size_t)(N * groups) * 4);
+  let_go(scales, (size_t)(N * groups) * (half_scales ? 2 : 4));
   if (offsets) let_go(offsets, sizeof(float) * (size_t)(K / og * N));
   *out = nd;
   return NULL;
@@ -181,7 +191,9 @@ static void destroy(void *kernel) {
 static const char *op_name(const OrtCustomOp *op) { return "MatMulBlocks8"; }
 static const char *provider(const OrtCustomOp *op) { return "CPUExecutionProvider"; }
 static ONNXTensorElementDataType in_type(const OrtCustomOp *op, size_t i) {
-  return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  return i == 1   ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8
+         : i == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED /* float or float16: create_kernel checks */
+                  : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 }
 static ONNXTensorElementDataType out_type(const OrtCustomOp *op, size_t i) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
 static size_t four(const OrtCustomOp *op) { return 4; }

@@ -29,7 +29,8 @@ def takes(node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto]) -> bo
     """A MatMulNBits the kernel computes as it does: 4 or 8 bits in blocks of 32 or a multiple of it (the
     activations then round per 32, finer than MatMulNBits' per block), no zero points, group index or bias,
     accuracy level 4 (a test's level 1 stays MatMulNBits'), K a multiple of 32 (of the block or not: the
-    last block padded), N of 8, float32 scales, and constant weights."""
+    last block padded), N of 8, float32 scales (or fp16 ones widened by a Cast: `initializers` maps its
+    output to them, half_scales), and constant weights."""
     if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
         return False
     attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -42,7 +43,16 @@ def takes(node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto]) -> bo
         return False
     weights, scales = initializers.get(node.input[1]), initializers.get(node.input[2])
     return (weights is not None and scales is not None and weights.data_type == TensorProto.UINT8
-            and scales.data_type == TensorProto.FLOAT)
+            and scales.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16))
+
+
+def half_scales(graph: onnx.GraphProto, initializers: dict[str, onnx.TensorProto]) -> dict[str, str]:
+    """{a Cast's output: its input} for each Cast that widens an fp16 initializer to float32 (a 4-bit
+    matmul's scales as the build stores them: build/cpu_backend.HALF_SCALES_SUFFIX)."""
+    return {n.output[0]: n.input[0] for n in graph.node
+            if n.op_type == "Cast" and n.input[0] in initializers
+            and initializers[n.input[0]].data_type == TensorProto.FLOAT16
+            and any(a.name == "to" and a.i == TensorProto.FLOAT for a in n.attribute)}
 
 
 def swap_matmuls(model: onnx.ModelProto) -> int:
@@ -58,19 +68,38 @@ def swap_matmuls(model: onnx.ModelProto) -> int:
 
 def _swap(graph: onnx.GraphProto, outer: dict[str, onnx.TensorProto]) -> int:
     initializers = {**outer, **{t.name: t for t in graph.initializer}}
+    halves = half_scales(graph, initializers)
+    seen = {**initializers, **{cast: initializers[half] for cast, half in halves.items()}}
     swapped = 0
     for node in graph.node:
         for attribute in node.attribute:
             for body in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
                 swapped += _swap(body, initializers)
-        if takes(node, initializers):
+        if takes(node, seen):
             kept = [a for a in node.attribute if a.name in ("K", "N", "bits", "block_size")]
             del node.attribute[:]
             node.attribute.extend(kept)
             del node.input[3:]
+            node.input[2] = halves.get(node.input[2], node.input[2])  # (the kernel reads fp16 scales itself)
             node.op_type, node.domain = OP, DOMAIN
             swapped += 1
+    if halves:  # the Casts no node reads any more
+        read = _names_read(graph) | {o.name for o in graph.output}
+        kept_nodes = [n for n in graph.node if not (n.output and n.output[0] in halves and n.output[0] not in read)]
+        del graph.node[:]
+        graph.node.extend(kept_nodes)
     return swapped
+
+
+def _names_read(graph: onnx.GraphProto) -> set[str]:
+    """Every name `graph`'s nodes read, those of their Loop and If bodies included."""
+    read = set()
+    for node in graph.node:
+        read.update(node.input)
+        for attribute in node.attribute:
+            for body in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
+                read |= _names_read(body)
+    return read
 
 
 def takes_attention(node: onnx.NodeProto, float_values: set[str]) -> bool:
