@@ -5,6 +5,7 @@ heads, 3 kv heads, head size 64), in one interleaved run.
 
     python benchmarks/attention_op.py                 # 2 threads, 7 rounds: about a minute
     python benchmarks/attention_op.py --smoke         # 1 round, short: checks the plumbing
+    python benchmarks/attention_op.py --baseline OTHER.so  # also our op on another build of the library
 
 Settings: decode (1 new token) after 100, 600 and 1,500 cached ones at batch 1, after 600 at batch 4; a
 verification pass of 9 tokens after 600 (prompt lookup's widest) at batch 1 and 4; prefill of 64 and 512
@@ -53,13 +54,15 @@ def parse_args(argv=None):
     p.add_argument("--seconds", type=float, default=0.3, help="each timing: calls repeated for this long")
     p.add_argument("--out-dir", type=Path, default=REPO / "out" / "bench")
     p.add_argument("--smoke", action="store_true")
+    p.add_argument("--baseline", type=Path, help="another build of our kernels' library, timed beside ours")
     args = p.parse_args(argv)
     if args.smoke:
         args.rounds, args.seconds = 1, 0.02
     return args
 
 
-def session(ours: bool, threads: int) -> ort.InferenceSession:
+def session(ours: bool, threads: int, library: Path | None = None) -> ort.InferenceSession:
+    """GroupQueryAttention, or our op (on `library`, another build of it, where given)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     graph = gqa_model(HEADS, KV_HEADS, HEAD, CAPACITY, HEAD).SerializeToString()
@@ -67,6 +70,10 @@ def session(ours: bool, threads: int) -> ort.InferenceSession:
         graph = cpu_kernels.adopt(graph, options, REPO)
         if b"CachedAttention" not in graph:
             sys.exit(f"our kernel is not used here: {cpu_kernels.describe()}")
+        if library is not None:
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = threads
+            options.register_custom_ops_library(str(library))
     return ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
 
 
@@ -103,12 +110,15 @@ def timed(call, seconds: float) -> float:
 def main(argv=None) -> int:
     args = parse_args(argv)
     sessions = {"GroupQueryAttention": session(False, args.threads), "CachedAttention": session(True, args.threads)}
+    if args.baseline:
+        sessions["baseline"] = session(True, args.threads, args.baseline)
     rng = np.random.default_rng(0)
     calls = {}
     for name, past, new, batch in SETTINGS:
         f = feeds(rng, HEADS, KV_HEADS, HEAD, CAPACITY, HEAD, [past] * batch, [new] * batch, new)
         calls[name] = {op: Bound(s, f) for op, s in sessions.items()}
-        theirs, ours = (calls[name][op]() for op in sessions)
+        outputs = {op: call() for op, call in calls[name].items()}
+        theirs, ours = outputs["GroupQueryAttention"], outputs["CachedAttention"]
         if np.abs(theirs - ours).max() > 2e-6:
             sys.exit(f"{name}: the ops disagree by {np.abs(theirs - ours).max():.2e}")
     times = {name: {op: [] for op in sessions} for name in calls}
@@ -124,16 +134,29 @@ def main(argv=None) -> int:
         rows.append({"setting": name, "gqa_us": statistics.median(gqa) * 1e6, "ours_us": statistics.median(ours) * 1e6,
                      "speedup_median": statistics.median(ratios), "speedup_min": min(ratios), "speedup_max": max(ratios),
                      "gqa_us_all": [t * 1e6 for t in gqa], "ours_us_all": [t * 1e6 for t in ours]})
+        if args.baseline:
+            base = times[name]["baseline"]
+            over = [b / o for b, o in zip(base, ours)]
+            rows[-1].update({"baseline_us": statistics.median(base) * 1e6, "over_baseline_median": statistics.median(over),
+                             "over_baseline_min": min(over), "over_baseline_max": max(over),
+                             "baseline_us_all": [t * 1e6 for t in base]})
     result = {"command": " ".join(sys.argv), "git_head": git_head(), "cpu": cpu_name(), "machine": platform.machine(),
               "cores": os.cpu_count(), "threads": args.threads, "rounds": args.rounds, "onnxruntime": ort.__version__,
-              "kernels": cpu_kernels.describe(), "widths": {"heads": HEADS, "kv_heads": KV_HEADS, "head": HEAD},
+              "kernels": cpu_kernels.describe(), "baseline": str(args.baseline) if args.baseline else None,
+              "widths": {"heads": HEADS, "kv_heads": KV_HEADS, "head": HEAD},
               "rows": rows}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "attention_op.json").write_text(json.dumps(result, indent=1))
-    print(f"| setting | GroupQueryAttention us | CachedAttention us | speed-up, median (min-max) |\n|---|---:|---:|---:|")
+    extra = (" baseline us | ours over it |", "---:|---:|") if args.baseline else ("", "")
+    print(f"| setting | GroupQueryAttention us | CachedAttention us | speed-up, median (min-max) |{extra[0]}\n"
+          f"|---|---:|---:|---:|{extra[1]}")
     for row in rows:
-        print(f"| {row['setting']} | {row['gqa_us']:.0f} | {row['ours_us']:.0f} | "
-              f"{row['speedup_median']:.2f}x ({row['speedup_min']:.2f}-{row['speedup_max']:.2f}) |")
+        line = (f"| {row['setting']} | {row['gqa_us']:.0f} | {row['ours_us']:.0f} | "
+                f"{row['speedup_median']:.2f}x ({row['speedup_min']:.2f}-{row['speedup_max']:.2f}) |")
+        if args.baseline:
+            line += (f" {row['baseline_us']:.0f} | {row['over_baseline_median']:.2f}x "
+                     f"({row['over_baseline_min']:.2f}-{row['over_baseline_max']:.2f}) |")
+        print(line)
     return 0
 
 

@@ -6,6 +6,8 @@ verification passes (2 to 9), a batch of 4 rows, and prefills (64, 512).
 
     python benchmarks/matmul_op.py                    # 2 threads, 7 rounds: about two minutes
     python benchmarks/matmul_op.py --smoke            # 1 round, short: checks the plumbing
+    python benchmarks/matmul_op.py --baseline OTHER.so  # also our op on another build of the library
+                                                         # (a kernel change against the one before)
 
 Matrices: the MLP's gate and up projections, 576 -> 3072 at 4 bits (int4's layers, a GGUF's blocks of 32,
 fp16 scales), and the LM head, 576 -> 49,152 at 8 bits (int4 engines keep it at 8). Each round times every
@@ -51,13 +53,14 @@ def parse_args(argv=None):
     p.add_argument("--seconds", type=float, default=0.3, help="each timing: calls repeated for this long")
     p.add_argument("--out-dir", type=Path, default=REPO / "out" / "bench")
     p.add_argument("--smoke", action="store_true")
+    p.add_argument("--baseline", type=Path, help="another build of our kernels' library, timed beside ours")
     args = p.parse_args(argv)
     if args.smoke:
         args.rounds, args.seconds = 1, 0.02
     return args
 
 
-def sessions(K: int, N: int, bits: int, threads: int) -> dict[str, ort.InferenceSession]:
+def sessions(K: int, N: int, bits: int, threads: int, baseline: Path | None = None) -> dict[str, ort.InferenceSession]:
     rng = np.random.default_rng(K + N + bits)
     weights = rng.integers(0, 256, (N, K // 32, 16 if bits == 4 else 32), dtype=np.uint8)
     scales = rng.uniform(0.001, 0.05, N * K // 32).astype(np.float16).astype(np.float32)  # a GGUF's: fp16
@@ -71,6 +74,11 @@ def sessions(K: int, N: int, bits: int, threads: int) -> dict[str, ort.Inference
             if b"MatMulBlocks8" not in adopted:
                 sys.exit(f"our kernel is not used here: {cpu_kernels.describe()}")
             made[op] = ort.InferenceSession(adopted, options, providers=["CPUExecutionProvider"])
+            if baseline is not None:  # the same graph on the other library
+                options = ort.SessionOptions()
+                options.intra_op_num_threads = threads
+                options.register_custom_ops_library(str(baseline))
+                made["baseline"] = ort.InferenceSession(adopted, options, providers=["CPUExecutionProvider"])
         else:
             made[op] = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
     return made
@@ -90,16 +98,17 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     calls, work = {}, {}
     for name, K, N, bits in MATRICES:
-        made = sessions(K, N, bits, args.threads)
+        made = sessions(K, N, bits, args.threads, args.baseline)
         for m in ROWS:
             a = rng.standard_normal((m, K)).astype(np.float32)
             setting = f"{name}, {m} row{'s' if m > 1 else ''}"
             calls[setting] = {op: (lambda s=s, a=a: s.run(None, {"A": a})[0]) for op, s in made.items()}
             work[setting] = m * K * N
-            theirs, ours = (calls[setting][op]() for op in made)
+            outputs = {op: call() for op, call in calls[setting].items()}
+            theirs, ours = outputs["MatMulNBits"], outputs["MatMulBlocks8"]
             if np.abs(theirs - ours).max() > 1e-3 * np.abs(theirs).max():
                 sys.exit(f"{setting}: the ops disagree by {np.abs(theirs - ours).max():.2e}")
-    ops = ("MatMulNBits", "MatMulBlocks8")
+    ops = ("MatMulNBits", "MatMulBlocks8") + (("baseline",) if args.baseline else ())
     times = {setting: {op: [] for op in ops} for setting in calls}
     for r in range(args.rounds):
         for setting in calls:
@@ -114,16 +123,27 @@ def main(argv=None) -> int:
                      "ours_us": statistics.median(ours) * 1e6, "ours_gmac_s": work[setting] / statistics.median(ours) / 1e9,
                      "speedup_median": statistics.median(ratios), "speedup_min": min(ratios), "speedup_max": max(ratios),
                      "matmulnbits_us_all": [t * 1e6 for t in theirs], "ours_us_all": [t * 1e6 for t in ours]})
+        if args.baseline:
+            base = times[setting]["baseline"]
+            over = [b / o for b, o in zip(base, ours)]
+            rows[-1].update({"baseline_us": statistics.median(base) * 1e6, "over_baseline_median": statistics.median(over),
+                             "over_baseline_min": min(over), "over_baseline_max": max(over),
+                             "baseline_us_all": [t * 1e6 for t in base]})
     result = {"command": " ".join(sys.argv), "git_head": git_head(), "cpu": cpu_name(), "machine": platform.machine(),
               "cores": os.cpu_count(), "threads": args.threads, "rounds": args.rounds, "onnxruntime": ort.__version__,
-              "kernels": cpu_kernels.describe(), "rows": rows}
+              "kernels": cpu_kernels.describe(), "baseline": str(args.baseline) if args.baseline else None, "rows": rows}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "matmul_op.json").write_text(json.dumps(result, indent=1))
-    print("| setting | MatMulNBits us | MatMulBlocks8 us | ours, GMAC/s | speed-up, median (min-max) |\n"
-          "|---|---:|---:|---:|---:|")
+    extra = (" baseline us | ours over it |", "---:|---:|") if args.baseline else ("", "")
+    print(f"| setting | MatMulNBits us | MatMulBlocks8 us | ours, GMAC/s | speed-up, median (min-max) |{extra[0]}\n"
+          f"|---|---:|---:|---:|---:|{extra[1]}")
     for row in rows:
-        print(f"| {row['setting']} | {row['matmulnbits_us']:.0f} | {row['ours_us']:.0f} | {row['ours_gmac_s']:.0f} | "
-              f"{row['speedup_median']:.2f}x ({row['speedup_min']:.2f}-{row['speedup_max']:.2f}) |")
+        line = (f"| {row['setting']} | {row['matmulnbits_us']:.0f} | {row['ours_us']:.0f} | {row['ours_gmac_s']:.0f} | "
+                f"{row['speedup_median']:.2f}x ({row['speedup_min']:.2f}-{row['speedup_max']:.2f}) |")
+        if args.baseline:
+            line += (f" {row['baseline_us']:.0f} | {row['over_baseline_median']:.2f}x "
+                     f"({row['over_baseline_min']:.2f}-{row['over_baseline_max']:.2f}) |")
+        print(line)
     return 0
 
 
