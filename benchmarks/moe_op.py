@@ -5,12 +5,14 @@ Qwen3-30B-A3B's widths (hidden 2048, 128 experts, top 8, expert width 768), in o
     python benchmarks/moe_op.py            # 2 threads, 20 repetitions: about 10 minutes, 12 GB of memory
     python benchmarks/moe_op.py --smoke    # tiny widths, seconds: checks the plumbing
 
-Part 1, the lowering's kernels (one layer): ONNX Runtime's com.microsoft.MoE (fp32) / QMoE (int4 in
+Part 1, the lowering's kernels (one layer): ONNX Runtime's com.microsoft.MoE (fp32) and our
+MixtureOfExperts, which the runtime swaps in for it (runtime/backends/cpu_kernels/moe.c) / QMoE (int4 in
 blocks of 128, the build's default, at accuracy levels 0 and 4; int8 in blocks of 32, the cpu default)
 at 1 and 8 tokens (decode) and a 64-token prefill. (The op's function body, which they were chosen
 against on 2026-12-02, no longer loads in this hand-made graph under ONNX Runtime 1.32.) Part 1 repeats
 one input, so its chosen experts stay in the cache: its 1-token rows are cache speed, part 2's are not. Part 2: two blocks in sequence, decode (one token per row) at
-batch 1 and 8: our op on ONNX Runtime (fp32, int4) against transformers' block in eager torch, both
+batch 1 and 8: our op on ONNX Runtime (fp32 on our MixtureOfExperts, as the runtime runs it, and on
+ONNX Runtime's MoE; int4) against transformers' block in eager torch, both
 its experts implementations (grouped_mm is what from_pretrained picks; eager is its loop).
 
 Each setting runs every implementation in turn, repetition after repetition, after an untimed
@@ -43,6 +45,7 @@ sys.path.insert(0, str(REPO))
 from trt_llm.build.models.moe import SparseMoe  # noqa: E402
 from trt_llm.build.quantize import QuantSpec  # noqa: E402
 from trt_llm.plugins import moe as moe_op  # noqa: E402
+from trt_llm.runtime.backends import cpu_kernels  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -115,13 +118,20 @@ class Graph:
                                                                                          "Squeeze", "Softmax")})
         self.model = model
 
-    def session(self, threads: int) -> ort.InferenceSession:
+    def session(self, threads: int, ours: bool = False) -> ort.InferenceSession:
+        """ours: the lowered graph as the runtime opens it (cpu_kernels.adopt: a float MoE on our
+        MixtureOfExperts), else as written (ONNX Runtime's MoE / QMoE)."""
         options = ort.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
         options.log_severity_level = 3
         names = list(self.buffers)
         options.add_external_initializers(names, [ort.OrtValue.ortvalue_from_numpy(self.buffers[n]) for n in names])
-        session = ort.InferenceSession(self.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        graph = self.model.SerializeToString()
+        if ours:
+            graph = cpu_kernels.adopt(graph, options, REPO)
+            if b"MixtureOfExperts" not in graph:
+                raise SystemExit(f"our MoE kernel is not used here: {cpu_kernels.describe()}")
+        session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
         session.keep = options  # the OrtValues live as long as the session reads them
         return session
 
@@ -203,14 +213,14 @@ def main(argv=None) -> int:
         # The function bodies (the lowering's first choice against the kernels, 2026-12-02) no longer load in this
         # hand-made graph (ONNX Runtime 1.32 refuses their attribute-referencing Constant outside an export): the
         # kernels are what runs.
-        ("fp32", fp32[:1], 1e-4, [("MoE", True, None)]),
+        ("fp32", fp32[:1], 1e-4, [("MoE", True, None), ("ours (MixtureOfExperts)", True, None)]),
         (f"int4 g{group}", int4[:1], 1e-4, [("QMoE level 0", True, 0), ("QMoE level 4", True, 4)]),
         ("int8 g32", int8, 5e-2, [("QMoE", True, None)]),
     ):
         runs = {}
         for name, lowered, level in variants:
             graph = Graph(layers, lowered, level)
-            session = graph.session(args.threads)
+            session = graph.session(args.threads, ours=name.startswith("ours"))
             runs[name] = {}
             for setting, x in tokens.items():
                 if name == "body" and setting not in body_tokens and not args.smoke:
@@ -238,11 +248,13 @@ def main(argv=None) -> int:
     for implementation in ("grouped_mm", "eager"):
         for x in decode.values():
             check("the torch op", torch_reference(fp32, x).numpy(), hf_runner(implementation)(x), 1e-4)
-    sessions = {"ours fp32 (MoE)": Graph(fp32, True).session(args.threads),
+    sessions = {"ours fp32 (MixtureOfExperts)": Graph(fp32, True).session(args.threads, ours=True),
+                "ours fp32 (MoE)": Graph(fp32, True).session(args.threads),
                 f"ours int4 g{group} (QMoE)": Graph(int4, True).session(args.threads)}
     first_int4 = Graph(int4[:1], True).session(args.threads)
     for x in decode.values():
-        check("ours fp32", sessions["ours fp32 (MoE)"].run(None, {"x": x.numpy()})[0], torch_reference(fp32, x), 1e-4)
+        for name in ("ours fp32 (MixtureOfExperts)", "ours fp32 (MoE)"):
+            check(name, sessions[name].run(None, {"x": x.numpy()})[0], torch_reference(fp32, x), 1e-4)
         # int4 at QMoE's accuracy level 4 rounds the activations to int8: within that rounding, one layer
         # (random blocks chained without a residual make the second layer's routing near-ties, which
         # that rounding flips)

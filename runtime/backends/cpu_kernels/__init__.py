@@ -6,7 +6,9 @@ matrices (`blocks.c`). (A QMoE kernel on them was measured no faster than ONNX R
 at decode and slower at prefill: benchmarks/results/2026-12-07/moe_op.txt; not kept.) `CachedAttention`
 (`attention.c`) stands in for the GroupQueryAttention our lowering writes, in every float32 engine: a token's
 output then has the same bits in a decode step and in a verification pass of several tokens (prompt
-lookup, EAGLE), which GroupQueryAttention's matrix products over the whole pass do not give. The engine on disk
+lookup, EAGLE), which GroupQueryAttention's matrix products over the whole pass do not give. `MixtureOfExperts`
+(`moe.c`) stands in for ONNX Runtime's float32 MoE of SwiGLU experts: the chosen experts' weights read in
+place at the memory's speed (a decode step of an fp32 MoE model is bound by them). The engine on disk
 is unchanged (MatMulNBits and GroupQueryAttention nodes, their weights); as a session opens, `adopt` swaps
 the nodes the kernels take (rewrite.py) and registers the library (library.py, compiled by
 scripts/setup.sh into a per-user cache). Where there is no library, the CPU has no AVX-512 VNNI, or
@@ -56,11 +58,12 @@ def library_path() -> Path | None:
 
 
 def describe() -> str:
-    """One line on what a session here runs its int4 / int8 matmuls and attention on (benchmarks record it)."""
+    """One line on what a session here runs its int4 / int8 matmuls, attention and float MoE on (benchmarks
+    record it)."""
     path, why = _choice()
     if path is None:
-        return f"MatMulNBits, GroupQueryAttention ({why})"
-    return f"trt_llm.cpu::MatMulBlocks8, CachedAttention ({why}, {path.parent.name})"
+        return f"MatMulNBits, GroupQueryAttention, MoE ({why})"
+    return f"trt_llm.cpu::MatMulBlocks8, CachedAttention, MixtureOfExperts ({why}, {path.parent.name})"
 
 
 def _choice() -> tuple[Path | None, str]:
@@ -94,11 +97,11 @@ def adopt(graph: Path | bytes, options, weights_folder: Path) -> Path | bytes:
     level where fp16 scales stay on MatMulNBits, to fold their Casts."""
     import onnx
 
-    from trt_llm.runtime.backends.cpu_kernels.rewrite import half_scales, swap_attention, swap_matmuls
+    from trt_llm.runtime.backends.cpu_kernels.rewrite import half_scales, swap_attention, swap_matmuls, swap_moe
 
     path = library_path()
     model = onnx.load(str(graph), load_external_data=False) if isinstance(graph, Path) else onnx.load_from_string(graph)
-    matmuls, attention = (swap_matmuls(model), swap_attention(model)) if path is not None else (0, 0)
+    matmuls, attention, moes = (swap_matmuls(model), swap_attention(model), swap_moe(model)) if path else (0, 0, 0)
     if half_scales(model.graph, {t.name: t for t in model.graph.initializer}):
         # fp16 scales (build/cpu_backend.HALF_SCALES_SUFFIX) that stay MatMulNBits': ONNX Runtime folds
         # their Casts at the basic level (unfolded, MatMulNBits reads a Cast's output wrongly: measured)
@@ -107,10 +110,10 @@ def adopt(graph: Path | bytes, options, weights_folder: Path) -> Path | bytes:
         basic = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         if int(options.graph_optimization_level) < int(basic):
             options.graph_optimization_level = basic
-    if not matmuls and not attention:
+    if not matmuls and not attention and not moes:
         return graph
-    log.info("%s: %d matmuls and %d attention nodes on trt_llm.cpu's kernels (%s)", getattr(graph, "name", "graph"),
-             matmuls, attention, path)
+    log.info("%s: %d matmuls, %d attention and %d MoE nodes on trt_llm.cpu's kernels (%s)",
+             getattr(graph, "name", "graph"), matmuls, attention, moes, path)
     options.register_custom_ops_library(str(path))
     options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(weights_folder))
     return model.SerializeToString()

@@ -1,6 +1,7 @@
 """Which nodes our kernels take, and the swaps: MatMulNBits -> MatMulBlocks8 (the node keeps its inputs and
 attributes; a Q4_1 file's offsets, which our lowering adds in six nodes beside it, folded in),
-GroupQueryAttention -> CachedAttention (the inputs our lowering gives it, compacted)."""
+GroupQueryAttention -> CachedAttention (the inputs our lowering gives it, compacted), a float32 MoE ->
+MixtureOfExperts (its four inputs)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ ATTENTION_INPUTS = ((0, True), (3, True), (4, True), (5, True), (7, True), (8, T
                     (10, False))
 DROPPED_INPUTS = {6}
 ACCURACY_LEVEL = 4  # int8 activations per block of 32: what the kernel computes
+MOE_OP = "MixtureOfExperts"
+# ONNX Runtime's MoE attributes as plugins/moe.lower_for_onnxruntime writes them for SwiGLU experts: the
+# values MixtureOfExperts computes (k and normalize_routing_weights it takes, whatever they are)
+MOE_FIXED = {"activation_type": b"swiglu", "swiglu_fusion": 1, "activation_alpha": 1.0, "activation_beta": 0.0,
+             "use_sparse_mixer": 0}
 
 
 def takes(node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto]) -> bool:
@@ -141,6 +147,54 @@ def swap_attention(model: onnx.ModelProto) -> int:
         del node.input[:]
         node.input.extend(compact)
         node.op_type, node.domain = ATTENTION_OP, DOMAIN
+        swapped += 1
+    if swapped and not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    return swapped
+
+
+def takes_moe(node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto]) -> bool:
+    """A float32 MoE of SwiGLU experts (gate and up rows interleaved) as our lowering writes it: hidden, router
+    logits, gate_up [E, 2I, H] and down [E, H, I] float32 initializers, no biases or third matrix, H and I
+    multiples of 16."""
+    if node.op_type != "MoE" or node.domain != "com.microsoft":
+        return False
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if not set(attributes) <= set(MOE_FIXED) | {"k", "normalize_routing_weights"} or attributes.get("k", 0) < 1:
+        return False
+    if any(name in attributes and attributes[name] != value for name, value in MOE_FIXED.items()):
+        return False
+    if "activation_type" not in attributes or attributes.get("swiglu_fusion") != 1:
+        return False
+    inputs = list(node.input) + [""] * 5
+    if not all(inputs[i] for i in (0, 1, 2, 4)) or inputs[3] or any(inputs[5:]):
+        return False
+    gate_up, down = initializers.get(inputs[2]), initializers.get(inputs[4])
+    if gate_up is None or down is None or TensorProto.FLOAT != gate_up.data_type or TensorProto.FLOAT != down.data_type:
+        return False
+    if len(gate_up.dims) != 3 or len(down.dims) != 3:
+        return False
+    (experts, rows, hidden), (experts_down, hidden_down, width) = gate_up.dims, down.dims
+    return (experts == experts_down and rows == 2 * width and hidden == hidden_down and hidden % 16 == 0
+            and width % 16 == 0)
+
+
+def swap_moe(model: onnx.ModelProto) -> int:
+    """Swap every MoE `takes_moe` accepts for MixtureOfExperts, in place; how many."""
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    swapped = 0
+    for node in graph.node:
+        if not takes_moe(node, initializers):
+            continue
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        hidden, logits, gate_up, _, down = node.input[:5]
+        del node.input[:]
+        node.input.extend([hidden, logits, gate_up, down])
+        del node.attribute[:]
+        node.attribute.extend([helper.make_attribute("k", attributes["k"]),
+                               helper.make_attribute("normalize", attributes.get("normalize_routing_weights", 0))])
+        node.op_type, node.domain = MOE_OP, DOMAIN
         swapped += 1
     if swapped and not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
