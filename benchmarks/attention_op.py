@@ -21,9 +21,7 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +33,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "tests"))
 
 from sidebyside.measure import cpu_name, git_head  # noqa: E402
+from sidebyside.op_timing import baseline_cells, baseline_header, comparison, over_baseline, timed  # noqa: E402
 from test_cpu_attention import feeds, gqa_model  # noqa: E402  (the node as our lowering writes it)
 
 from trt_llm.runtime.backends import cpu_kernels  # noqa: E402
@@ -98,15 +97,6 @@ class Bound:
         return self.binding.get_outputs()[0].numpy()  # (the output only: the caches stay where they are)
 
 
-def timed(call, seconds: float) -> float:
-    call()
-    started, n = time.perf_counter(), 0
-    while time.perf_counter() - started < seconds:
-        call()
-        n += 1
-    return (time.perf_counter() - started) / n
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     sessions = {"GroupQueryAttention": session(False, args.threads), "CachedAttention": session(True, args.threads)}
@@ -130,16 +120,9 @@ def main(argv=None) -> int:
     rows = []
     for name in calls:
         gqa, ours = times[name]["GroupQueryAttention"], times[name]["CachedAttention"]
-        ratios = [g / o for g, o in zip(gqa, ours)]
-        rows.append({"setting": name, "gqa_us": statistics.median(gqa) * 1e6, "ours_us": statistics.median(ours) * 1e6,
-                     "speedup_median": statistics.median(ratios), "speedup_min": min(ratios), "speedup_max": max(ratios),
-                     "gqa_us_all": [t * 1e6 for t in gqa], "ours_us_all": [t * 1e6 for t in ours]})
+        rows.append({"setting": name, **comparison("gqa", gqa, ours)})
         if args.baseline:
-            base = times[name]["baseline"]
-            over = [b / o for b, o in zip(base, ours)]
-            rows[-1].update({"baseline_us": statistics.median(base) * 1e6, "over_baseline_median": statistics.median(over),
-                             "over_baseline_min": min(over), "over_baseline_max": max(over),
-                             "baseline_us_all": [t * 1e6 for t in base]})
+            rows[-1].update(over_baseline(times[name]["baseline"], ours))
     result = {"command": " ".join(sys.argv), "git_head": git_head(), "cpu": cpu_name(), "machine": platform.machine(),
               "cores": os.cpu_count(), "threads": args.threads, "rounds": args.rounds, "onnxruntime": ort.__version__,
               "kernels": cpu_kernels.describe(), "baseline": str(args.baseline) if args.baseline else None,
@@ -147,16 +130,12 @@ def main(argv=None) -> int:
               "rows": rows}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "attention_op.json").write_text(json.dumps(result, indent=1))
-    extra = (" baseline us | ours over it |", "---:|---:|") if args.baseline else ("", "")
+    extra = baseline_header(args.baseline)
     print(f"| setting | GroupQueryAttention us | CachedAttention us | speed-up, median (min-max) |{extra[0]}\n"
           f"|---|---:|---:|---:|{extra[1]}")
     for row in rows:
-        line = (f"| {row['setting']} | {row['gqa_us']:.0f} | {row['ours_us']:.0f} | "
-                f"{row['speedup_median']:.2f}x ({row['speedup_min']:.2f}-{row['speedup_max']:.2f}) |")
-        if args.baseline:
-            line += (f" {row['baseline_us']:.0f} | {row['over_baseline_median']:.2f}x "
-                     f"({row['over_baseline_min']:.2f}-{row['over_baseline_max']:.2f}) |")
-        print(line)
+        print(f"| {row['setting']} | {row['gqa_us']:.0f} | {row['ours_us']:.0f} | "
+              f"{row['speedup_median']:.2f}x ({row['speedup_min']:.2f}-{row['speedup_max']:.2f}) |{baseline_cells(row)}")
     return 0
 
 

@@ -26,7 +26,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +37,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "tests"))
 
 from sidebyside.measure import cpu_name, git_head  # noqa: E402
+from sidebyside.op_timing import baseline_cells, baseline_header, comparison, over_baseline, timed  # noqa: E402
 from test_cpu_kernels import matmul_nbits  # noqa: E402  (the node as our lowering writes it)
 
 from trt_llm.runtime.backends import cpu_kernels  # noqa: E402
@@ -84,15 +84,6 @@ def sessions(K: int, N: int, bits: int, threads: int, baseline: Path | None = No
     return made
 
 
-def timed(call, seconds: float) -> float:
-    call()
-    started, n = time.perf_counter(), 0
-    while time.perf_counter() - started < seconds:
-        call()
-        n += 1
-    return (time.perf_counter() - started) / n
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     rng = np.random.default_rng(0)
@@ -118,32 +109,21 @@ def main(argv=None) -> int:
     rows = []
     for setting in calls:
         theirs, ours = times[setting]["MatMulNBits"], times[setting]["MatMulBlocks8"]
-        ratios = [t / o for t, o in zip(theirs, ours)]
-        rows.append({"setting": setting, "matmulnbits_us": statistics.median(theirs) * 1e6,
-                     "ours_us": statistics.median(ours) * 1e6, "ours_gmac_s": work[setting] / statistics.median(ours) / 1e9,
-                     "speedup_median": statistics.median(ratios), "speedup_min": min(ratios), "speedup_max": max(ratios),
-                     "matmulnbits_us_all": [t * 1e6 for t in theirs], "ours_us_all": [t * 1e6 for t in ours]})
+        rows.append({"setting": setting, **comparison("matmulnbits", theirs, ours),
+                     "ours_gmac_s": work[setting] / statistics.median(ours) / 1e9})
         if args.baseline:
-            base = times[setting]["baseline"]
-            over = [b / o for b, o in zip(base, ours)]
-            rows[-1].update({"baseline_us": statistics.median(base) * 1e6, "over_baseline_median": statistics.median(over),
-                             "over_baseline_min": min(over), "over_baseline_max": max(over),
-                             "baseline_us_all": [t * 1e6 for t in base]})
+            rows[-1].update(over_baseline(times[setting]["baseline"], ours))
     result = {"command": " ".join(sys.argv), "git_head": git_head(), "cpu": cpu_name(), "machine": platform.machine(),
               "cores": os.cpu_count(), "threads": args.threads, "rounds": args.rounds, "onnxruntime": ort.__version__,
               "kernels": cpu_kernels.describe(), "baseline": str(args.baseline) if args.baseline else None, "rows": rows}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "matmul_op.json").write_text(json.dumps(result, indent=1))
-    extra = (" baseline us | ours over it |", "---:|---:|") if args.baseline else ("", "")
+    extra = baseline_header(args.baseline)
     print(f"| setting | MatMulNBits us | MatMulBlocks8 us | ours, GMAC/s | speed-up, median (min-max) |{extra[0]}\n"
           f"|---|---:|---:|---:|---:|{extra[1]}")
     for row in rows:
-        line = (f"| {row['setting']} | {row['matmulnbits_us']:.0f} | {row['ours_us']:.0f} | {row['ours_gmac_s']:.0f} | "
-                f"{row['speedup_median']:.2f}x ({row['speedup_min']:.2f}-{row['speedup_max']:.2f}) |")
-        if args.baseline:
-            line += (f" {row['baseline_us']:.0f} | {row['over_baseline_median']:.2f}x "
-                     f"({row['over_baseline_min']:.2f}-{row['over_baseline_max']:.2f}) |")
-        print(line)
+        print(f"| {row['setting']} | {row['matmulnbits_us']:.0f} | {row['ours_us']:.0f} | {row['ours_gmac_s']:.0f} | "
+              f"{row['speedup_median']:.2f}x ({row['speedup_min']:.2f}-{row['speedup_max']:.2f}) |{baseline_cells(row)}")
     return 0
 
 

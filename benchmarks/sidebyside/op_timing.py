@@ -1,0 +1,45 @@
+"""What the one-op benchmarks (attention_op.py, matmul_op.py) share: timing a call, and a row's columns for
+our op against the stock op it stands in for and, with --baseline, against another build of our library."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def timed(call, seconds: float) -> float:
+    """The mean seconds of `call`, repeated for about `seconds` after one untimed call."""
+    call()
+    started, n = time.perf_counter(), 0
+    while time.perf_counter() - started < seconds:
+        call()
+        n += 1
+    return (time.perf_counter() - started) / n
+
+
+def comparison(name: str, theirs: list[float], ours: list[float]) -> dict:
+    """`name`_us and ours_us (medians, us), the per-round speed-up's median and spread, every round's time."""
+    ratios = [t / o for t, o in zip(theirs, ours)]
+    return {f"{name}_us": statistics.median(theirs) * 1e6, "ours_us": statistics.median(ours) * 1e6,
+            "speedup_median": statistics.median(ratios), "speedup_min": min(ratios), "speedup_max": max(ratios),
+            f"{name}_us_all": [t * 1e6 for t in theirs], "ours_us_all": [t * 1e6 for t in ours]}
+
+
+def over_baseline(base: list[float], ours: list[float]) -> dict:
+    """The baseline library's median (us) and ours' per-round speed-up over it."""
+    over = [b / o for b, o in zip(base, ours)]
+    return {"baseline_us": statistics.median(base) * 1e6, "over_baseline_median": statistics.median(over),
+            "over_baseline_min": min(over), "over_baseline_max": max(over), "baseline_us_all": [t * 1e6 for t in base]}
+
+
+def baseline_header(baseline) -> tuple[str, str]:
+    """The table's extra header and rule cells where a baseline ran."""
+    return (" baseline us | ours over it |", "---:|---:|") if baseline else ("", "")
+
+
+def baseline_cells(row: dict) -> str:
+    """A row's extra cells where a baseline ran, else nothing."""
+    if "baseline_us" not in row:
+        return ""
+    return (f" {row['baseline_us']:.0f} | {row['over_baseline_median']:.2f}x "
+            f"({row['over_baseline_min']:.2f}-{row['over_baseline_max']:.2f}) |")
