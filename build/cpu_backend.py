@@ -153,7 +153,7 @@ def own_weights(optimised: Path) -> None:
 
 # A 4-bit matmul's scales, all exact fp16 values (a GGUF's blocks carry fp16 scales), are stored as fp16
 # under this suffix and widened by a Cast to their old name: 2 bytes a block of 32 instead of 4 (the
-# SmolLM2 Q4_1 engine goes from 1.18x its file to 1.12x: README, "Weight-only quantization"). The Cast
+# SmolLM2 Q4_1 engine goes from 1.19x its file to 1.12x: README, "Quantization"). The Cast
 # widens them exactly; our kernel reads the fp16 tensor itself (cpu_kernels/rewrite.py), and where
 # ONNX Runtime's MatMulNBits runs, the runtime folds the Cast as the session opens (cpu_kernels.adopt:
 # MatMulNBits reads a Cast's output wrongly when the graph is not optimised, measured). 8-bit matmuls

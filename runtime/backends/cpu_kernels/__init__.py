@@ -9,7 +9,7 @@ output then has the same bits in a decode step and in a verification pass of sev
 lookup, EAGLE), which GroupQueryAttention's matrix products over the whole pass do not give. `MixtureOfExperts`
 (`moe.c`) stands in for ONNX Runtime's float32 MoE of SwiGLU experts: the chosen experts' weights read in
 place at the memory's speed (a decode step of an fp32 MoE model is bound by them). The engine on disk
-is unchanged (MatMulNBits and GroupQueryAttention nodes, their weights); as a session opens, `adopt` swaps
+is unchanged (MatMulNBits, GroupQueryAttention and MoE nodes, their weights); as a session opens, `adopt` swaps
 the nodes the kernels take (rewrite.py) and registers the library (library.py, compiled by
 scripts/setup.sh into a per-user cache). Where there is no library, the CPU has no AVX-512 VNNI, or
 TRT_LLM_CPU_KERNELS=0, the graph runs as written, on ONNX Runtime's own kernels.
@@ -92,7 +92,7 @@ def _warn_once(reason: str) -> None:
 
 def adopt(graph: Path | bytes, options, weights_folder: Path) -> Path | bytes:
     """The graph a session should load: `graph` (a path, or a serialized model whose weights lie in
-    `weights_folder`) with the matmuls our kernel takes swapped in and the library registered in
+    `weights_folder`) with the nodes our kernels take swapped in and the library registered in
     `options`; `graph` itself where none is swapped. `options` is raised to the basic optimisation
     level where fp16 scales stay on MatMulNBits, to fold their Casts."""
     import onnx

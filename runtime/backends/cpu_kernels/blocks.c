@@ -250,7 +250,7 @@ VNNI static inline __attribute__((always_inline)) void unit_vnni_impl(
   }
 }
 
-/* R rows of A (1-4) against a unit's groups at once (a prefill, or a verified chain), the registers
+/* R rows of A (2-4) against a unit's groups at once (a prefill, or a verified chain), the registers
  * tiled R x groups: each block's weights are loaded and unpacked once for the R rows, and each of A's
  * broadcasts serves both groups, so the dpbusds are not waiting on loads (a pass of many tokens is
  * bound by them; at one token, memory is): benchmarks/matmul_op.py, README.md's "Passes of several
