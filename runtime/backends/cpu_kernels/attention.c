@@ -507,11 +507,8 @@ static OrtStatus *create_kernel(const OrtCustomOp *op, const OrtApi *unused, con
     return fail("CachedAttention: needs attributes num_heads and kv_num_heads (a divisor of it)");
   attention *a = calloc(1, sizeof *a);
   if (!a) return api->CreateStatus(ORT_FAIL, "CachedAttention: out of memory");
-  *a = (attention){.Hq = hq, .Hkv = hkv, .window = window, .scale = scale, .softcap = softcap, .avx512 = 0};
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  a->avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma") && !plain_c_asked();
-#endif
+  *a = (attention){.Hq = hq, .Hkv = hkv, .window = window, .scale = scale, .softcap = softcap,
+                   .avx512 = choose_avx512()};
   *out = a;
   return NULL;
 }

@@ -349,6 +349,15 @@ int plain_c_asked(void) {
  * TRT_LLM_CPU_KERNELS=c asks for the plain C one (the tests run both in one process). */
 static int choose_vnni(void) { return cpu_has_vnni() && !plain_c_asked(); }
 
+int choose_avx512(void) {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma") && !plain_c_asked();
+#else
+  return 0;
+#endif
+}
+
 /* ---------------- the matrices ---------------- */
 size_t packed_units(const packed *k) { return (size_t)((k->N + UNIT - 1) / UNIT); }
 

@@ -51,6 +51,9 @@ HIDDEN float half_to_float(uint16_t h);
 
 /* TRT_LLM_CPU_KERNELS=c: every kernel (ours, attention.c's too) takes its plain C path (the tests run both) */
 HIDDEN int plain_c_asked(void);
+/* the float kernels' path (attention.c, moe.c), chosen when one is made: AVX-512 F with FMA where the CPU
+ * has them, unless TRT_LLM_CPU_KERNELS=c */
+HIDDEN int choose_avx512(void);
 
 /* ORT keeps an initializer we packed from: hand back the file pages our read brought in */
 HIDDEN void let_go(const void *p, size_t n);
