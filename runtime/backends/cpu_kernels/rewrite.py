@@ -67,8 +67,8 @@ def swap_matmuls(model: onnx.ModelProto) -> int:
     swapped = _swap(model.graph, {})
     if swapped:
         fold_offsets(model.graph)
-    if swapped and not any(o.domain == DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    if swapped:
+        _import_domain(model)
     return swapped
 
 
@@ -90,21 +90,27 @@ def _swap(graph: onnx.GraphProto, outer: dict[str, onnx.TensorProto]) -> int:
             node.op_type, node.domain = OP, DOMAIN
             swapped += 1
     if halves:  # the Casts no node reads any more
-        read = _names_read(graph) | {o.name for o in graph.output}
+        read = _names_read(graph.node) | {o.name for o in graph.output}
         kept_nodes = [n for n in graph.node if not (n.output and n.output[0] in halves and n.output[0] not in read)]
         del graph.node[:]
         graph.node.extend(kept_nodes)
     return swapped
 
 
-def _names_read(graph: onnx.GraphProto) -> set[str]:
-    """Every name `graph`'s nodes read, those of their Loop and If bodies included."""
+def _import_domain(model: onnx.ModelProto) -> None:
+    """Our ops' domain in the model's opset imports, once."""
+    if not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+
+
+def _names_read(nodes) -> set[str]:
+    """Every name `nodes` read, those of their Loop and If bodies included."""
     read = set()
-    for node in graph.node:
+    for node in nodes:
         read.update(node.input)
         for attribute in node.attribute:
             for body in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
-                read |= _names_read(body)
+                read |= _names_read(body.node)
     return read
 
 
@@ -148,8 +154,8 @@ def swap_attention(model: onnx.ModelProto) -> int:
         node.input.extend(compact)
         node.op_type, node.domain = ATTENTION_OP, DOMAIN
         swapped += 1
-    if swapped and not any(o.domain == DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    if swapped:
+        _import_domain(model)
     return swapped
 
 
@@ -196,8 +202,8 @@ def swap_moe(model: onnx.ModelProto) -> int:
                                helper.make_attribute("normalize", attributes.get("normalize_routing_weights", 0))])
         node.op_type, node.domain = MOE_OP, DOMAIN
         swapped += 1
-    if swapped and not any(o.domain == DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    if swapped:
+        _import_domain(model)
     return swapped
 
 
@@ -257,7 +263,7 @@ def _drop_unread(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
     reads any more."""
     outputs = {o.name for o in graph.output}
     while True:
-        read = {name for n in nodes for name in n.input} | outputs
+        read = _names_read(nodes) | outputs  # (a Loop's body may read what a node of the graph makes)
         unread = [n for n in nodes if not any(o in read for o in n.output)]
         if not unread:
             break
