@@ -77,6 +77,19 @@ def _cache_root() -> Path:
 
 
 @pytest.fixture(scope="session")
+def built():
+    """Our cpu kernels' library (runtime/backends/cpu_kernels), as scripts/setup.sh built it (the header
+    fetched then); compiled here if the cache has the header but not this source's build; the test is
+    skipped, naming why, where it cannot be."""
+    from trt_llm.runtime.backends.cpu_kernels import library
+
+    try:
+        return library.library()
+    except library.LibraryUnavailable as error:
+        pytest.skip(f"our cpu kernels are not built: {error}")
+
+
+@pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory) -> Path:
     """A folder with only the tiny ChatML tokenizer."""
     return assets.make_tokenizer(tmp_path_factory.mktemp("tokenizer"))

@@ -18,17 +18,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from trt_llm.runtime.backends import cpu_kernels
-from trt_llm.runtime.backends.cpu_kernels import library, rewrite
+from trt_llm.runtime.backends.cpu_kernels import rewrite
 
 PATHS = ["c"] + (["1"] if cpu_kernels.cpu_supported() else [])
-
-
-@pytest.fixture(scope="module")
-def built():
-    try:
-        return library.library()
-    except library.LibraryUnavailable as error:
-        pytest.skip(f"our cpu kernels are not built: {error}")
 
 
 def gqa_model(hq, hkv, d, capacity, rotary, window=-1, softcap=0.0, bias=False, dtype=TensorProto.FLOAT,

@@ -23,16 +23,6 @@ from trt_llm.runtime.backends import cpu_kernels
 from trt_llm.runtime.backends.cpu_kernels import headers, library, rewrite
 
 
-@pytest.fixture(scope="module")
-def built():
-    """The library, as scripts/setup.sh built it (the header fetched then); compiled here if the cache
-    has the header but not this source's build."""
-    try:
-        return library.library()
-    except library.LibraryUnavailable as error:
-        pytest.skip(f"our cpu kernels are not built: {error}")
-
-
 PATHS = ["c"] + (["1"] if cpu_kernels.cpu_supported() else [])
 
 
