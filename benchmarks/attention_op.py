@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 from pathlib import Path
 
@@ -32,8 +30,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "tests"))
 
-from sidebyside.measure import cpu_name, git_head  # noqa: E402
-from sidebyside.op_timing import baseline_cells, baseline_header, comparison, over_baseline, timed  # noqa: E402
+from sidebyside.op_timing import baseline_cells, baseline_header, comparison, over_baseline, rounds, run_record  # noqa: E402
 from test_cpu_attention import feeds, gqa_model  # noqa: E402  (the node as our lowering writes it)
 
 from trt_llm.runtime.backends import cpu_kernels  # noqa: E402
@@ -111,23 +108,15 @@ def main(argv=None) -> int:
         theirs, ours = outputs["GroupQueryAttention"], outputs["CachedAttention"]
         if np.abs(theirs - ours).max() > 2e-6:
             sys.exit(f"{name}: the ops disagree by {np.abs(theirs - ours).max():.2e}")
-    times = {name: {op: [] for op in sessions} for name in calls}
-    for r in range(args.rounds):
-        for name in calls:
-            for op in sessions:
-                times[name][op].append(timed(calls[name][op], args.seconds))
-        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    times = rounds(calls, args.rounds, args.seconds)
     rows = []
     for name in calls:
         gqa, ours = times[name]["GroupQueryAttention"], times[name]["CachedAttention"]
         rows.append({"setting": name, **comparison("gqa", gqa, ours)})
         if args.baseline:
             rows[-1].update(over_baseline(times[name]["baseline"], ours))
-    result = {"command": " ".join(sys.argv), "git_head": git_head(), "cpu": cpu_name(), "machine": platform.machine(),
-              "cores": os.cpu_count(), "threads": args.threads, "rounds": args.rounds, "onnxruntime": ort.__version__,
-              "kernels": cpu_kernels.describe(), "baseline": str(args.baseline) if args.baseline else None,
-              "widths": {"heads": HEADS, "kv_heads": KV_HEADS, "head": HEAD},
-              "rows": rows}
+    result = {**run_record(args, cpu_kernels.describe(), ort.__version__),
+              "widths": {"heads": HEADS, "kv_heads": KV_HEADS, "head": HEAD}, "rows": rows}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "attention_op.json").write_text(json.dumps(result, indent=1))
     extra = baseline_header(args.baseline)

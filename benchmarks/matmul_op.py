@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -36,8 +34,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "tests"))
 
-from sidebyside.measure import cpu_name, git_head  # noqa: E402
-from sidebyside.op_timing import baseline_cells, baseline_header, comparison, over_baseline, timed  # noqa: E402
+from sidebyside.op_timing import baseline_cells, baseline_header, comparison, over_baseline, rounds, run_record  # noqa: E402
 from test_cpu_kernels import matmul_nbits  # noqa: E402  (the node as our lowering writes it)
 
 from trt_llm.runtime.backends import cpu_kernels  # noqa: E402
@@ -99,13 +96,7 @@ def main(argv=None) -> int:
             theirs, ours = outputs["MatMulNBits"], outputs["MatMulBlocks8"]
             if np.abs(theirs - ours).max() > 1e-3 * np.abs(theirs).max():
                 sys.exit(f"{setting}: the ops disagree by {np.abs(theirs - ours).max():.2e}")
-    ops = ("MatMulNBits", "MatMulBlocks8") + (("baseline",) if args.baseline else ())
-    times = {setting: {op: [] for op in ops} for setting in calls}
-    for r in range(args.rounds):
-        for setting in calls:
-            for op in ops:
-                times[setting][op].append(timed(calls[setting][op], args.seconds))
-        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    times = rounds(calls, args.rounds, args.seconds)
     rows = []
     for setting in calls:
         theirs, ours = times[setting]["MatMulNBits"], times[setting]["MatMulBlocks8"]
@@ -113,9 +104,7 @@ def main(argv=None) -> int:
                      "ours_gmac_s": work[setting] / statistics.median(ours) / 1e9})
         if args.baseline:
             rows[-1].update(over_baseline(times[setting]["baseline"], ours))
-    result = {"command": " ".join(sys.argv), "git_head": git_head(), "cpu": cpu_name(), "machine": platform.machine(),
-              "cores": os.cpu_count(), "threads": args.threads, "rounds": args.rounds, "onnxruntime": ort.__version__,
-              "kernels": cpu_kernels.describe(), "baseline": str(args.baseline) if args.baseline else None, "rows": rows}
+    result = {**run_record(args, cpu_kernels.describe(), ort.__version__), "rows": rows}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "matmul_op.json").write_text(json.dumps(result, indent=1))
     extra = baseline_header(args.baseline)

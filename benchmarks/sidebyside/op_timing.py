@@ -3,7 +3,10 @@ our op against the stock op it stands in for and, with --baseline, against anoth
 
 from __future__ import annotations
 
+import os
+import platform
 import statistics
+import sys
 import time
 
 
@@ -15,6 +18,27 @@ def timed(call, seconds: float) -> float:
         call()
         n += 1
     return (time.perf_counter() - started) / n
+
+
+def rounds(calls: dict[str, dict[str, object]], count: int, seconds: float) -> dict[str, dict[str, list[float]]]:
+    """{setting: {op: one mean a round}}: every setting's ops timed in turn, round after round (the machine's
+    load moves them alike)."""
+    times = {setting: {op: [] for op in ops} for setting, ops in calls.items()}
+    for r in range(count):
+        for setting, ops in calls.items():
+            for op, call in ops.items():
+                times[setting][op].append(timed(call, seconds))
+        print(f"round {r + 1}/{count} done", file=sys.stderr)
+    return times
+
+
+def run_record(args, kernels: str, onnxruntime_version: str) -> dict:
+    """What a results file records of the run: its command, commit, machine, settings and kernels."""
+    from sidebyside.measure import cpu_name, git_head
+
+    return {"command": " ".join(sys.argv), "git_head": git_head(), "cpu": cpu_name(), "machine": platform.machine(),
+            "cores": os.cpu_count(), "threads": args.threads, "rounds": args.rounds, "onnxruntime": onnxruntime_version,
+            "kernels": kernels, "baseline": str(args.baseline) if args.baseline else None}
 
 
 def comparison(name: str, theirs: list[float], ours: list[float]) -> dict:
