@@ -34,7 +34,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "tests"))
 
-from sidebyside.op_timing import baseline_cells, baseline_header, comparison, over_baseline, rounds, run_record  # noqa: E402
+from sidebyside.op_timing import (  # noqa: E402
+    baseline_cells, baseline_header, comparison, library_file, over_baseline, rounds, run_record)
 from test_cpu_kernels import matmul_nbits  # noqa: E402  (the node as our lowering writes it)
 
 from trt_llm.runtime.backends import cpu_kernels  # noqa: E402
@@ -50,7 +51,7 @@ def parse_args(argv=None):
     p.add_argument("--seconds", type=float, default=0.3, help="each timing: calls repeated for this long")
     p.add_argument("--out-dir", type=Path, default=REPO / "out" / "bench")
     p.add_argument("--smoke", action="store_true")
-    p.add_argument("--baseline", type=Path, help="another build of our kernels' library, timed beside ours")
+    p.add_argument("--baseline", type=library_file, help="another build of our kernels' library, timed beside ours")
     args = p.parse_args(argv)
     if args.smoke:
         args.rounds, args.seconds = 1, 0.02

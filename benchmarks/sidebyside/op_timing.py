@@ -3,11 +3,22 @@ our op against the stock op it stands in for and, with --baseline, against anoth
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import statistics
 import sys
 import time
+
+
+def library_file(text: str):
+    """--baseline's value: an existing file (argparse says so in one line where it is not)."""
+    from pathlib import Path
+
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no such library file: {text}")
+    return path
 
 
 def timed(call, seconds: float) -> float:
