@@ -378,8 +378,8 @@ def test_the_server_shares_rows_between_api_keys(engine):
     """Two API keys, one row: key a sends 4 requests, then key b one; b's is answered second."""
     live = served(engine, max_rows=1, api_keys=("key-a", "key-b"))
 
-    async def one(client, key, tag, done):
-        answer = await client.post("/v1/completions", json=body(PROMPTS[0], max_tokens=60),
+    async def one(client, key, tag, done, tokens=60):
+        answer = await client.post("/v1/completions", json=body(PROMPTS[0], max_tokens=tokens),
                                    headers={"Authorization": f"Bearer {key}"})
         assert answer.status_code == 200
         done.append(tag)
@@ -387,7 +387,9 @@ def test_the_server_shares_rows_between_api_keys(engine):
     async def burst():
         done = []
         async with httpx.AsyncClient(base_url=live.url, timeout=120) as client:
-            tasks = [asyncio.create_task(one(client, "key-a", f"a{i}", done)) for i in range(4)]
+            # a's answers long enough that b's request arrives while a0 still runs: with 60 tokens a
+            # loaded CI machine once finished a0 first, and a2 took the row before b was queued
+            tasks = [asyncio.create_task(one(client, "key-a", f"a{i}", done, tokens=240)) for i in range(4)]
             give_up = time.perf_counter() + 30
             while live.app.state.engine.waiting().get(0, 0) < 3:  # a's first runs, three wait
                 assert time.perf_counter() < give_up, "a's requests never queued"
