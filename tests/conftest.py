@@ -237,4 +237,4 @@ def every_chain(monkeypatch):
     timings, which a test of exactness must not depend on: here every proposal is taken and refused)."""
     from trt_llm.runtime.decoding import lookup
 
-    monkeypatch.setattr(lookup, "plan", lambda rows, slope, replay=0.0: [n for n, _ in rows])
+    monkeypatch.setattr(lookup, "plan", lambda rows, slope, replay=0.0, worth=None: [n for n, _ in rows])

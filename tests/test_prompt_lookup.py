@@ -13,7 +13,8 @@ import pytest
 from helpers import run_input
 from trt_llm.runtime.decoding.choice import SpeculationError
 from trt_llm.runtime.decoding.lookup import NgramIndex
-from trt_llm.runtime.decoding.pass_cost import PRIOR_SLOPE, Acceptance, PassCost, expected_taken, plan
+from trt_llm.runtime.decoding.pass_cost import (PRIOR_SLOPE, Acceptance, MatchAcceptance, PassCost, behind,
+                                                 expected_taken, plan)
 from trt_llm.runtime.engine_dir import EngineDir
 from trt_llm.runtime.requests.runner import Runner, RunError
 from trt_llm.schemas.input_file import parse_input_dict
@@ -27,15 +28,33 @@ COPYING = [f"Copy this text exactly, word for word:\n\n{PASSAGE}",
 FREE = "Write a short poem about autumn."
 
 
-def test_the_index_proposes_what_followed_the_longest_suffix_last():
+def test_the_index_proposes_what_followed_the_match_that_reaches_back_furthest():
     index = NgramIndex()
     index.extend([5, 6, 7, 8, 9, 5, 6, 7, 1, 2, 6, 7])
-    assert index.propose(3) == [1, 2, 6]  # "6 7" last followed at index 8 (not "5 6 7" at 1: not the suffix)
-    index.extend([5, 6])  # suffix "7 5 6": never seen; "5 6" last followed by 7 at index 7
-    assert index.propose(2) == [7, 1]
-    index.extend([42])
-    assert index.propose(4) == []  # "6 42" never occurred before
-    assert index.propose(0) == []
+    # the end "2 6 7": "6 7" was followed by 8 and by 1, with a 5 before it both times, not a 2: two
+    # matches of 2 tokens, and the latest wins (the end itself has nothing after it)
+    assert index.propose(3) == ([1, 2, 6], 2)
+    index.extend([5, 6])  # "7 5 6": "5 6" at 0 (nothing before) and at 5 (a 9 before): 2 tokens, the latest
+    assert index.propose(2) == ([7, 1], 2)
+    index.extend([7, 9])  # "6 7 9": "7 9" never occurred before
+    assert index.propose(4) == ([], 0)
+    index.extend([5, 6, 7, 8])  # "5 6 7 8" at 0 reaches back 4 (then the list's start), "7 8" nowhere else
+    assert index.propose(3) == ([9, 5, 6], 4) and index.propose(0) == ([], 0)
+    index = NgramIndex()
+    index.extend([1, 2, 3, 4, 9, 3, 4, 8, 1, 2, 3, 4])  # "3 4" at 9 (matches 2) and at 4 (matches 4): 4 wins
+    assert index.propose(2) == ([9, 3], 4)
+
+
+def test_chains_are_judged_by_the_length_of_their_match():
+    """Prompt lookup learns acceptance per match length: a long match whose chains are taken keeps its chains
+    while short matches that are refused stop proposing (the plan's margin), each from its own record."""
+    acceptance = MatchAcceptance()
+    for _ in range(10):
+        acceptance[2].verified(4, 0)
+        acceptance[12].verified(8, 8)
+    assert acceptance[2].p < 0.15 and acceptance[8].p > 0.9 and acceptance[12] is acceptance[40]
+    assert acceptance[3].p == pytest.approx(2 / 3)  # untried: the prior
+    assert plan([(8, acceptance[2].p)], slope=0.23) == [0] and plan([(8, acceptance[9].p)], slope=0.23) == [8]
 
 
 def run(engine, requests, speculation=None, scheduling="static", **settings):
@@ -61,6 +80,18 @@ def test_a_pass_takes_the_chains_that_pay():
     # a recurrent row passes its taken tokens again when it refuses some: a chain of 2 at 0.6 gives
     # 0.96 - 0.64 x 1.0 = 0.32 tokens for 0.1 of a pass of cost; at 0.3 nothing
     assert plan([(2, 0.6)], slope=0.05, replay=1.0) == [2] and plan([(2, 0.3)], slope=0.05, replay=1.0) == [0]
+
+
+def test_a_static_batch_speculates_for_its_last_row():
+    """A batch that ends with its last row (static: no request waits for a freed row) counts the tokens of
+    the rows furthest from their end only: three rows ahead of the fourth do not pay for a wide pass that
+    the fourth gains nothing from, and ride along in one that it pays for."""
+    assert behind([40, 90, 90, 12]) == [0.0, 1.0, 1.0, 0.0] and behind([]) == []
+    rows = [(8, 0.95), (8, 0.95), (0, 0.67), (8, 0.95)]  # three rows that repeat themselves, one that copies nothing
+    assert plan(rows, slope=0.5) == [4, 4, 0, 4]  # counting every row: (4 + 3 x 3.5) / 3 = 4.9 > 4 x 1.15
+    assert plan(rows, slope=0.5, worth=behind([60, 60, 100, 60])) == [0, 0, 0, 0]  # the fourth is the end
+    rows[2] = (3, 0.95)
+    assert plan(rows, slope=0.5, worth=behind([60, 60, 100, 60])) == [3, 3, 3, 3]  # (1 + 2.7) / 2.5 = 1.48 > 1.15
 
 
 def test_the_pass_cost_is_fitted_from_the_timed_passes():

@@ -3,9 +3,10 @@ base in one pass. No draft model: what summaries, extractive answers, code edits
 copy from their prompts comes at the cost of one pass for several tokens.
 
 Each step, per decoding row:
- 1. propose: the longest suffix of the row's tokens (`NGRAM_MAX` down to `NGRAM_MIN` tokens) that occurred
-    before, at its latest earlier place, and the tokens that followed it there: up to `max_tokens`, a
-    chain, of which the pass takes what pays (pass_cost.plan);
+ 1. propose: the row's latest tokens matched at an earlier place (its last NGRAM tokens at least, the
+    earlier place whose match reaches back furthest, up to MATCH_CAP tokens, the latest of equals), and the
+    tokens that followed there: up to `max_tokens`, a chain, of which the pass takes what pays
+    (pass_cost.plan);
  2. verify: one base pass over [the last token] + the chain, logits at every position (a prefill chunk
     of the row, causal: the chain's tokens sit at their own positions and slots, so sliding windows
     count them right);
@@ -17,10 +18,13 @@ Each step, per decoding row:
     row's length, where the next pass overwrites them. Recurrent layers (Qwen3.5, LFM2): a row that
     refused some of its chain gets its states back and the tokens it took passed again (recurrent.py).
 
-Adaptive: each pass's width is the one that yields the most tokens per unit of time, from each row's
-acceptance so far and what a wider pass was measured to cost on this engine (pass_cost.py), so a batch
-that copies nothing, or an engine whose wide passes cost too much, runs vanilla's single-token steps. A
-row that must not speculate (EngineRequest.speculate False) never proposes.
+Adaptive: each pass's width is the one that yields the most tokens per unit of time, from the acceptance
+of chains like each row's and what a wider pass was measured to cost on this engine (pass_cost.py), so a
+batch that copies nothing, or an engine whose wide passes cost too much, runs vanilla's single-token
+steps. How far back a match reaches is what predicts a chain best: on SmolLM2's copying and chat
+outputs, a chain after a match of 2 tokens had its first token taken 33-65 % of the time, after one of
+8 or more 92-99 %. So acceptance is learnt per match length (`MatchAcceptance`, over the runner's rows).
+A row that must not speculate (EngineRequest.speculate False) never proposes.
 
 A chain never crosses a LongRoPE model's original context (the core recomputes a row that steps past
 it by one token, engine_core._long_rope_switch), nor, on a recurrent model whose row commits its
@@ -36,50 +40,53 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trt_llm.runtime.decoding import recurrent
-from trt_llm.runtime.decoding.pass_cost import Acceptance, PassCost, plan
+from trt_llm.runtime.decoding.pass_cost import MatchAcceptance, PassCost, behind, plan
 from trt_llm.runtime.decoding.vanilla import Vanilla
 from trt_llm.runtime.engine.sequence import Sequence, append_token, count_speculation, record_step
 from trt_llm.runtime.engine.step import Step
 from trt_llm.runtime.sampling.grammar import mask_logits
 
-NGRAM_MAX, NGRAM_MIN = 3, 2  # suffix lengths tried, longest first (1-grams propose too often in free text)
+NGRAM = 2  # the shortest match that proposes (single tokens propose too often in free text)
+MATCH_CAP = 16  # how far back a match is compared (past 8 tokens, chains are taken alike)
+CANDIDATES = 16  # the latest earlier places of the row's last NGRAM tokens that are compared
 MAX_TOKENS = 8  # the longest chain (on 2 CPU cores a pass of 9 tokens costs 1.6 to 5 single-token steps)
 
 
 class NgramIndex:
-    """Where each n-gram (NGRAM_MIN .. NGRAM_MAX tokens) of a token list last occurred with a token after it:
-    updated token by token, so a lookup costs a dictionary probe per suffix length, not a scan."""
+    """Where each NGRAM-token sequence of a token list occurred with a token after it: updated token by
+    token, so a lookup is a dictionary probe and a few comparisons back from each recent place, not a scan."""
 
     def __init__(self):
         self.tokens: list[int] = []
-        self.after: dict[tuple[int, ...], int] = {}  # n-gram -> the index of the token that followed it
+        self.after: dict[tuple[int, ...], list[int]] = {}  # n-gram -> the indices of the tokens that followed it
 
     def extend(self, tokens: list[int]) -> None:
         for token in tokens:
-            end = len(self.tokens)  # the n-grams ending before this token now have a continuation
-            for n in range(NGRAM_MIN, NGRAM_MAX + 1):
-                if end >= n:
-                    self.after[tuple(self.tokens[end - n:end])] = end
+            end = len(self.tokens)  # the n-gram ending before this token now has a continuation
+            if end >= NGRAM:
+                self.after.setdefault(tuple(self.tokens[end - NGRAM:end]), []).append(end)
             self.tokens.append(token)
 
-    def propose(self, limit: int) -> list[int]:
-        """Up to `limit` tokens that followed the longest suffix's latest earlier occurrence."""
-        if limit <= 0:
-            return []
-        for n in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
-            if len(self.tokens) < n:
-                continue
-            start = self.after.get(tuple(self.tokens[-n:]))
-            if start is not None:
-                return self.tokens[start:start + limit]
-        return []
+    def propose(self, limit: int) -> tuple[list[int], int]:
+        """Up to `limit` tokens that followed the best earlier match of the list's end, and how many
+        tokens that match spans (0: none)."""
+        tokens = self.tokens
+        if limit <= 0 or len(tokens) < NGRAM:
+            return [], 0
+        best, matched = -1, 0
+        for start in reversed(self.after.get(tuple(tokens[-NGRAM:]), ())[-CANDIDATES:]):
+            n = NGRAM  # tokens[start - n:start] == tokens[-n:] so far
+            while n < MATCH_CAP and n < start and tokens[start - n - 1] == tokens[-n - 1]:
+                n += 1
+            if n > matched:
+                best, matched = start, n
+        return (tokens[best:best + limit], matched) if matched else ([], 0)
 
 
 @dataclass
 class _Row:
     sequence: Sequence
     index: NgramIndex = field(default_factory=NgramIndex)
-    acceptance: Acceptance = field(default_factory=Acceptance)
 
     def sync(self) -> None:
         """The index up to the row's last token (the prompt, then each emitted token)."""
@@ -111,6 +118,7 @@ class PromptLookup:
         self.stats = stats if stats is not None else LookupStats()
         self.rows: list[_Row] = []  # one per decoding request, in the same order
         self.cost = cost if cost is not None else PassCost()  # (the engine's, where it keeps one)
+        self.acceptance = MatchAcceptance()
         self.vanilla = Vanilla()  # a pass without a chain: vanilla's step, its rows sampled in one call
 
     def reserve(self, core, need: int) -> None:
@@ -133,12 +141,13 @@ class PromptLookup:
 
     def resumed(self, index: int, sequence: Sequence) -> None:
         """A paused row is decoding row `index` again (runtime/engine/preemption.py): its n-gram index is
-        rebuilt from its prompt and generated tokens (_Row.sync), its acceptance starts from the prior."""
+        rebuilt from its prompt and generated tokens (_Row.sync)."""
         self.rows.insert(index, _Row(sequence))
 
-    def _proposal(self, request, r: _Row, model, core) -> list[int]:
+    def _proposal(self, request, r: _Row, model, core) -> tuple[list[int], int]:
+        """The row's chain and the length of the match it came from (NgramIndex.propose)."""
         if not request.speculate:
-            return []
+            return [], 0
         s = r.sequence
         limit = min(self.max_tokens, s.max_new_tokens - len(s.generated) - 1)  # the bonus token is always one
         if model.long_rope is not None and s.length <= model.long_rope[0]:
@@ -152,13 +161,18 @@ class PromptLookup:
     def step(self, core) -> list[int]:
         running, model = core.decoding, core.model
         with core.stage("propose"):
-            proposals = [self._proposal(request, r, model, core) for request, r in zip(running, self.rows)]
+            chains = [self._proposal(request, r, model, core) for request, r in zip(running, self.rows)]
+            proposals = [chain for chain, _ in chains]
+            acceptance = [self.acceptance[matched] for _, matched in chains]  # (chains after such a match)
             replay = len(running) ** -0.5 if core.cache.recurrent else 0.0  # a row's pass, in the batch's
-            lengths = plan([(len(p), r.acceptance.p) for p, r in zip(proposals, self.rows)],
-                           self.cost.slope(len(running)), replay)
-            for p, r, n in zip(proposals, self.rows, lengths):
+            worth = None
+            if core.scheduler.policy == "static":  # (the batch's time is its last row's)
+                worth = behind([r.sequence.max_new_tokens - len(r.sequence.generated) for r in self.rows])
+            lengths = plan([(len(p), a.p) for p, a in zip(proposals, acceptance)], self.cost.slope(len(running)), replay,
+                           worth)
+            for p, a, n in zip(proposals, acceptance, lengths):
                 if p and not n:
-                    r.acceptance.idle()
+                    a.idle()
             proposals = [p[:n] for p, n in zip(proposals, lengths)]
         if not any(proposals):  # (vanilla's step: the same tokens, without a row-by-row walk)
             finished = self.vanilla.step(core)
@@ -187,7 +201,7 @@ class PromptLookup:
             self.cost.record(batch, width, time.perf_counter() - started)
         finished, emitted_total, rounds, speculated, proposed, accepted = [], 0, 0, 0, 0, 0
         with core.stage("accept"):
-            for index, (request, r, proposal) in enumerate(zip(running, self.rows, proposals)):
+            for index, (request, proposal) in enumerate(zip(running, proposals)):
                 emitted, done = _accept(model, request, proposal, step.logits[index], core.sampler)
                 emitted_total += len(emitted)
                 if done:
@@ -197,7 +211,7 @@ class PromptLookup:
                     rounds, speculated = rounds + 1, speculated + len(emitted)
                     count_speculation(request.sequence, len(proposal), taken, len(emitted))
                     proposed, accepted = proposed + len(proposal), accepted + taken
-                    r.acceptance.verified(len(proposal), taken)
+                    acceptance[index].verified(len(proposal), taken)
                     if index in states and not done and taken < len(proposal):
                         recurrent.replay(core, index, tokens[index, : 1 + taken], int(past[index]), states[index])
         self.stats.rounds += rounds
