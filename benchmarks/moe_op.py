@@ -2,7 +2,7 @@
 """The MoE op (plugins/moe.py) on ONNX Runtime against transformers' Qwen3MoeSparseMoeBlock, at
 Qwen3-30B-A3B's widths (hidden 2048, 128 experts, top 8, expert width 768), in one interleaved run.
 
-    python benchmarks/moe_op.py            # 2 threads, 20 repetitions: about 10 minutes, 12 GB of memory
+    python benchmarks/moe_op.py            # 2 threads, 20 repetitions: about 3 minutes, up to 21 GB of memory
     python benchmarks/moe_op.py --smoke    # tiny widths, seconds: checks the plumbing
 
 Part 1, the lowering's kernels (one layer): ONNX Runtime's com.microsoft.MoE (fp32) and our
@@ -15,8 +15,10 @@ batch 1 and 8: our op on ONNX Runtime (fp32 on our MixtureOfExperts, as the runt
 ONNX Runtime's MoE; int4) against transformers' block in eager torch, both
 its experts implementations (grouped_mm is what from_pretrained picks; eager is its loop).
 
-Each setting runs every implementation in turn, repetition after repetition, after an untimed
-warm-up; the medians and the ratios are reported. The ONNX graphs are what the export and
+Each setting runs every implementation in turn, repetition after repetition, a turn being an untimed
+call and BURST timed ones (interleaved_medians: on 2 cores, back-to-back calls of different
+implementations shared the cores with the last one's spinning threads); part 2 gives every call a new
+input. The medians and the ratios are reported. The ONNX graphs are what the export and
 compile_cpu make of SparseMoe (a router MatMul, then the op's node with its function body; lowered
 by plugins.moe.lower_for_onnxruntime), written by hand so that the weights stay in memory: every
 session reads the same buffers (add_external_initializers), no copy on disk. Every implementation is
@@ -124,6 +126,9 @@ class Graph:
         options = ort.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
         options.log_severity_level = 3
+        # Each session's worker threads would spin on after its run, on the cores the next implementation
+        # runs on (see interleaved_medians): stopped at the end of every run.
+        options.add_session_config_entry("session.force_spinning_stop", "1")
         names = list(self.buffers)
         options.add_external_initializers(names, [ort.OrtValue.ortvalue_from_numpy(self.buffers[n]) for n in names])
         graph = self.model.SerializeToString()
@@ -152,19 +157,29 @@ def torch_reference(layers: list[SparseMoe], x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def interleaved_medians(runs: dict, inputs: dict, reps: int) -> dict[str, dict[str, float]]:
-    """{setting: {implementation: median ms}}; within a setting the implementations alternate."""
+BURST = 3  # timed calls of one implementation in a row, after an untimed one
+
+
+def interleaved_medians(runs: dict, inputs: dict[str, list], reps: int) -> dict[str, dict[str, float]]:
+    """{setting: {implementation: median ms}}; within a setting the implementations take turns, each turn an
+    untimed call and BURST timed ones, the k-th call of a turn on the setting's k-th input (cycled: every
+    implementation sees the same inputs in the same order). On 2 cores the implementation before would otherwise share the cores:
+    ONNX Runtime's worker threads spin on for over 20 ms after a run, torch's OpenMP threads for a few.
+    Measured on 2 layers at batch 1, one call a turn: ours 14-15 ms, transformers eager 40-42 ms; with a
+    100 ms pause before each call, 11 and 23-24 ms. Hence the sessions stop spinning at the end of each run
+    (Graph.session) and the untimed call takes the cores back from torch; a pause instead would time calls
+    that start on idle cores, which slows the short ones most (int4 at 2 ms: 5.4)."""
     result = {}
-    for setting, x in inputs.items():
+    for setting, xs in inputs.items():
         names = [n for n in runs if runs[n].get(setting) is not None]
         times = {n: [] for n in names}
-        for n in names:  # warm-up
-            runs[n][setting](x)
         for _ in range(reps):
             for n in names:
-                start = time.perf_counter()
-                runs[n][setting](x)
-                times[n].append((time.perf_counter() - start) * 1e3)
+                runs[n][setting](xs[0])  # (untimed)
+                for k in range(1, BURST + 1):
+                    start = time.perf_counter()
+                    runs[n][setting](xs[k % len(xs)])
+                    times[n].append((time.perf_counter() - start) * 1e3)
         result[setting] = {n: statistics.median(t) for n, t in times.items()}
         print(f"  {setting}: " + ", ".join(f"{n} {m:.2f} ms" for n, m in result[setting].items()), flush=True)
     return result
@@ -232,7 +247,7 @@ def main(argv=None) -> int:
                 runs[name][setting] = ort_runner(session)
             print(f"  {label} {name}: {graph.kernels}, resident {rss_gb():.1f} GB", flush=True)
         print(f"part 1, {label}", flush=True)
-        part1[label] = interleaved_medians(runs, tokens, args.reps)
+        part1[label] = interleaved_medians(runs, {s: [x] for s, x in tokens.items()}, args.reps)
         del runs
     report["part1_one_layer_ms"] = part1
 
@@ -265,7 +280,9 @@ def main(argv=None) -> int:
     runs["transformers grouped_mm"] = {s: hf_runner("grouped_mm") for s in decode}
     runs["transformers eager"] = {s: hf_runner("eager") for s in decode}
     print(f"part 2, two layers, decode (resident {rss_gb():.1f} GB)", flush=True)
-    part2 = interleaved_medians(runs, decode, args.reps)
+    # each call a new input, as each decode step's token is routed anew (part 1 repeats one on purpose)
+    steps = {s: [x] + [torch.randn(x.shape, generator=generator) for _ in range(BURST)] for s, x in decode.items()}
+    part2 = interleaved_medians(runs, steps, args.reps)
     report["part2_two_layers_decode_ms"] = part2
     ratios = {}
     for setting, medians in part2.items():

@@ -23,7 +23,7 @@ of chains like each row's and what a wider pass was measured to cost on this eng
 batch that copies nothing, or an engine whose wide passes cost too much, runs vanilla's single-token
 steps. How far back a match reaches is what predicts a chain best: on SmolLM2's copying and chat
 outputs, a chain after a match of 2 tokens had its first token taken 33-65 % of the time, after one of
-8 or more 92-99 %. So acceptance is learnt per match length (`MatchAcceptance`, over the runner's rows).
+8 or more 92-99 %. So acceptance is learnt per match length (`MatchAcceptance`, shared by the rows).
 A row that must not speculate (EngineRequest.speculate False) never proposes.
 
 A chain never crosses a LongRoPE model's original context (the core recomputes a row that steps past
