@@ -8,8 +8,8 @@ heads, 3 kv heads, head size 64), in one interleaved run.
     python benchmarks/attention_op.py --baseline OTHER.so  # also our op on another build of the library
 
 Settings: decode (1 new token) after 100, 600 and 1,500 cached ones at batch 1, after 600 at batch 4; a
-verification pass of 9 tokens after 600 (prompt lookup's widest) at batch 1 and 4; prefill of 64 and 512
-tokens on an empty cache. The cache is bound in place (past and present one buffer), as the runtime binds
+verification pass of 9 tokens after 600 (prompt lookup's widest) at batch 1 and 4; prefill of 64, 512 and
+2,048 tokens on an empty cache. The cache is bound in place (past and present one buffer), as the runtime binds
 it. Each round times every setting on both ops in turn (each: repeated for --seconds, the mean of a call);
 the medians over the rounds and the per-round ratios are reported, with the spread. Both ops are first
 checked to agree (outputs within 2e-6). Writes attention_op.json into --out-dir and prints a table.
@@ -41,7 +41,8 @@ CAPACITY = 2048
 SETTINGS = [  # (name, past, new tokens, batch)
     ("decode after 100", 100, 1, 1), ("decode after 600", 600, 1, 1), ("decode after 1500", 1500, 1, 1),
     ("decode after 600, batch 4", 600, 1, 4), ("9-token pass after 600", 600, 9, 1),
-    ("9-token pass after 600, batch 4", 600, 9, 4), ("prefill 64", 0, 64, 1), ("prefill 512", 0, 512, 1)]
+    ("9-token pass after 600, batch 4", 600, 9, 4), ("prefill 64", 0, 64, 1), ("prefill 512", 0, 512, 1),
+    ("prefill 2048", 0, 2048, 1)]
 
 
 def parse_args(argv=None):

@@ -157,6 +157,29 @@ def test_a_token_has_the_same_bits_alone_in_a_pass_or_beside_other_rows(built, p
     assert not np.array_equal(wide_gqa, steps_gqa)
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_a_long_prefill_has_the_bits_of_its_chunks(built, path, monkeypatch, tmp_path):
+    """600 tokens on an empty cache in one pass, where the kernel cuts the tokens into more groups to keep
+    each unit's scores near L2 (attention.c's UNIT_SCORES), and in two chunks of 300 (chunked prefill), cut
+    into fewer: every token's output has the same bits, and is GroupQueryAttention's within 2e-6."""
+    monkeypatch.setenv(cpu_kernels.ENV, path)
+    hq, hkv, d, capacity, n = 9, 3, 64, 640, 600
+    model = gqa_model(hq, hkv, d, capacity, d)
+    f = feeds(np.random.default_rng(5), hq, hkv, d, capacity, d, [0], [n], n)
+    ours = session(model, True, tmp_path)
+    held = [f[name].copy() for name in ("past_key", "past_value", "past_key", "past_value")]
+    keys, values, keys_c, values_c = (ort.OrtValue.ortvalue_from_numpy(a) for a in held)
+    whole = in_place(ours, f, keys, values)[0]
+    half = n // 2
+    chunks = np.concatenate([in_place(ours, dict(f, qkv=f["qkv"][:, i:i + half], seqlens_k=np.array([i + half - 1], np.int32),
+                                                 positions=f["positions"][:, i:i + half],
+                                                 query_lengths=np.array([half], np.int32)), keys_c, values_c)[0]
+                             for i in (0, half)])
+    assert np.array_equal(whole, chunks) and np.array_equal(held[0], held[2])
+    theirs = session(model, False, tmp_path).run(None, f)[0][0]
+    assert np.abs(theirs - whole).max() < 2e-6
+
+
 def test_the_swap_takes_only_what_the_kernel_computes():
     def swapped(model):
         return rewrite.swap_attention(model)

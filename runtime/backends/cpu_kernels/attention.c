@@ -39,7 +39,7 @@
 static const OrtApi *api;
 
 #define TRY(x) do { OrtStatus *s_ = (x); if (s_) return s_; } while (0)
-enum { MAX_HEAD = 1024, BATCHES = 16, GROUPED_UNITS = 16 };
+enum { MAX_HEAD = 1024, BATCHES = 16, GROUPED_UNITS = 16, UNIT_SCORES = 512 << 10 };
 
 typedef struct { int64_t Hq, Hkv, window; float scale, softcap; int avx512; } attention;
 
@@ -469,9 +469,14 @@ static OrtStatus *compute(void *kernel, OrtKernelContext *ctx) {
   /* BATCHES tasks at most (ONNX Runtime runs each index given to ParallelFor as a task of its own) */
   /* a causal node without window or bias: by rows (each token's bits the same either way it is cut) */
   c.rows = c.avx512 && !c.bias && a->window <= 0;
-  /* (token groups: enough units for the threads where a row has several tokens, GROUPED_UNITS or more) */
+  /* (token groups: enough units for the threads where a row has several tokens, GROUPED_UNITS or more, and
+   * few enough tokens a unit that its scores, a row of the slots it sees a token, stay near L2: UNIT_SCORES) */
+  int64_t longest = 0;
+  for (int64_t b = 0; b < B; b++) longest = past[b] + counts[b] > longest ? past[b] + counts[b] : longest;
   c.groups = 1;
-  while (c.rows && c.groups < S && B * a->Hq * c.groups < GROUPED_UNITS) c.groups++;
+  while (c.rows && c.groups < S && (B * a->Hq * c.groups < GROUPED_UNITS ||
+                                    (S + c.groups - 1) / c.groups * (longest + 16) * (int64_t)sizeof(float) > UNIT_SCORES))
+    c.groups++;
   c.units = (size_t)(c.rows ? B * a->Hq * c.groups : B * S * a->Hq);
   if (!st && c.units <= 2) {  /* (not worth waking the threads) */
     c.units_per_batch = c.units;
