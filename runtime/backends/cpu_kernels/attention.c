@@ -472,7 +472,7 @@ static OrtStatus *compute(void *kernel, OrtKernelContext *ctx) {
   /* (token groups: enough units for the threads where a row has several tokens, GROUPED_UNITS or more, and
    * few enough tokens a unit that its scores, a row of the slots it sees a token, stay near L2: UNIT_SCORES) */
   int64_t longest = 0;
-  for (int64_t b = 0; b < B; b++) longest = past[b] + counts[b] > longest ? past[b] + counts[b] : longest;
+  for (int64_t b = 0; b < B && !st; b++) longest = past[b] + counts[b] > longest ? past[b] + counts[b] : longest;
   c.groups = 1;
   while (c.rows && c.groups < S && (B * a->Hq * c.groups < GROUPED_UNITS ||
                                     (S + c.groups - 1) / c.groups * (longest + 16) * (int64_t)sizeof(float) > UNIT_SCORES))
