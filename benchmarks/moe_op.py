@@ -163,8 +163,9 @@ BURST = 3  # timed calls of one implementation in a row, after an untimed one
 def interleaved_medians(runs: dict, inputs: dict[str, list], reps: int) -> dict[str, dict[str, float]]:
     """{setting: {implementation: median ms}}; within a setting the implementations take turns, each turn an
     untimed call and BURST timed ones, the k-th call of a turn on the setting's k-th input (cycled: every
-    implementation sees the same inputs in the same order). On 2 cores the implementation before would otherwise share the cores:
-    ONNX Runtime's worker threads spin on for over 20 ms after a run, torch's OpenMP threads for a few.
+    implementation sees the same inputs in the same order). On 2 cores the implementation before would
+    otherwise share the cores: ONNX Runtime's worker threads spin on for over 20 ms after a run, torch's
+    OpenMP threads for a few.
     Measured on 2 layers at batch 1, one call a turn: ours 14-15 ms, transformers eager 40-42 ms; with a
     100 ms pause before each call, 11 and 23-24 ms. Hence the sessions stop spinning at the end of each run
     (Graph.session) and the untimed call takes the cores back from torch; a pause instead would time calls

@@ -171,10 +171,10 @@ def test_a_long_prefill_has_the_bits_of_its_chunks(built, path, monkeypatch, tmp
     keys, values, keys_c, values_c = (ort.OrtValue.ortvalue_from_numpy(a) for a in held)
     whole = in_place(ours, f, keys, values)[0]
     half = n // 2
-    chunks = np.concatenate([in_place(ours, dict(f, qkv=f["qkv"][:, i:i + half], seqlens_k=np.array([i + half - 1], np.int32),
-                                                 positions=f["positions"][:, i:i + half],
-                                                 query_lengths=np.array([half], np.int32)), keys_c, values_c)[0]
-                             for i in (0, half)])
+    chunk = {i: dict(f, qkv=f["qkv"][:, i:i + half], seqlens_k=np.array([i + half - 1], np.int32),
+                     positions=f["positions"][:, i:i + half], query_lengths=np.array([half], np.int32))
+             for i in (0, half)}
+    chunks = np.concatenate([in_place(ours, chunk[i], keys_c, values_c)[0] for i in (0, half)])
     assert np.array_equal(whole, chunks) and np.array_equal(held[0], held[2])
     theirs = session(model, False, tmp_path).run(None, f)[0][0]
     assert np.abs(theirs - whole).max() < 2e-6

@@ -168,8 +168,8 @@ class PromptLookup:
             worth = None
             if core.scheduler.policy == "static":  # (the batch's time is its last row's)
                 worth = behind([r.sequence.max_new_tokens - len(r.sequence.generated) for r in self.rows])
-            lengths = plan([(len(p), a.p) for p, a in zip(proposals, acceptance)], self.cost.slope(len(running)), replay,
-                           worth)
+            lengths = plan([(len(p), a.p) for p, a in zip(proposals, acceptance)], self.cost.slope(len(running)),
+                           replay, worth)
             for p, a, n in zip(proposals, acceptance, lengths):
                 if p and not n:
                     a.idle()

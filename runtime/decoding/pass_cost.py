@@ -96,7 +96,8 @@ def expected_taken(p: float, k: int) -> float:
     return k if p >= 1.0 else p * (1 - p ** k) / (1 - p)
 
 
-def plan(rows: list[tuple[int, float]], slope: float, replay: float = 0.0, worth: list[float] | None = None) -> list[int]:
+def plan(rows: list[tuple[int, float]], slope: float, replay: float = 0.0,
+         worth: list[float] | None = None) -> list[int]:
     """Each row's chain length this pass (0: none). rows: (tokens it may propose, its acceptance p);
     slope: PassCost.slope; replay: what passing a row's taken tokens again costs, in passes of the batch
     (0 without recurrent layers); worth: what a token of each row is worth (default 1 each; see
