@@ -10,7 +10,9 @@ heads, 3 kv heads, head size 64), in one interleaved run.
 Settings: decode (1 new token) after 100, 600 and 1,500 cached ones at batch 1, after 600 at batch 4; a
 verification pass of 9 tokens after 600 (prompt lookup's widest) at batch 1 and 4; prefill of 64, 512 and
 2,048 tokens on an empty cache. The cache is bound in place (past and present one buffer), as the runtime binds
-it. Each round times every setting on both ops in turn (each: repeated for --seconds, the mean of a call);
+it. --layers N gives each op N caches, called in turn as a model's layers are (a call's time is the mean of a
+layer's): at 1, the default, the cache stays in the CPU's caches from call to call; at a model's 30 it does
+not, as in a decode step at a long context. Each round times every setting on both ops in turn (each: repeated for --seconds, the mean of a call);
 the medians over the rounds and the per-round ratios are reported, with the spread. Both ops are first
 checked to agree (outputs within 2e-6). Writes attention_op.json into --out-dir and prints a table.
 """
@@ -31,7 +33,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "tests"))
 
 from sidebyside.op_timing import (  # noqa: E402
-    baseline_cells, baseline_header, comparison, library_file, over_baseline, rounds, run_record)
+    baseline_cells, baseline_header, comparison, library_file, over_baseline, quiet_options, rounds, run_record)
 from test_cpu_attention import feeds, gqa_model  # noqa: E402  (the node as our lowering writes it)
 
 from trt_llm.runtime.backends import cpu_kernels  # noqa: E402
@@ -50,6 +52,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--seconds", type=float, default=0.3, help="each timing: calls repeated for this long")
+    p.add_argument("--layers", type=int, default=1, help="caches an op cycles through, as a model's layers")
     p.add_argument("--out-dir", type=Path, default=REPO / "out" / "bench")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--baseline", type=library_file, help="another build of our kernels' library, timed beside ours")
@@ -61,18 +64,26 @@ def parse_args(argv=None):
 
 def session(ours: bool, threads: int, library: Path | None = None) -> ort.InferenceSession:
     """GroupQueryAttention, or our op (on `library`, another build of it, where given)."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
+    options = quiet_options(threads)
     graph = gqa_model(HEADS, KV_HEADS, HEAD, CAPACITY, HEAD).SerializeToString()
     if ours:
         graph = cpu_kernels.adopt(graph, options, REPO)
         if b"CachedAttention" not in graph:
             sys.exit(f"our kernel is not used here: {cpu_kernels.describe()}")
         if library is not None:
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = threads
+            options = quiet_options(threads)
             options.register_custom_ops_library(str(library))
     return ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+
+
+class Layers:
+    """Bound calls of one op, one a layer: a call runs each in turn and returns the first's output."""
+
+    def __init__(self, bound: list):
+        self.bound = bound
+
+    def __call__(self) -> np.ndarray:
+        return [b() for b in self.bound][0]
 
 
 class Bound:
@@ -105,12 +116,13 @@ def main(argv=None) -> int:
     calls = {}
     for name, past, new, batch in SETTINGS:
         f = feeds(rng, HEADS, KV_HEADS, HEAD, CAPACITY, HEAD, [past] * batch, [new] * batch, new)
-        calls[name] = {op: Bound(s, f) for op, s in sessions.items()}
+        calls[name] = {op: Layers([Bound(s, f) for _ in range(args.layers)]) for op, s in sessions.items()}
         outputs = {op: call() for op, call in calls[name].items()}
         theirs, ours = outputs["GroupQueryAttention"], outputs["CachedAttention"]
         if np.abs(theirs - ours).max() > 2e-6:
             sys.exit(f"{name}: the ops disagree by {np.abs(theirs - ours).max():.2e}")
-    times = rounds(calls, args.rounds, args.seconds)
+    times = {setting: {op: [t / args.layers for t in ts] for op, ts in ops.items()}  # (a layer's time)
+             for setting, ops in rounds(calls, args.rounds, args.seconds).items()}
     rows = []
     for name in calls:
         gqa, ours = times[name]["GroupQueryAttention"], times[name]["CachedAttention"]

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "tests"))
 
 from sidebyside.op_timing import (  # noqa: E402
-    baseline_cells, baseline_header, comparison, library_file, over_baseline, rounds, run_record)
+    baseline_cells, baseline_header, comparison, library_file, over_baseline, quiet_options, rounds, run_record)
 from test_cpu_kernels import matmul_nbits  # noqa: E402  (the node as our lowering writes it)
 
 from trt_llm.runtime.backends import cpu_kernels  # noqa: E402
@@ -65,16 +65,14 @@ def sessions(K: int, N: int, bits: int, threads: int, baseline: Path | None = No
     graph = matmul_nbits(K, N, bits, weights, scales).SerializeToString()
     made = {}
     for op in ("MatMulNBits", "MatMulBlocks8"):
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
+        options = quiet_options(threads)
         if op == "MatMulBlocks8":
             adopted = cpu_kernels.adopt(graph, options, REPO)
             if b"MatMulBlocks8" not in adopted:
                 sys.exit(f"our kernel is not used here: {cpu_kernels.describe()}")
             made[op] = ort.InferenceSession(adopted, options, providers=["CPUExecutionProvider"])
             if baseline is not None:  # the same graph on the other library
-                options = ort.SessionOptions()
-                options.intra_op_num_threads = threads
+                options = quiet_options(threads)
                 options.register_custom_ops_library(str(baseline))
                 made["baseline"] = ort.InferenceSession(adopted, options, providers=["CPUExecutionProvider"])
         else:

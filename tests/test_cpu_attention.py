@@ -45,9 +45,9 @@ def gqa_model(hq, hkv, d, capacity, rotary, window=-1, softcap=0.0, bias=False, 
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
 
 
-def session(model: onnx.ModelProto, ours: bool, tmp_path) -> ort.InferenceSession:
+def session(model: onnx.ModelProto, ours: bool, tmp_path, threads: int = 2) -> ort.InferenceSession:
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
+    options.intra_op_num_threads = threads
     graph = model.SerializeToString()
     if ours:
         graph = cpu_kernels.adopt(graph, options, tmp_path)
@@ -158,6 +158,22 @@ def test_a_token_has_the_same_bits_alone_in_a_pass_or_beside_other_rows(built, p
 
 
 @pytest.mark.parametrize("path", PATHS)
+def test_a_token_has_the_same_bits_however_the_call_is_cut_for_the_threads(built, path, monkeypatch, tmp_path):
+    """A 9-token pass after 600 cached tokens beside a decode row, in sessions of 1, 2, 16 and 64 threads: the
+    kernel cuts the call into units for them (a kv head's three query heads in one unit or a unit each, a row's
+    tokens in 1 to 9 groups), and every output has the same bits. GroupQueryAttention's within 2e-6."""
+    monkeypatch.setenv(cpu_kernels.ENV, path)
+    hq, hkv, d, capacity = 9, 3, 64, 1024
+    model = gqa_model(hq, hkv, d, capacity, d)
+    f = feeds(np.random.default_rng(6), hq, hkv, d, capacity, d, [600, 300], [9, 1], 9)
+    outputs = [session(model, True, tmp_path, threads).run(None, f)[0] for threads in (1, 2, 16, 64)]
+    assert all(np.array_equal(outputs[0], other) for other in outputs[1:])
+    theirs = session(model, False, tmp_path).run(None, f)[0]
+    assert np.abs(np.where(np.arange(9)[None, :, None] < np.array([[9], [1]])[..., None], theirs, 0)
+                  - outputs[0]).max() < 2e-6
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_a_long_prefill_has_the_bits_of_its_chunks(built, path, monkeypatch, tmp_path):
     """600 tokens on an empty cache in one pass, where the kernel cuts the tokens into more groups to keep
     each unit's scores near L2 (attention.c's UNIT_SCORES), and in two chunks of 300 (chunked prefill), cut
@@ -192,6 +208,9 @@ def test_the_swap_takes_only_what_the_kernel_computes():
                                 "query_lengths", "bias"]
     assert sorted(a.name for a in node.attribute) == ["kv_num_heads", "local_window_size", "num_heads", "scale",
                                                       "softcap"]
+    threaded = gqa_model(9, 3, 64, 128, 64)
+    assert rewrite.swap_attention(threaded, threads=4) == 1  # (a session's threads, which the kernel cuts its work for)
+    assert next(a.i for a in threaded.graph.node[0].attribute if a.name == "threads") == 4
     assert swapped(gqa_model(9, 3, 64, 128, 64)) == 1  # no tree: no bias input
     assert swapped(gqa_model(9, 3, 64, 128, 64, dtype=TensorProto.FLOAT16)) == 0  # an fp16 graph
     interleaved = gqa_model(9, 3, 64, 128, 64)

@@ -21,6 +21,18 @@ def library_file(text: str):
     return path
 
 
+def quiet_options(threads: int):
+    """Session options for an op timed beside others: `threads` intra-op threads that stop spinning at the end
+    of each run. (Spinning on, a session's idle workers held the cores for milliseconds into the next op's
+    timing: measured, the same library timed 1.1-1.3x slower after another session's runs than after its own.)"""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.force_spinning_stop", "1")
+    return options
+
+
 def timed(call, seconds: float) -> float:
     """The mean seconds of `call`, repeated for about `seconds` after one untimed call."""
     call()

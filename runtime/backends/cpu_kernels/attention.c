@@ -18,7 +18,9 @@
  *   7 query_lengths int32 [B]                      new tokens per row (right-padded; 0 = idle)
  *   8 attention_bias float [B, 1, S, L], optional  added to the scores; -inf hides a key (a tree)
  * Attributes: num_heads, kv_num_heads, scale (0: 1/sqrt(D)), local_window_size (W > 0: a token in slot
- * q sees slots q - W + 1 .. q), softcap (c > 0: c * tanh(score / c) after the scale).
+ * q sees slots q - W + 1 .. q), softcap (c > 0: c * tanh(score / c) after the scale), threads (the
+ * session's intra-op threads, which rewrite.swap_attention writes as a session opens: how many units
+ * to cut a call into; 0 or absent: 8).
  * Outputs: [B, S, Hq D] (zeros at padded tokens), present_key, present_value (the caches with the new
  * tokens' rotated keys and values at slots past .. past + new - 1).
  *
@@ -39,9 +41,9 @@
 static const OrtApi *api;
 
 #define TRY(x) do { OrtStatus *s_ = (x); if (s_) return s_; } while (0)
-enum { MAX_HEAD = 1024, BATCHES = 16, GROUPED_UNITS = 16, UNIT_SCORES = 512 << 10 };
+enum { MAX_HEAD = 1024, BATCHES = 16, UNKNOWN_THREADS = 8, UNIT_SCORES = 512 << 10 };
 
-typedef struct { int64_t Hq, Hkv, window; float scale, softcap; int avx512; } attention;
+typedef struct { int64_t Hq, Hkv, window, threads; float scale, softcap; int avx512; } attention;
 
 typedef struct {
   const attention *a;
@@ -52,9 +54,9 @@ typedef struct {
   float *keys, *values, *out;
   float scale;
   int avx512;
-  int rows;  /* units are (row, head, token group): a group of a row's tokens at once (row_head_avx512);
-                else (row, token, head) */
-  int64_t groups;
+  int rows;  /* units are (row, query heads of one kv head, token group): the group's tokens under those
+                heads at once (row_head_avx512); else (row, token, head) */
+  int64_t groups, head_sets;  /* token groups a row, sets a kv head's query heads are cut into */
   size_t units, units_per_batch;
 } call;
 
@@ -219,10 +221,14 @@ AVX512 static inline __attribute__((always_inline)) void values_pair(
       const __m512 a0 = _mm512_set1_ps(p0[j]), a1 = _mm512_set1_ps(p0[j + 1]);
       const __m512 b0 = _mm512_set1_ps(p1[j]), b1 = _mm512_set1_ps(p1[j + 1]);
       const float *v0 = values + j * D, *v1 = v0 + D;
+      __m512 x[4], y[4];
       for (int64_t k = 0; k < w; k++) {
-        const __m512 x = _mm512_loadu_ps(v0 + 16 * k), y = _mm512_loadu_ps(v1 + 16 * k);
-        e0[k] = _mm512_fmadd_ps(a0, x, e0[k]); o0[k] = _mm512_fmadd_ps(a1, y, o0[k]);
-        e1[k] = _mm512_fmadd_ps(b0, x, e1[k]); o1[k] = _mm512_fmadd_ps(b1, y, o1[k]);
+        x[k] = _mm512_loadu_ps(v0 + 16 * k); y[k] = _mm512_loadu_ps(v1 + 16 * k);
+        __asm__("" : "+v"(x[k]), "+v"(y[k]));  /* (each value loaded once for both tokens, not folded twice) */
+      }
+      for (int64_t k = 0; k < w; k++) {
+        e0[k] = _mm512_fmadd_ps(a0, x[k], e0[k]); o0[k] = _mm512_fmadd_ps(a1, y[k], o0[k]);
+        e1[k] = _mm512_fmadd_ps(b0, x[k], e1[k]); o1[k] = _mm512_fmadd_ps(b1, y[k], o1[k]);
       }
     }
   for (int64_t t = 0; t < (acc1 ? 2 : 1); t++) {  /* what is left: each token alone, from slot j */
@@ -243,39 +249,42 @@ AVX512 static inline __attribute__((always_inline)) void values_pair(
   }
 }
 
-/* A row's new tokens first, first + step, ... for one query head, where every token sees slots 0 .. its
- * own (no window, no bias): its list of keys is the slots themselves, so the tokens share each block of
- * keys and values while it is in L1 (a verification pass of 9 tokens reads the cache about once a unit,
- * not 9 times). Each token's arithmetic is the same whatever the pass holds: dots16 per key, the softmax
- * from slot 0, the values' two chains by slot parity. work: n (3 D + past + count + 16) floats, n the
- * unit's tokens. */
-AVX512 static void row_head_avx512(const call *c, int64_t b, int64_t h, int64_t first, int64_t step,
+/* A row's new tokens first, first + step, ... for query heads h0 .. h0 + nh - 1 (all of one kv head),
+ * where every token sees slots 0 .. its own (no window, no bias): its list of keys is the slots
+ * themselves, so the unit's queries (a token under a head, token-major) share each block of keys and
+ * values while it is in L1: a verification pass of 9 tokens under 3 heads reads the kv head's cache
+ * about once a unit, not 27 times, and a decode step once, not 3 times. Each query's arithmetic is
+ * the same whatever the unit holds: dots16 per key, the softmax from slot 0, the values' two chains by
+ * slot parity. work: n (3 D + past + count + 16) floats, n the unit's queries. */
+AVX512 static void row_head_avx512(const call *c, int64_t b, int64_t h0, int64_t nh, int64_t first, int64_t step,
                                    const float *keys, const float *values, float *work) {
   const attention *a = c->a;
   const int64_t D = c->D, count = c->count[b], past = c->past[b], total = past + count, stride = total + 16;
-  const int64_t n = (count - first + step - 1) / step;  /* token i of the unit: first + i * step */
+  /* query i: token first + (i / nh) step under head h0 + i % nh */
+  const int64_t n = (count - first + step - 1) / step * nh;
   float *qs = work, *even = qs + n * D, *odd = even + n * D, *sc = odd + n * D;
+#define SEEN(i) (past + first + (i) / nh * step + 1)
   for (int64_t i = 0; i < n; i++) {
-    const int64_t s = first + i * step, position = c->pos[b * c->S + s];
-    rotate(c->qkv + ((b * c->S + s) * (a->Hq + 2 * a->Hkv) + h) * D, c->cos + position * c->half,
-           c->sin + position * c->half, c->half, D, qs + i * D);
+    const int64_t s = first + i / nh * step, position = c->pos[b * c->S + s];
+    const float *x = c->qkv + ((b * c->S + s) * (a->Hq + 2 * a->Hkv) + h0 + i % nh) * D;
+    rotate(x, c->cos + position * c->half, c->sin + position * c->half, c->half, D, qs + i * D);
   }
-  for (int64_t j0 = 0; j0 < total; j0 += 16)  /* a block of keys, then every token that sees it */
+  for (int64_t j0 = 0; j0 < total; j0 += 16)  /* a block of keys, then every query that sees it */
     for (int64_t i = 0; i < n; i++) {
-      const int64_t seen = past + first + i * step + 1 - j0;
+      const int64_t seen = SEEN(i) - j0;
       if (seen > 0) dots16_avx512(qs + i * D, keys + j0 * D, NULL, seen < 16 ? seen : 16, D, c->scale, sc + i * stride + j0);
     }
   for (int64_t i = 0; i < n; i++) {
     float *row = sc + i * stride;
-    const int64_t seen = past + first + i * step + 1;
+    const int64_t seen = SEEN(i);
     if (a->softcap > 0.f)
       for (int64_t j = 0; j < seen; j++) row[j] = a->softcap * tanhf(row[j] / a->softcap);
     row[total] = softmax_avx512(row, seen);  /* (1 / the sum, kept past the row's scores) */
   }
   memset(even, 0, sizeof(float) * (size_t)(2 * n * D));
-  for (int64_t j0 = 0; j0 < total; j0 += 32)  /* 32 values (8 KiB at D 64), then every token that sees them */
-    for (int64_t i = 0; i < n; i += 2) {      /* two tokens at a time: each value loaded once for both */
-      const int64_t two = i + 1 < n, seen0 = past + first + i * step + 1, seen1 = seen0 + two * step;
+  for (int64_t j0 = 0; j0 < total; j0 += 32)  /* 32 values (8 KiB at D 64), then every query that sees them */
+    for (int64_t i = 0; i < n; i += 2) {      /* two queries at a time (the second sees as many or more) */
+      const int64_t two = i + 1 < n, seen0 = SEEN(i), seen1 = two ? SEEN(i + 1) : seen0;
       const int64_t end0 = seen0 < j0 + 32 ? seen0 : j0 + 32, end1 = seen1 < j0 + 32 ? seen1 : j0 + 32;
       for (int64_t d = 0; d < D; d += 64) {
         float *acc0 = even + i * D + d, *acc1 = two ? even + (i + 1) * D + d : NULL;
@@ -283,8 +292,9 @@ AVX512 static void row_head_avx512(const call *c, int64_t b, int64_t h, int64_t 
         else values_pair(values + d, D, sc + i * stride, stride, acc0, acc1, odd - even, j0, end0, end1, (D - d) / 16);
       }
     }
+#undef SEEN
   for (int64_t i = 0; i < n; i++) {
-    float *y = c->out + ((b * c->S + first + i * step) * a->Hq + h) * D;
+    float *y = c->out + ((b * c->S + first + i / nh * step) * a->Hq + h0 + i % nh) * D;
     const __m512 inv = _mm512_set1_ps(sc[i * stride + total]);
     for (int64_t d = 0; d < D; d += 16)
       _mm512_storeu_ps(y + d, _mm512_mul_ps(_mm512_add_ps(_mm512_loadu_ps(even + i * D + d), _mm512_loadu_ps(odd + i * D + d)), inv));
@@ -323,24 +333,29 @@ static void run_unit(const call *c, size_t u, int32_t *idx, float *scores) {
     head_c(c, q, keys, values, idx, n, bias, scores, y);
 }
 
-/* unit u of a call by rows: row b, query head h, its new tokens g, g + G, ... (G = c->groups: the tokens
- * interleaved, so that each group sees about as many keys under the causal mask) */
+/* unit u of a call by rows: row b, a set of query heads of one kv head (c->head_sets sets of them), its
+ * new tokens g, g + G, ... (G = c->groups: the tokens interleaved, so that each group sees about as
+ * many keys under the causal mask) */
 static void run_row_unit(const call *c, size_t u) {
   const attention *a = c->a;
-  const int64_t D = c->D, G = c->groups, g = (int64_t)u % G, h = ((int64_t)u / G) % a->Hq;
-  const int64_t b = (int64_t)u / (G * a->Hq), count = c->count[b];
-  for (int64_t s = count; g == 0 && s < c->S; s++)  /* (the padded tokens: zeros, by the first group's unit) */
-    memset(c->out + ((b * c->S + s) * a->Hq + h) * D, 0, sizeof(float) * (size_t)D);
+  const int64_t D = c->D, G = c->groups, g = (int64_t)u % G, R = a->Hq / a->Hkv, nh = R / c->head_sets;
+  const int64_t h0 = ((int64_t)u / (G * c->head_sets)) % a->Hkv * R + ((int64_t)u / G) % c->head_sets * nh;
+  const int64_t b = (int64_t)u / (G * c->head_sets * a->Hkv), count = c->count[b];
+  for (int64_t h = h0; g == 0 && h < h0 + nh; h++)  /* (the padded tokens: zeros, by the first group's unit) */
+    for (int64_t s = count; s < c->S; s++)
+      memset(c->out + ((b * c->S + s) * a->Hq + h) * D, 0, sizeof(float) * (size_t)D);
   if (g >= count) return;
-  const int64_t kv = h / (a->Hq / a->Hkv), total = c->past[b] + count, n = (count - g + G - 1) / G;
+  const int64_t kv = h0 / R, total = c->past[b] + count, n = (count - g + G - 1) / G * nh;
   float *work = malloc(sizeof(float) * (size_t)(n * (3 * D + total + 16)));
   if (!work) {  /* (the output cannot say it: NaN rather than a quiet wrong answer) */
     for (int64_t s = g; s < count; s += G)
-      for (int64_t d = 0; d < D; d++) c->out[((b * c->S + s) * a->Hq + h) * D + d] = NAN;
+      for (int64_t h = h0; h < h0 + nh; h++)
+        for (int64_t d = 0; d < D; d++) c->out[((b * c->S + s) * a->Hq + h) * D + d] = NAN;
     return;
   }
 #if defined(__x86_64__)
-  row_head_avx512(c, b, h, g, G, c->keys + (b * a->Hkv + kv) * c->L * D, c->values + (b * a->Hkv + kv) * c->L * D, work);
+  const size_t cache = (size_t)((b * a->Hkv + kv) * c->L * D);
+  row_head_avx512(c, b, h0, nh, g, G, c->keys + cache, c->values + cache, work);
 #endif
   free(work);
 }
@@ -469,16 +484,28 @@ static OrtStatus *compute(void *kernel, OrtKernelContext *ctx) {
   /* BATCHES tasks at most (ONNX Runtime runs each index given to ParallelFor as a task of its own) */
   /* a causal node without window or bias: by rows (each token's bits the same either way it is cut) */
   c.rows = c.avx512 && !c.bias && a->window <= 0;
-  /* (token groups: enough units for the threads where a row has several tokens, GROUPED_UNITS or more, and
-   * few enough tokens a unit that its scores, a row of the slots it sees a token, stay near L2: UNIT_SCORES) */
+  /* Units by rows: (row, a set of one kv head's query heads, token group). A unit reads its kv head's keys
+   * and values once for all its queries, so the fewer and wider the units, the less of the cache is read
+   * (a decode step at a long context is bound by that read: all of a kv head's query heads in one unit
+   * took 1.2-1.3x less time at 100-1,500 cached tokens than a unit a head, on 2 threads). But the threads need units to
+   * share: one a thread at least, two where the rows have several tokens (verification passes, prefill:
+   * bound by arithmetic, where uneven shares cost more than reads), so the tokens are cut into groups,
+   * then the heads into sets, until there are; and a unit's scores (a row of the slots it sees a query)
+   * stay near L2: UNIT_SCORES. */
   int64_t longest = 0;
   for (int64_t b = 0; b < B && !st; b++) longest = past[b] + counts[b] > longest ? past[b] + counts[b] : longest;
-  c.groups = 1;
-  while (c.rows && c.groups < S && (B * a->Hq * c.groups < GROUPED_UNITS ||
-                                    (S + c.groups - 1) / c.groups * (longest + 16) * (int64_t)sizeof(float) > UNIT_SCORES))
-    c.groups++;
-  c.units = (size_t)(c.rows ? B * a->Hq * c.groups : B * S * a->Hq);
-  if (!st && c.units <= 2) {  /* (not worth waking the threads) */
+  const int64_t R = a->Hq / a->Hkv, wanted = (S > 1 ? 2 : 1) * a->threads;
+  c.groups = c.head_sets = 1;
+  while (c.rows) {
+    const int64_t queries = (S + c.groups - 1) / c.groups * (R / c.head_sets);
+    const int64_t scores = queries * (longest + 16) * (int64_t)sizeof(float);
+    if (B * a->Hkv * c.head_sets * c.groups >= wanted && scores <= UNIT_SCORES) break;
+    if (c.groups < S) c.groups++;
+    else if (c.head_sets < R) do c.head_sets++; while (R % c.head_sets);
+    else break;
+  }
+  c.units = (size_t)(c.rows ? B * a->Hkv * c.head_sets * c.groups : B * S * a->Hq);
+  if (!st && c.units <= 1) {  /* (no other thread to wake) */
     c.units_per_batch = c.units;
     run_batch(&c, 0);
   } else if (!st) {
@@ -508,12 +535,13 @@ static OrtStatus *create_kernel(const OrtCustomOp *op, const OrtApi *unused, con
   const int64_t hq = int_or(info, "num_heads", 0), hkv = int_or(info, "kv_num_heads", 0);
   const int64_t window = int_or(info, "local_window_size", -1);
   const float scale = float_or(info, "scale", 0.f), softcap = float_or(info, "softcap", 0.f);
+  const int64_t threads = int_or(info, "threads", 0);
   if (hq <= 0 || hkv <= 0 || hq % hkv)
     return fail("CachedAttention: needs attributes num_heads and kv_num_heads (a divisor of it)");
   attention *a = calloc(1, sizeof *a);
   if (!a) return api->CreateStatus(ORT_FAIL, "CachedAttention: out of memory");
-  *a = (attention){.Hq = hq, .Hkv = hkv, .window = window, .scale = scale, .softcap = softcap,
-                   .avx512 = choose_avx512()};
+  *a = (attention){.Hq = hq, .Hkv = hkv, .window = window, .threads = threads > 0 ? threads : UNKNOWN_THREADS,
+                   .scale = scale, .softcap = softcap, .avx512 = choose_avx512()};
   *out = a;
   return NULL;
 }

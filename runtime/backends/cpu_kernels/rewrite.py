@@ -134,8 +134,9 @@ def takes_attention(node: onnx.NodeProto, float_values: set[str]) -> bool:
     return node.input[3] in float_values
 
 
-def swap_attention(model: onnx.ModelProto) -> int:
-    """Swap every GroupQueryAttention `takes_attention` accepts for CachedAttention, in place; how many."""
+def swap_attention(model: onnx.ModelProto, threads: int = 0) -> int:
+    """Swap every GroupQueryAttention `takes_attention` accepts for CachedAttention, in place; how many.
+    threads: the session's intra-op threads (0: unknown), which the kernel cuts its work for."""
     graph = model.graph
     float_values = {v.name for v in (*graph.input, *graph.output, *graph.value_info)
                     if v.type.tensor_type.elem_type == TensorProto.FLOAT}
@@ -150,6 +151,8 @@ def swap_attention(model: onnx.ModelProto) -> int:
         kept = [a for a in node.attribute if a.name in ATTENTION_ATTRIBUTES]
         del node.attribute[:]
         node.attribute.extend(kept)
+        if threads > 0:
+            node.attribute.append(helper.make_attribute("threads", threads))
         del node.input[:]
         node.input.extend(compact)
         node.op_type, node.domain = ATTENTION_OP, DOMAIN
