@@ -12,9 +12,10 @@ verification pass of 9 tokens after 600 (prompt lookup's widest) at batch 1 and 
 2,048 tokens on an empty cache. The cache is bound in place (past and present one buffer), as the runtime binds
 it. --layers N gives each op N caches, called in turn as a model's layers are (a call's time is the mean of a
 layer's): at 1, the default, the cache stays in the CPU's caches from call to call; at a model's 30 it does
-not, as in a decode step at a long context. Each round times every setting on both ops in turn (each: repeated for --seconds, the mean of a call);
-the medians over the rounds and the per-round ratios are reported, with the spread. Both ops are first
-checked to agree (outputs within 2e-6). Writes attention_op.json into --out-dir and prints a table.
+not, as in a decode step at a long context. Each round times every setting on both ops in turn (each:
+repeated for --seconds, the mean of a call); the medians over the rounds and the per-round ratios are
+reported, with the spread. Both ops are first checked to agree (outputs within 2e-6). Writes
+attention_op.json into --out-dir and prints a table.
 """
 
 from __future__ import annotations

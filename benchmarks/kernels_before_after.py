@@ -100,8 +100,8 @@ def main(argv=None) -> int:
               "tokens_identical": True, "rows": rows}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "kernels_before_after.json").write_text(json.dumps(result, indent=1))
-    print("| prompt tokens | batch | baseline decode tok/s | ours decode tok/s | ours over baseline, median (min-max) |\n"
-          "|---:|---:|---:|---:|---:|")
+    print("| prompt tokens | batch | baseline decode tok/s | ours decode tok/s | ours over baseline, median (min-max) |")
+    print("|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['prompt_tokens']} | {r['batch']} | {r['baseline_tok_s']:.1f} | {r['ours_tok_s']:.1f} | "
               f"{r['ratio_median']:.2f}x ({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) |")

@@ -102,7 +102,9 @@ def adopt(graph: Path | bytes, options, weights_folder: Path) -> Path | bytes:
     path = library_path()
     model = onnx.load(str(graph), load_external_data=False) if isinstance(graph, Path) else onnx.load_from_string(graph)
     threads = options.intra_op_num_threads or os.cpu_count() or 1  # (0: ONNX Runtime picks, about one a core)
-    matmuls, attention, moes = (swap_matmuls(model), swap_attention(model, threads), swap_moe(model)) if path else (0, 0, 0)
+    matmuls, attention, moes = 0, 0, 0
+    if path:
+        matmuls, attention, moes = swap_matmuls(model), swap_attention(model, threads), swap_moe(model)
     if half_scales(model.graph, {t.name: t for t in model.graph.initializer}):
         # fp16 scales (build/cpu_backend.HALF_SCALES_SUFFIX) that stay MatMulNBits': ONNX Runtime folds
         # their Casts at the basic level (unfolded, MatMulNBits reads a Cast's output wrongly: measured)
