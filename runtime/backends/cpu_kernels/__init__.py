@@ -8,10 +8,11 @@ at decode and slower at prefill: benchmarks/results/2026-12-07/moe_op.txt; not k
 output then has the same bits in a decode step and in a verification pass of several tokens (prompt
 lookup, EAGLE), which GroupQueryAttention's matrix products over the whole pass do not give. `MixtureOfExperts`
 (`moe.c`) stands in for ONNX Runtime's float32 MoE of SwiGLU experts: the chosen experts' weights read in
-place at the memory's speed (a decode step of an fp32 MoE model is bound by them). The engine on disk
-is unchanged (MatMulNBits, GroupQueryAttention and MoE nodes, their weights); as a session opens, `adopt` swaps
-the nodes the kernels take (rewrite.py) and registers the library (library.py, compiled by
-scripts/setup.sh into a per-user cache). Where there is no library, the CPU has no AVX-512 VNNI, or
+place at the memory's speed (a decode step of an fp32 MoE model is bound by them). `SwiGLU` (`swiglu.c`)
+stands in for a gated MLP's Split, silu and Mul: one node where a decode step ran three a layer, with their
+bits. The engine on disk is unchanged (MatMulNBits, GroupQueryAttention and MoE nodes, their weights); as a
+session opens, `adopt` swaps the nodes the kernels take (rewrite.py) and registers the library (library.py,
+compiled by scripts/setup.sh into a per-user cache). Where there is no library, the CPU has no AVX-512 VNNI, or
 TRT_LLM_CPU_KERNELS=0, the graph runs as written, on ONNX Runtime's own kernels.
 
 TRT_LLM_CPU_KERNELS: auto (the default: used where built and the CPU has VNNI), 0 (never), 1
@@ -62,8 +63,8 @@ def describe() -> str:
     record it)."""
     path, why = _choice()
     if path is None:
-        return f"MatMulNBits, GroupQueryAttention, MoE ({why})"
-    return f"trt_llm.cpu::MatMulBlocks8, CachedAttention, MixtureOfExperts ({why}, {path.parent.name})"
+        return f"MatMulNBits, GroupQueryAttention, MoE, Split + silu + Mul ({why})"
+    return f"trt_llm.cpu::MatMulBlocks8, CachedAttention, MixtureOfExperts, SwiGLU ({why}, {path.parent.name})"
 
 
 def _choice() -> tuple[Path | None, str]:
@@ -97,14 +98,16 @@ def adopt(graph: Path | bytes, options, weights_folder: Path) -> Path | bytes:
     level where fp16 scales stay on MatMulNBits, to fold their Casts."""
     import onnx
 
-    from trt_llm.runtime.backends.cpu_kernels.rewrite import half_scales, swap_attention, swap_matmuls, swap_moe
+    from trt_llm.runtime.backends.cpu_kernels.rewrite import (half_scales, swap_attention, swap_matmuls, swap_moe,
+                                                            swap_swiglu)
 
     path = library_path()
     model = onnx.load(str(graph), load_external_data=False) if isinstance(graph, Path) else onnx.load_from_string(graph)
     threads = options.intra_op_num_threads or os.cpu_count() or 1  # (0: ONNX Runtime picks, about one a core)
-    matmuls, attention, moes = 0, 0, 0
+    matmuls, attention, moes, swiglus = 0, 0, 0, 0
     if path:
         matmuls, attention, moes = swap_matmuls(model), swap_attention(model, threads), swap_moe(model)
+        swiglus = swap_swiglu(model)
     if half_scales(model.graph, {t.name: t for t in model.graph.initializer}):
         # fp16 scales (build/cpu_backend.HALF_SCALES_SUFFIX) that stay MatMulNBits': ONNX Runtime folds
         # their Casts at the basic level (unfolded, MatMulNBits reads a Cast's output wrongly: measured)
@@ -113,10 +116,10 @@ def adopt(graph: Path | bytes, options, weights_folder: Path) -> Path | bytes:
         basic = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         if int(options.graph_optimization_level) < int(basic):
             options.graph_optimization_level = basic
-    if not matmuls and not attention and not moes:
+    if not matmuls and not attention and not moes and not swiglus:
         return graph
-    log.info("%s: %d matmuls, %d attention and %d MoE nodes on trt_llm.cpu's kernels (%s)",
-             getattr(graph, "name", "graph"), matmuls, attention, moes, path)
+    log.info("%s: %d matmuls, %d attention, %d MoE and %d SwiGLU nodes on trt_llm.cpu's kernels (%s)",
+             getattr(graph, "name", "graph"), matmuls, attention, moes, swiglus, path)
     options.register_custom_ops_library(str(path))
     options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(weights_folder))
     return model.SerializeToString()

@@ -213,6 +213,7 @@ static OrtCustomOp matmul_blocks8 = {
 
 HIDDEN OrtCustomOp *attention_op(const OrtApi *ort);  /* attention.c's CachedAttention */
 HIDDEN OrtCustomOp *moe_op(const OrtApi *ort);        /* moe.c's MixtureOfExperts */
+HIDDEN OrtCustomOp *swiglu_op(const OrtApi *ort);     /* swiglu.c's SwiGLU */
 
 /* Every session of the process registers these same ops (static, never rewritten: ORT reads its
  * functions at each run). */
@@ -225,5 +226,6 @@ __attribute__((visibility("default"))) OrtStatus *ORT_API_CALL RegisterCustomOps
   TRY(api->CustomOpDomain_Add(domain, &matmul_blocks8));
   TRY(api->CustomOpDomain_Add(domain, attention_op(api)));
   TRY(api->CustomOpDomain_Add(domain, moe_op(api)));
+  TRY(api->CustomOpDomain_Add(domain, swiglu_op(api)));
   return api->AddCustomOpDomain(options, domain);
 }

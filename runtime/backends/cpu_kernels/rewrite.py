@@ -1,7 +1,7 @@
 """Which nodes our kernels take, and the swaps: MatMulNBits -> MatMulBlocks8 (the node keeps its inputs and
 attributes; a Q4_1 file's offsets, which our lowering adds in six nodes beside it, folded in),
 GroupQueryAttention -> CachedAttention (the inputs our lowering gives it, compacted), a float32 MoE ->
-MixtureOfExperts (its four inputs)."""
+MixtureOfExperts (its four inputs), a gated MLP's Split + silu + Mul -> SwiGLU (the three, or four, nodes one)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ ATTENTION_INPUTS = ((0, True), (3, True), (4, True), (5, True), (7, True), (8, T
 DROPPED_INPUTS = {6}
 ACCURACY_LEVEL = 4  # int8 activations per block of 32: what the kernel computes
 MOE_OP = "MixtureOfExperts"
+SWIGLU_OP = "SwiGLU"
 # ONNX Runtime's MoE attributes as plugins/moe.lower_for_onnxruntime writes them for SwiGLU experts: the
 # values MixtureOfExperts computes (k and normalize_routing_weights it takes, whatever they are)
 MOE_FIXED = {"activation_type": b"swiglu", "swiglu_fusion": 1, "activation_alpha": 1.0, "activation_beta": 0.0,
@@ -208,6 +209,86 @@ def swap_moe(model: onnx.ModelProto) -> int:
     if swapped:
         _import_domain(model)
     return swapped
+
+
+def swap_swiglu(model: onnx.ModelProto) -> int:
+    """Swap every gated MLP activation our lowering writes for one SwiGLU node, in place; how many. The pattern:
+    a float32 Split of the fused gate/up projection into two halves of its last axis, silu of the first half
+    (QuickGelu with alpha 1 in a graph ONNX Runtime optimised; Sigmoid and a Mul in a lowered one, which ONNX
+    Runtime fuses into that QuickGelu as it loads it), times the second half; nothing else reads what they
+    make in between. SwiGLU computes those nodes' bits (swiglu.c)."""
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    typed = {v.name: v.type.tensor_type for v in (*graph.input, *graph.value_info)}
+    kept = {o.name for o in graph.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for name in n.input:
+            readers.setdefault(name, []).append(n)
+
+    def only_reader(name: str) -> onnx.NodeProto | None:
+        found = readers.get(name, [])
+        return found[0] if len(found) == 1 and name not in kept else None
+
+    swapped, dropped = 0, set()
+    for split in graph.node:
+        if split.op_type != "Split" or split.domain not in ("", "ai.onnx") or len(split.output) != 2:
+            continue
+        if not _halves_of_last_axis(split, typed.get(split.input[0]), initializers):
+            continue
+        gate, up = split.output
+        silu = _silu_of(gate, readers, only_reader)
+        mul = only_reader(silu[-1].output[0]) if silu else None
+        if mul is None or mul.op_type != "Mul" or sorted(mul.input) != sorted([silu[-1].output[0], up]):
+            continue
+        if only_reader(up) is not mul:
+            continue
+        mul.op_type, mul.domain, mul.name = SWIGLU_OP, DOMAIN, f"{mul.name}/swiglu"
+        del mul.input[:]
+        mul.input.append(split.input[0])
+        del mul.attribute[:]
+        dropped |= {id(split)} | {id(n) for n in silu}
+        swapped += 1
+    if swapped:
+        nodes = [n for n in graph.node if id(n) not in dropped]
+        del graph.node[:]
+        graph.node.extend(nodes)
+        _import_domain(model)
+    return swapped
+
+
+def _halves_of_last_axis(split: onnx.NodeProto, value, initializers: dict[str, onnx.TensorProto]) -> bool:
+    """A Split of a float32 value of known rank into two equal halves of its last axis."""
+    from onnx import numpy_helper
+
+    if value is None or value.elem_type != TensorProto.FLOAT or not value.HasField("shape"):
+        return False
+    rank = len(value.shape.dim)
+    attributes = {a.name: helper.get_attribute_value(a) for a in split.attribute}
+    if attributes.get("axis", 0) not in (-1, rank - 1) or rank < 1:
+        return False
+    if len(split.input) > 1 and split.input[1]:  # sizes given: two equal ones
+        sizes = initializers.get(split.input[1])
+        return sizes is not None and len(set(numpy_helper.to_array(sizes).reshape(-1).tolist())) == 1
+    if "split" in attributes:  # (before opset 13: an attribute)
+        return len(set(attributes["split"])) == 1
+    return attributes.get("num_outputs", 2) == 2
+
+
+def _silu_of(gate: str, readers: dict[str, list[onnx.NodeProto]], only_reader) -> list[onnx.NodeProto]:
+    """The nodes that compute silu(gate) and nothing else reads from, the last one's output silu: QuickGelu
+    (alpha 1), or Sigmoid then Mul by gate; [] where gate is read otherwise."""
+    found = readers.get(gate, [])
+    if len(found) == 1 and found[0].op_type == "QuickGelu" and found[0].domain == "com.microsoft":
+        alpha = next((helper.get_attribute_value(a) for a in found[0].attribute if a.name == "alpha"), 1.0)
+        return [found[0]] if alpha == 1.0 else []
+    if len(found) != 2:
+        return []
+    sigmoid = next((n for n in found if n.op_type == "Sigmoid" and n.domain in ("", "ai.onnx")), None)
+    mul = next((n for n in found if n.op_type == "Mul" and n.domain in ("", "ai.onnx")), None)
+    if sigmoid is None or mul is None or only_reader(sigmoid.output[0]) is not mul:
+        return []
+    return [sigmoid, mul] if sorted(mul.input) == sorted([gate, sigmoid.output[0]]) else []
 
 
 def fold_offsets(graph: onnx.GraphProto) -> int:
