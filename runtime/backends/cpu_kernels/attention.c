@@ -50,7 +50,7 @@ typedef struct {
   int64_t B, S, D, L, P, half, bias_len;
   const float *qkv, *cos, *sin, *bias;
   const int64_t *pos;
-  const int32_t *past, *count;
+  const int32_t *past, *count, *order;  /* order: the rows by new tokens, most first (units by rows) */
   float *keys, *values, *out;
   float scale;
   int avx512;
@@ -340,7 +340,7 @@ static void run_row_unit(const call *c, size_t u) {
   const attention *a = c->a;
   const int64_t D = c->D, G = c->groups, g = (int64_t)u % G, R = a->Hq / a->Hkv, nh = R / c->head_sets;
   const int64_t h0 = ((int64_t)u / (G * c->head_sets)) % a->Hkv * R + ((int64_t)u / G) % c->head_sets * nh;
-  const int64_t b = (int64_t)u / (G * c->head_sets * a->Hkv), count = c->count[b];
+  const int64_t b = c->order[(int64_t)u / (G * c->head_sets * a->Hkv)], count = c->count[b];
   for (int64_t h = h0; g == 0 && h < h0 + nh; h++)  /* (the padded tokens: zeros, by the first group's unit) */
     for (int64_t s = count; s < c->S; s++)
       memset(c->out + ((b * c->S + s) * a->Hq + h) * D, 0, sizeof(float) * (size_t)D);
@@ -456,9 +456,9 @@ static OrtStatus *compute(void *kernel, OrtKernelContext *ctx) {
   const size_t cache_bytes = sizeof(float) * (size_t)(B * a->Hkv * L * D);
   if (c.keys != past_k) memcpy(c.keys, past_k, cache_bytes);  /* (not bound in place: present = past first) */
   if (c.values != past_v) memcpy(c.values, past_v, cache_bytes);
-  int32_t *past = malloc(sizeof(int32_t) * (size_t)(2 * B));
+  int32_t *past = malloc(sizeof(int32_t) * (size_t)(3 * B));
   if (!past) return api->CreateStatus(ORT_FAIL, "CachedAttention: out of memory");
-  int32_t *counts = past + B;
+  int32_t *counts = past + B, *order = past + 2 * B;
   OrtStatus *st = NULL;
   for (int64_t b = 0; b < B && !st; b++) {
     counts[b] = lengths[b] < 0 ? 0 : lengths[b] > S ? (int32_t)S : lengths[b];
@@ -468,7 +468,15 @@ static OrtStatus *compute(void *kernel, OrtKernelContext *ctx) {
       if (c.pos[b * S + s] < 0 || c.pos[b * S + s] >= c.P) st = fail("CachedAttention: a position past the rotary table");
     if (c.bias && c.bias_len < past[b] + counts[b]) st = fail("CachedAttention: attention_bias shorter than a row's slots");
   }
-  c.past = past; c.count = counts;
+  /* the rows with the most new tokens first: ONNX Runtime's threads take units in order, so the largest are
+   * shared out first and the small ones even out the end (a static batch's verification pass has one row
+   * of 9 tokens among rows of 1: last in order, its units were left to one thread at the end) */
+  for (int64_t b = 0; b < B && !st; b++) {
+    int64_t i = b;
+    for (; i > 0 && counts[order[i - 1]] < counts[b]; i--) order[i] = order[i - 1];
+    order[i] = (int32_t)b;
+  }
+  c.past = past; c.count = counts; c.order = order;
   /* the new tokens' keys (rotated) and values into their slots, before any token reads them */
   for (int64_t b = 0; b < B && !st; b++)
     for (int64_t s = 0; s < counts[b]; s++) {
