@@ -495,11 +495,11 @@ static OrtStatus *compute(void *kernel, OrtKernelContext *ctx) {
   /* Units by rows: (row, a set of one kv head's query heads, token group). A unit reads its kv head's keys
    * and values once for all its queries, so the fewer and wider the units, the less of the cache is read
    * (a decode step at a long context is bound by that read: all of a kv head's query heads in one unit
-   * took 1.2-1.3x less time at 100-1,500 cached tokens than a unit a head, on 2 threads). But the threads need units to
-   * share: one a thread at least, two where the rows have several tokens (verification passes, prefill:
-   * bound by arithmetic, where uneven shares cost more than reads), so the tokens are cut into groups,
-   * then the heads into sets, until there are; and a unit's scores (a row of the slots it sees a query)
-   * stay near L2: UNIT_SCORES. */
+   * took 1.2-1.4x less time at 100-1,500 cached tokens than a unit a head, on 2 threads). But the threads
+   * need units to share: one a thread at least, two where the rows have several tokens (verification
+   * passes, prefill: bound by arithmetic, where uneven shares cost more than reads), so the tokens are cut
+   * into groups, then the heads into sets, until there are; and a unit's scores (a row of the slots it
+   * sees a query) stay near L2: UNIT_SCORES. */
   int64_t longest = 0;
   for (int64_t b = 0; b < B && !st; b++) longest = past[b] + counts[b] > longest ? past[b] + counts[b] : longest;
   const int64_t R = a->Hq / a->Hkv, wanted = (S > 1 ? 2 : 1) * a->threads;
