@@ -17,6 +17,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+from kernel_sessions import kernel_session
 from trt_llm.runtime.backends import cpu_kernels
 from trt_llm.runtime.backends.cpu_kernels import rewrite
 
@@ -46,13 +47,7 @@ def gqa_model(hq, hkv, d, capacity, rotary, window=-1, softcap=0.0, bias=False, 
 
 
 def session(model: onnx.ModelProto, ours: bool, tmp_path, threads: int = 2) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    graph = model.SerializeToString()
-    if ours:
-        graph = cpu_kernels.adopt(graph, options, tmp_path)
-        assert isinstance(graph, bytes) and b"CachedAttention" in graph
-    return ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+    return kernel_session(model, tmp_path, rewrite.ATTENTION_OP if ours else None, threads)
 
 
 def feeds(rng, hq, hkv, d, capacity, rotary, past, new, width, bias=None) -> dict:

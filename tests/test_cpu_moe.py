@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from kernel_sessions import kernel_session
 from trt_llm.runtime.backends import cpu_kernels
 from trt_llm.runtime.backends.cpu_kernels import rewrite
 
@@ -50,13 +50,7 @@ def by_hand(x, logits, gate_up, down, k, normalize):
 
 
 def run(model: onnx.ModelProto, feeds: dict, ours: bool, tmp_path) -> np.ndarray:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    graph = model.SerializeToString()
-    if ours:
-        graph = cpu_kernels.adopt(graph, options, tmp_path)
-        assert isinstance(graph, bytes) and b"MixtureOfExperts" in graph
-    return ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    return kernel_session(model, tmp_path, rewrite.MOE_OP if ours else None).run(None, feeds)[0]
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+from kernel_sessions import kernel_session
 from trt_llm.runtime.backends import cpu_kernels
 from trt_llm.runtime.backends.cpu_kernels import rewrite
 
@@ -40,16 +40,6 @@ def mlp_activation(width: int, fused: bool, dtype=TensorProto.FLOAT, alpha: floa
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
 
 
-def session(model: onnx.ModelProto, ours: bool, tmp_path) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    graph = model.SerializeToString()
-    if ours:
-        graph = cpu_kernels.adopt(graph, options, tmp_path)
-        assert isinstance(graph, bytes) and b"SwiGLU" in graph
-    return ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
-
-
 def inputs(rng, shape) -> np.ndarray:
     """Gates from small to past the approximation's clamp (|x| > 18), and special values at the front."""
     x = (rng.standard_normal(shape) * rng.choice([0.3, 3.0, 30.0], size=shape)).astype(np.float32)
@@ -72,8 +62,8 @@ def test_the_kernel_has_the_bits_of_onnx_runtimes_nodes(built, path, fused, shap
     monkeypatch.setenv(cpu_kernels.ENV, path)
     model = mlp_activation(shape[-1], fused)
     x = inputs(np.random.default_rng(0), (*shape[:-1], 2 * shape[-1]))
-    theirs = session(model, False, tmp_path).run(None, {"x": x})[0]
-    ours = session(model, True, tmp_path).run(None, {"x": x})[0]
+    theirs = kernel_session(model, tmp_path).run(None, {"x": x})[0]
+    ours = kernel_session(model, tmp_path, rewrite.SWIGLU_OP).run(None, {"x": x})[0]
     assert same_bits(theirs, ours)
     assert np.isnan(ours).any() and np.isinf(ours).any()  # (the special values went through)
 

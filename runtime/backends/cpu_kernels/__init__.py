@@ -103,9 +103,9 @@ def adopt(graph: Path | bytes, options, weights_folder: Path) -> Path | bytes:
 
     path = library_path()
     model = onnx.load(str(graph), load_external_data=False) if isinstance(graph, Path) else onnx.load_from_string(graph)
-    threads = options.intra_op_num_threads or os.cpu_count() or 1  # (0: ONNX Runtime picks, about one a core)
     matmuls, attention, moes, swiglus = 0, 0, 0, 0
     if path:
+        threads = options.intra_op_num_threads or os.cpu_count() or 1  # (0: ONNX Runtime picks, about one a core)
         matmuls, attention, moes = swap_matmuls(model), swap_attention(model, threads), swap_moe(model)
         swiglus = swap_swiglu(model)
     if half_scales(model.graph, {t.name: t for t in model.graph.initializer}):

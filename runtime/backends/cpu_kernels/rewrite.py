@@ -221,10 +221,7 @@ def swap_swiglu(model: onnx.ModelProto) -> int:
     initializers = {t.name: t for t in graph.initializer}
     typed = {v.name: v.type.tensor_type for v in (*graph.input, *graph.value_info)}
     kept = {o.name for o in graph.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in graph.node:
-        for name in n.input:
-            readers.setdefault(name, []).append(n)
+    readers = _readers(graph)
 
     def only_reader(name: str) -> onnx.NodeProto | None:
         found = readers.get(name, [])
@@ -299,10 +296,7 @@ def fold_offsets(graph: onnx.GraphProto) -> int:
     row (sums of O inputs in order)."""
     initializers = {t.name: t for t in graph.initializer}
     producer = {o: n for n in graph.node for o in n.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in graph.node:
-        for name in n.input:
-            readers.setdefault(name, []).append(n)
+    readers = _readers(graph)
     dropped, folded = set(), 0
     for node in graph.node:
         if node.op_type != OP or node.domain != DOMAIN or len(readers.get(node.output[0], [])) != 1:
@@ -330,6 +324,15 @@ def fold_offsets(graph: onnx.GraphProto) -> int:
         kept = [n for n in graph.node if id(n) not in dropped]
         _drop_unread(graph, kept)
     return folded
+
+
+def _readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    """{value: the graph's nodes that read it, in order}."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for name in n.input:
+            readers.setdefault(name, []).append(n)
+    return readers
 
 
 def _reduces_last_axis(node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto]) -> bool:
