@@ -29,11 +29,22 @@ from sidebyside.measure import cpu_name, git_head  # noqa: E402
 from sidebyside.op_timing import library_file  # noqa: E402
 
 SETTINGS = [(64, 1), (1000, 1), (1000, 4)]  # (prompt tokens, batch)
+SWAPS = {"SwiGLU": "swap_swiglu"}  # ops added since the first library this compares, and the swaps that make them
+
+
+def engine_dir(text: str):
+    """--engine's value: an engine directory (argparse says why in one line where it is not one)."""
+    from trt_llm.runtime.engine_dir import EngineDir, EngineDirError
+
+    try:
+        return EngineDir.open(Path(text))
+    except EngineDirError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--engine", type=Path, required=True, help="a cpu engine directory (trt-llm-build's output)")
+    p.add_argument("--engine", type=engine_dir, required=True, help="a cpu engine directory (trt-llm-build's output)")
     p.add_argument("--baseline", type=library_file, required=True, help="another build of our kernels' library")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
@@ -42,18 +53,25 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def open_on(engine: Path, library: Path, threads: int):
-    """The engine's model, its session on `library` (cpu_kernels' choice of library made for it)."""
+def open_on(engine, library: Path, threads: int):
+    """The engine's model (engine: an EngineDir), its session on `library` (cpu_kernels' choice of library made
+    for it). An op an older library lacks (its name not in the file) keeps ONNX Runtime's nodes."""
     from trt_llm.runtime.app.evaluate import open_model
     from trt_llm.runtime.backends import cpu_kernels
-    from trt_llm.runtime.engine_dir import EngineDir
+    from trt_llm.runtime.backends.cpu_kernels import rewrite
 
+    lacks = [op for op in SWAPS if op.encode() not in library.read_bytes()]
+    kept = {op: getattr(rewrite, SWAPS[op]) for op in lacks}
     chosen = cpu_kernels._choice
     cpu_kernels._choice = lambda: (library, "chosen by the benchmark")
+    for op in lacks:
+        setattr(rewrite, SWAPS[op], lambda model, *rest: 0)
     try:
-        model = open_model(EngineDir.open(engine), threads)
+        model = open_model(engine, threads)
     finally:
         cpu_kernels._choice = chosen
+        for op, swap in kept.items():
+            setattr(rewrite, SWAPS[op], swap)
     model.eos = set()  # (exactly N new tokens a row)
     return model
 
@@ -95,7 +113,7 @@ def main(argv=None) -> int:
                      "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)})
         print(f"prompt {prompt_tokens}, batch {batch} done", file=sys.stderr)
     result = {"command": " ".join(sys.argv), "git_head": git_head(), "cpu": cpu_name(), "threads": args.threads,
-              "rounds": args.rounds, "new_tokens": args.new_tokens, "engine": str(args.engine),
+              "rounds": args.rounds, "new_tokens": args.new_tokens, "engine": str(args.engine.path),
               "kernels": cpu_kernels.describe(), "libraries": {k: str(v) for k, v in libraries.items()},
               "tokens_identical": True, "rows": rows}
     args.out_dir.mkdir(parents=True, exist_ok=True)
