@@ -60,6 +60,8 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--baseline", type=library_file, help="another build of our kernels' library, timed beside ours")
     args = p.parse_args(argv)
+    if args.layers < 1:
+        p.error(f"--layers must be at least 1, got {args.layers}")
     if args.smoke:
         args.rounds, args.seconds = 1, 0.02
     return args
